@@ -1,0 +1,1 @@
+"""qftrio: a durable job server and a Trio worker runtime."""

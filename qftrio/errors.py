@@ -1,0 +1,145 @@
+"""qftrio's exceptions, one tree::
+
+    QftrioError
+    ├── ApiError                 an HTTP error answer (server side: raised to produce it;
+    │   │                        client side: raised on receiving it)
+    │   ├── BadRequest           400 malformed request
+    │   ├── Unauthorized         401 missing or unknown credential
+    │   ├── Forbidden            403 credential of the wrong kind
+    │   ├── NotFound             404 unknown job, workflow or route
+    │   ├── Conflict             409 stale lease token, terminal job, ...
+    │   ├── PayloadTooLarge      413 request body over the cap
+    │   ├── InvalidInput         422 body breaks the schema
+    │   └── Unavailable          503 the store cannot be reached
+    ├── TransportError           the server could not be reached at all
+    ├── ConfigError              a setting that cannot work
+    └── PermanentError           raised by a handler: fail the job, do not retry
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "QftrioError",
+    "ApiError",
+    "BadRequest",
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "Conflict",
+    "PayloadTooLarge",
+    "InvalidInput",
+    "Unavailable",
+    "TransportError",
+    "ConfigError",
+    "PermanentError",
+    "error_for_status",
+]
+
+
+class QftrioError(Exception):
+    """Base of every exception qftrio raises on purpose."""
+
+
+class ApiError(QftrioError):
+    """An error answer of the HTTP API.
+
+    Attributes:
+        status_code: the HTTP status.
+        code: a short machine-readable code, e.g. ``"not_found"``.
+        message: a sentence for people.
+    """
+
+    status_code: int = 500
+    code: str = "internal"
+
+    def __init__(self, message: str | None = None, *, code: str | None = None) -> None:
+        self.message = message or (self.__doc__ or "").strip()
+        if code is not None:
+            self.code = code
+        super().__init__(self.message)
+
+    def to_wire(self) -> dict[str, dict[str, str]]:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+class BadRequest(ApiError):
+    """The request could not be read."""
+
+    status_code = 400
+    code = "bad_request"
+
+
+class Unauthorized(ApiError):
+    """A valid credential is required."""
+
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(ApiError):
+    """This credential may not use this route."""
+
+    status_code = 403
+    code = "forbidden"
+
+
+class NotFound(ApiError):
+    """Not found."""
+
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(ApiError):
+    """The request conflicts with the job's current state."""
+
+    status_code = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(ApiError):
+    """The request body is larger than the server accepts."""
+
+    status_code = 413
+    code = "payload_too_large"
+
+
+class InvalidInput(ApiError):
+    """The request body does not match the schema."""
+
+    status_code = 422
+    code = "invalid"
+
+
+class Unavailable(ApiError):
+    """The service is temporarily unavailable."""
+
+    status_code = 503
+    code = "unavailable"
+
+
+class TransportError(QftrioError):
+    """The server could not be reached, or the connection broke."""
+
+
+class ConfigError(QftrioError):
+    """A setting that cannot work; the message says which and why."""
+
+
+class PermanentError(QftrioError):
+    """Raise from a handler to fail the job without retrying it."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    cls.status_code: cls
+    for cls in (BadRequest, Unauthorized, Forbidden, NotFound, Conflict, PayloadTooLarge, InvalidInput, Unavailable)
+}
+
+
+def error_for_status(status_code: int, code: str | None, message: str | None) -> ApiError:
+    """The exception the client raises for an error answer."""
+    cls = _BY_STATUS.get(status_code, ApiError)
+    err = cls(message or f"HTTP {status_code}", code=code)
+    if cls is ApiError:
+        err.status_code = status_code
+    return err

@@ -1,0 +1,278 @@
+"""Wire models shared by the server, the HTTP client and the worker runtime.
+
+Records (:class:`Job`, :class:`Lease`, :class:`QueueStats`) are frozen,
+keyword-only dataclasses with ``to_wire``/``from_wire`` for their JSON form.
+Request bodies are pydantic models: the server validates with them and the
+client builds its calls from them, so both sides agree on every field.
+
+Times are carried as float seconds since the Unix epoch inside qftrio and as
+RFC 3339 UTC strings (``2026-01-02T03:04:05.123456Z``) on the wire.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+__all__ = [
+    "NAME_PATTERN",
+    "Status",
+    "TERMINAL",
+    "Job",
+    "Lease",
+    "QueueStats",
+    "ErrorEntry",
+    "format_time",
+    "parse_time",
+]
+
+NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+#: Caps shared by the server's validation and the client's documentation.
+MAX_BATCH = 1000
+MAX_LEASE_JOBS = 100
+MAX_LEASE_SECS = 3600
+MAX_WAIT_SECS = 60
+
+
+def valid_name(name: str) -> bool:
+    """Whether *name* is a valid queue or kind name."""
+    return bool(_NAME_RE.match(name))
+
+
+class Status(str, enum.Enum):
+    """The life cycle of a job."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+
+
+def format_time(ts: float | None) -> str | None:
+    """Epoch seconds to an RFC 3339 UTC string (microsecond precision)."""
+    if ts is None:
+        return None
+    dt = _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(value: str | float | _dt.datetime | None) -> float | None:
+    """An RFC 3339 string (or datetime, or epoch seconds) to epoch seconds."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        value = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=_dt.timezone.utc)
+    return value.timestamp()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ErrorEntry:
+    """One failed attempt in a job's error history."""
+
+    attempt: int
+    error: str
+    at: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "error": self.error, "at": format_time(self.at)}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ErrorEntry:
+        return cls(attempt=data["attempt"], error=data["error"], at=parse_time(data["at"]) or 0.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Job:
+    """A job as the API shows it (see DESIGN §1)."""
+
+    id: str
+    tenant: str
+    queue: str
+    kind: str
+    payload: dict[str, Any]
+    status: Status
+    priority: int
+    attempt: int
+    max_attempts: int
+    scheduled_at: float
+    created_at: float
+    updated_at: float
+    locked_until: float | None = None
+    worker_id: str | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    errors: tuple[ErrorEntry, ...] = ()
+    workflow_id: str | None = None
+    step: str | None = None
+    context: dict[str, Any] | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "queue": self.queue,
+            "kind": self.kind,
+            "payload": self.payload,
+            "status": self.status.value,
+            "priority": self.priority,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "scheduled_at": format_time(self.scheduled_at),
+            "created_at": format_time(self.created_at),
+            "updated_at": format_time(self.updated_at),
+            "locked_until": format_time(self.locked_until),
+            "worker_id": self.worker_id,
+            "result": self.result,
+            "error": self.error,
+            "errors": [e.to_wire() for e in self.errors],
+            "workflow_id": self.workflow_id,
+            "step": self.step,
+            "context": self.context,
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Job:
+        return cls(
+            id=data["id"],
+            tenant=data["tenant"],
+            queue=data["queue"],
+            kind=data["kind"],
+            payload=data.get("payload") or {},
+            status=Status(data["status"]),
+            priority=data.get("priority", 0),
+            attempt=data.get("attempt", 0),
+            max_attempts=data.get("max_attempts", 5),
+            scheduled_at=parse_time(data["scheduled_at"]) or 0.0,
+            created_at=parse_time(data["created_at"]) or 0.0,
+            updated_at=parse_time(data["updated_at"]) or 0.0,
+            locked_until=parse_time(data.get("locked_until")),
+            worker_id=data.get("worker_id"),
+            result=data.get("result"),
+            error=data.get("error"),
+            errors=tuple(ErrorEntry.from_wire(e) for e in data.get("errors") or ()),
+            workflow_id=data.get("workflow_id"),
+            step=data.get("step"),
+            context=data.get("context"),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Lease:
+    """A claimed job and the token that proves ownership of this claim."""
+
+    job: Job
+    lease_token: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job": self.job.to_wire(), "lease_token": self.lease_token}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Lease:
+        return cls(job=Job.from_wire(data["job"]), lease_token=data["lease_token"])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class QueueStats:
+    """Backlog figures of one queue, as one tenant sees it."""
+
+    queue: str
+    counts: dict[str, int]
+    oldest_ready_at: float | None
+    next_available_at: float | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "counts": {s.value: self.counts.get(s.value, 0) for s in Status},
+            "oldest_ready_at": format_time(self.oldest_ready_at),
+            "next_available_at": format_time(self.next_available_at),
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> QueueStats:
+        return cls(
+            queue=data["queue"],
+            counts=dict(data["counts"]),
+            oldest_ready_at=parse_time(data.get("oldest_ready_at")),
+            next_available_at=parse_time(data.get("next_available_at")),
+        )
+
+
+# --------------------------------------------------------------------------
+# Request bodies (validated by the server, built by the client)
+
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+Token = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JobConfig(_Body):
+    queue: Name = "default"
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
+    max_attempts: int = Field(5, ge=1, le=1000)
+    delay_secs: float | None = Field(None, ge=0, le=10 * 365 * 86400)
+    scheduled_at: _dt.datetime | None = None
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> JobConfig:
+        if self.delay_secs is not None and self.scheduled_at is not None:
+            raise ValueError("give delay_secs or scheduled_at, not both")
+        return self
+
+
+class EnqueueRequest(_Body):
+    kind: Name
+    payload: dict[str, Any] = Field(default_factory=dict)
+    config: JobConfig = Field(default_factory=JobConfig)
+
+
+class EnqueueBatchRequest(_Body):
+    jobs: list[EnqueueRequest] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class LeaseRequest(_Body):
+    max_jobs: int = Field(1, ge=1, le=MAX_LEASE_JOBS)
+    lease_secs: int = Field(60, ge=1, le=MAX_LEASE_SECS)
+    wait_secs: float = Field(0, ge=0, le=MAX_WAIT_SECS)
+    worker_id: Annotated[str, StringConstraints(max_length=200)] | None = None
+
+
+class HeartbeatRequest(_Body):
+    lease_token: Token
+    extend_secs: int = Field(ge=1, le=MAX_LEASE_SECS)
+
+
+class CompleteRequest(_Body):
+    lease_token: Token
+    result: dict[str, Any] = Field(default_factory=dict)
+
+
+class FailRequest(_Body):
+    lease_token: Token
+    error: Annotated[str, StringConstraints(max_length=65536)]
+    retryable: bool = True
+
+
+HeartbeatStatus = Literal["running", "pending", "completed", "failed", "cancelled"]

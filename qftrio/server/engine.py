@@ -1,0 +1,365 @@
+"""The engine: qftrio's behaviour, independent of HTTP and of the database.
+
+Routes parse and authorise, then call one engine method; the in-process worker
+transport calls the same methods. The engine owns
+
+* policy: defaults, the retry backoff, what counts as valid input;
+* time: every store call gets ``now`` from :attr:`Engine.clock`;
+* long-poll leases: waiting tasks park on a per-queue :class:`Waker` that
+  enqueues (and, on PostgreSQL, the store's LISTEN connection) ring;
+* metrics, and the janitor loop that reaps expired leases and prunes old jobs.
+
+Each state transition is one store call, so one transaction.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from .. import errors
+from ..models import Job, Lease, QueueStats, Status, parse_time
+from . import metrics
+from .store.base import (
+    CompleteItem,
+    FailItem,
+    HeartbeatItem,
+    HeartbeatResult,
+    Inserted,
+    NewJob,
+    Outcome,
+    ReportResult,
+    Store,
+)
+
+__all__ = ["Engine", "RetryPolicy", "Waker", "EnqueueSpec"]
+
+log = logging.getLogger("qftrio.engine")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter on the upper half, capped.
+
+    The *n*-th failed attempt waits ``min(cap, base * 2**(n-1))`` seconds,
+    scaled by a random factor in ``[1 - jitter, 1]``. Defaults: 1 s, 2 s, 4 s,
+    ... up to one hour.
+    """
+
+    base_secs: float = 1.0
+    cap_secs: float = 3600.0
+    jitter: float = 0.5
+
+    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
+        raw = min(self.cap_secs, self.base_secs * math.pow(2, max(0, attempt - 1)))
+        return raw * (1.0 - self.jitter * rand())
+
+    def retry_at(self, attempt: int, max_attempts: int, retryable: bool, now: float) -> float | None:
+        if not retryable or attempt >= max_attempts:
+            return None
+        return now + self.delay(attempt)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class EnqueueSpec:
+    """A validated enqueue request (times resolved by the engine)."""
+
+    kind: str
+    payload: dict[str, Any]
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int = 5
+    delay_secs: float | None = None
+    scheduled_at: float | None = None
+    idempotency_key: str | None = None
+
+
+class Waker:
+    """Per-queue wake-ups for parked long-polls.
+
+    ``notify(queue)`` wakes every task parked on that queue; each then tries
+    to claim, and those that find nothing park again. An event is replaced on
+    every notify, so a task that parks after a notify is not woken by it (it
+    claims before parking, so it cannot miss the work either).
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[str, trio.Event] = {}
+
+    def notify(self, queue: str) -> None:
+        event = self._events.pop(queue, None)
+        if event is not None:
+            event.set()
+
+    def notify_all(self) -> None:
+        events, self._events = self._events, {}
+        for event in events.values():
+            event.set()
+
+    def event(self, queue: str) -> trio.Event:
+        event = self._events.get(queue)
+        if event is None:
+            event = self._events[queue] = trio.Event()
+        return event
+
+
+def encode_cursor(job: Job) -> str:
+    raw = json.dumps([job.created_at, job.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, job_id = json.loads(raw)
+        return float(created_at), str(job_id)
+    except Exception:
+        raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor") from None
+
+
+class Engine:
+    """Every operation of the job server.
+
+    Args:
+        store: the backend.
+        policy: retry backoff.
+        clock: wall-clock seconds since the epoch; tests pass a clock derived
+            from Trio's so that time is deterministic.
+        safety_poll_secs: a parked long-poll re-checks the store at least this
+            often, in case a wake-up was missed.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        policy: RetryPolicy = RetryPolicy(),
+        clock: Callable[[], float] = time.time,
+        safety_poll_secs: float = 5.0,
+    ) -> None:
+        self.store = store
+        self.policy = policy
+        self.clock = clock
+        self.safety_poll_secs = safety_poll_secs
+        self.waker = Waker()
+        self._closing = trio.Event()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def begin_shutdown(self) -> None:
+        """Make parked long-polls return (empty) at once, and new ones not wait."""
+        self._closing.set()
+        self.waker.notify_all()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing.is_set()
+
+    # -- application side --------------------------------------------------
+
+    async def enqueue(self, tenant: str, specs: Sequence[EnqueueSpec]) -> list[Inserted]:
+        now = self.clock()
+        new = [
+            NewJob(
+                tenant=tenant,
+                queue=s.queue,
+                kind=s.kind,
+                payload=s.payload,
+                priority=s.priority,
+                max_attempts=s.max_attempts,
+                scheduled_at=self._schedule(s, now),
+                idempotency_key=s.idempotency_key,
+            )
+            for s in specs
+        ]
+        inserted = await self.store.jobs_insert(new, now=now)
+        created = [i.job for i in inserted if i.created]
+        if created:
+            metrics.ENQUEUED.inc(len(created))
+            for queue in {job.queue for job in created}:
+                self.waker.notify(queue)
+        return inserted
+
+    @staticmethod
+    def _schedule(spec: EnqueueSpec, now: float) -> float:
+        if spec.scheduled_at is not None:
+            return spec.scheduled_at
+        if spec.delay_secs:
+            return now + spec.delay_secs
+        return now
+
+    async def job_get(self, tenant: str, job_id: str) -> Job:
+        job = await self.store.job_get(job_id, tenant=tenant)
+        if job is None:
+            raise errors.NotFound(f"job {job_id} not found")
+        return job
+
+    async def jobs_list(
+        self,
+        tenant: str,
+        *,
+        queue: str | None = None,
+        status: Status | None = None,
+        kind: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[list[Job], str | None]:
+        """A page of jobs, newest first, and the cursor of the next page
+        (None on the last page)."""
+        before = decode_cursor(cursor) if cursor else None
+        jobs = await self.store.jobs_list(
+            tenant=tenant, queue=queue, status=status, kind=kind, limit=limit + 1, before=before
+        )
+        if len(jobs) > limit:
+            jobs = jobs[:limit]
+            return jobs, encode_cursor(jobs[-1])
+        return jobs, None
+
+    async def job_cancel(self, tenant: str, job_id: str) -> Job:
+        job = await self.store.job_cancel(job_id, tenant=tenant, now=self.clock())
+        if job is None:
+            raise errors.NotFound(f"job {job_id} not found")
+        return job
+
+    async def job_retry(self, tenant: str, job_id: str) -> Job:
+        job = await self.store.job_retry(job_id, tenant=tenant, now=self.clock())
+        if job is None:
+            raise errors.NotFound(f"job {job_id} not found")
+        self.waker.notify(job.queue)
+        return job
+
+    async def queues_stats(self, tenant: str, queue: str | None = None) -> list[QueueStats]:
+        return await self.store.queues_stats(tenant=tenant, now=self.clock(), queue=queue)
+
+    # -- worker side -------------------------------------------------------
+
+    async def lease(
+        self,
+        queue: str,
+        *,
+        max_jobs: int = 1,
+        lease_secs: float = 60,
+        wait_secs: float = 0,
+        worker_id: str | None = None,
+    ) -> list[Lease]:
+        """Claim up to *max_jobs*, waiting up to *wait_secs* for the first.
+
+        Returns as soon as anything is claimed, when the wait runs out (empty),
+        or when the server begins shutting down (empty). Cancelling the
+        calling task (a disconnected client) abandons the wait; a claim that
+        already committed is not rolled back, and its lease simply expires.
+        """
+        started = trio.current_time()
+        deadline = started + wait_secs
+        while True:
+            leases = await self.store.jobs_claim(
+                queue, limit=max_jobs, lease_secs=lease_secs, worker_id=worker_id, now=self.clock()
+            )
+            if leases:
+                metrics.LEASED.inc(len(leases))
+                metrics.LEASE_WAIT.observe(trio.current_time() - started)
+                return leases
+            remaining = deadline - trio.current_time()
+            if remaining <= 0 or self.closing:
+                return []
+            event = self.waker.event(queue)
+            now = self.clock()
+            next_at = await self.store.queue_next_available_at(queue, now=now)
+            timeout = min(remaining, self.safety_poll_secs)
+            if next_at is not None:
+                timeout = min(timeout, max(0.0, next_at - now) + 0.001)
+            with trio.move_on_after(timeout):
+                await event.wait()
+
+    async def heartbeat(self, items: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
+        results = await self.store.jobs_heartbeat(items, now=self.clock())
+        self._count_conflicts(results)
+        return results
+
+    async def complete(self, items: Sequence[CompleteItem]) -> list[ReportResult]:
+        results = await self.store.jobs_complete(items, now=self.clock())
+        applied = sum(1 for r in results if r.applied)
+        if applied:
+            metrics.COMPLETED.inc(applied)
+        self._count_conflicts(results)
+        return results
+
+    async def fail(self, items: Sequence[FailItem]) -> list[ReportResult]:
+        results = await self.store.jobs_fail(items, now=self.clock(), retry_at=self.policy.retry_at)
+        for r in results:
+            if not r.applied:
+                continue
+            metrics.FAILED.inc()
+            if r.status is Status.FAILED:
+                metrics.DEAD_LETTERED.inc()
+            elif r.queue is not None:
+                # a retry was scheduled: parked long-polls recompute their wait
+                self.waker.notify(r.queue)
+        self._count_conflicts(results)
+        return results
+
+    @staticmethod
+    def _count_conflicts(results: Sequence[HeartbeatResult | ReportResult]) -> None:
+        stale = sum(1 for r in results if r.outcome is Outcome.CONFLICT)
+        if stale:
+            metrics.STALE_TOKEN.inc(stale)
+
+    # -- janitor -----------------------------------------------------------
+
+    async def reap_expired(self) -> int:
+        reaped = await self.store.jobs_reap_expired(now=self.clock())
+        for r in reaped:
+            if r.status is Status.FAILED:
+                metrics.DEAD_LETTERED.inc()
+                metrics.FAILED.inc()
+        for queue in {r.queue for r in reaped if r.status is Status.PENDING}:
+            self.waker.notify(queue)
+        return len(reaped)
+
+    async def run_janitor(
+        self,
+        *,
+        interval_secs: float = 1.0,
+        retention_secs: float | None = None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Reap expired leases every *interval_secs*; with *retention_secs*,
+        also prune completed and cancelled jobs older than that. Runs until
+        cancelled; store errors are logged and retried next round."""
+        task_status.started()
+        while True:
+            try:
+                await self.reap_expired()
+                if retention_secs is not None:
+                    await self.store.jobs_prune(before=self.clock() - retention_secs)
+            except Exception:
+                log.warning("janitor round failed; retrying", exc_info=True)
+            await trio.sleep(interval_secs)
+
+    async def run_listener(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Forward the store's cross-process wake-ups to parked long-polls."""
+        await self.store.run_listener(self.waker.notify, task_status=task_status)
+
+
+def spec_from_request(body: Any) -> EnqueueSpec:
+    """An :class:`EnqueueSpec` from a validated :class:`~qftrio.models.EnqueueRequest`."""
+    cfg = body.config
+    return EnqueueSpec(
+        kind=body.kind,
+        payload=body.payload,
+        queue=cfg.queue,
+        priority=cfg.priority,
+        max_attempts=cfg.max_attempts,
+        delay_secs=cfg.delay_secs,
+        scheduled_at=parse_time(cfg.scheduled_at),
+        idempotency_key=cfg.idempotency_key,
+    )

@@ -1,0 +1,264 @@
+"""The storage seam: what the engine needs of a database, and nothing more.
+
+Every backend (embedded SQLite, PostgreSQL) implements :class:`Store`; the
+conformance suite in ``tests/test_store.py`` runs unchanged against each. The
+rules every backend must keep:
+
+* Each method is one transaction: it applies fully or not at all.
+* Time is given by the caller (``now``, epoch seconds); a store never reads a
+  clock of its own, so the engine and the tests decide what time it is.
+* Methods that act on many jobs (``jobs_claim``, ``jobs_complete``,
+  ``jobs_fail``, ``jobs_heartbeat``) take the whole batch in one call so that a
+  backend can serve it in one round trip.
+* Lease tokens: a claim stores a fresh random token on the row. The token stays
+  on the row after ``complete``/``fail``/``cancel`` so that replays and late
+  heartbeats can be told apart from stale callers; a reclaim, the janitor and
+  ``job_retry`` replace or clear it, which makes the old one stale for good.
+
+Report rules (complete / fail / heartbeat), for a job that exists:
+
+=====================  =================  ==========================  ================
+row state              complete(token)    fail(token)                 heartbeat(token)
+=====================  =================  ==========================  ================
+token not current      CONFLICT           CONFLICT                    CONFLICT
+running                OK (completed)     OK (pending or failed)      OK, extended
+completed              OK (replay)        CONFLICT                    OK, status only
+pending (after fail)   CONFLICT           OK (replay)                 OK, status only
+failed                 CONFLICT           OK (replay)                 OK, status only
+cancelled              CONFLICT           CONFLICT                    OK, status only
+=====================  =================  ==========================  ================
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from ...models import Job, Lease, QueueStats, Status
+
+__all__ = [
+    "NewJob",
+    "Inserted",
+    "Outcome",
+    "HeartbeatItem",
+    "HeartbeatResult",
+    "CompleteItem",
+    "FailItem",
+    "ReportResult",
+    "Reaped",
+    "RetryAt",
+    "Store",
+]
+
+#: ``retry_at(attempt, max_attempts, retryable, now)``: when a failed attempt
+#: runs again, or ``None`` to dead-letter the job. Supplied by the engine.
+RetryAt = Callable[[int, int, bool, float], "float | None"]
+
+#: The error recorded when a lease runs out with no attempts left.
+LEASE_EXPIRED = "lease expired"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class NewJob:
+    """A job to insert. ``scheduled_at`` is absolute."""
+
+    tenant: str
+    queue: str
+    kind: str
+    payload: dict[str, Any]
+    priority: int = 0
+    max_attempts: int = 5
+    scheduled_at: float
+    idempotency_key: str | None = None
+    workflow_id: str | None = None
+    step: str | None = None
+    context: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Inserted:
+    """The stored job, and whether this call created it (``False``: the
+    idempotency key matched an earlier job, which is returned unchanged)."""
+
+    job: Job
+    created: bool
+
+
+class Outcome(enum.Enum):
+    OK = "ok"  # applied, or an idempotent replay of what was applied
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeartbeatItem:
+    job_id: str
+    lease_token: str
+    extend_secs: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompleteItem:
+    job_id: str
+    lease_token: str
+    result: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailItem:
+    job_id: str
+    lease_token: str
+    error: str
+    retryable: bool = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class HeartbeatResult:
+    """``status`` and ``locked_until`` are set when ``outcome`` is OK;
+    ``locked_until`` only when the lease was extended (status running)."""
+
+    outcome: Outcome
+    status: Status | None = None
+    locked_until: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ReportResult:
+    """The outcome of one complete or fail. ``queue`` and ``status`` (the
+    job's status afterwards) are set when ``outcome`` is OK; ``applied`` is
+    False for a replay that changed nothing."""
+
+    outcome: Outcome
+    queue: str | None = None
+    status: Status | None = None
+    applied: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Reaped:
+    """A running job whose lease ran out, as the janitor left it."""
+
+    job_id: str
+    queue: str
+    status: Status  # PENDING (attempts left) or FAILED ("lease expired")
+
+
+class Store(abc.ABC):
+    """A job store. See the module docstring for the rules."""
+
+    # -- lifecycle ---------------------------------------------------------
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Release connections and threads. Idempotent."""
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """Raise if the database cannot be reached."""
+
+    async def run_listener(
+        self,
+        on_notify: Callable[[str], None],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call ``on_notify(queue)`` whenever another process makes work
+        ready on ``queue``; runs until cancelled. Backends that serve a single
+        process (SQLite) have nothing to listen to."""
+        task_status.started()
+        await trio.sleep_forever()
+
+    # -- application side --------------------------------------------------
+
+    @abc.abstractmethod
+    async def jobs_insert(self, jobs: Sequence[NewJob], *, now: float) -> list[Inserted]:
+        """Insert *jobs* in one transaction, in order. A job whose
+        ``(tenant, idempotency_key)`` exists (or appears earlier in the same
+        batch) is not inserted; the existing job is returned instead."""
+
+    @abc.abstractmethod
+    async def job_get(self, job_id: str, *, tenant: str | None = None) -> Job | None:
+        """The job, or None if unknown (or owned by a tenant other than
+        *tenant* when one is given). *job_id* may be any string."""
+
+    @abc.abstractmethod
+    async def jobs_list(
+        self,
+        *,
+        tenant: str,
+        queue: str | None = None,
+        status: Status | None = None,
+        kind: str | None = None,
+        limit: int = 50,
+        before: tuple[float, str] | None = None,
+    ) -> list[Job]:
+        """Newest first by ``(created_at, id)``; *before* is the key of the
+        last job of the previous page."""
+
+    @abc.abstractmethod
+    async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
+        """Cancel a pending or running job. Returns None if unknown; raises
+        :class:`~qftrio.errors.Conflict` if the job is terminal."""
+
+    @abc.abstractmethod
+    async def job_retry(self, job_id: str, *, tenant: str, now: float) -> Job | None:
+        """Put a failed or cancelled job back to pending, attempt 0, ready at
+        *now*, lease token cleared. Returns None if unknown; raises
+        :class:`~qftrio.errors.Conflict` for any other status."""
+
+    @abc.abstractmethod
+    async def queues_stats(self, *, tenant: str, now: float, queue: str | None = None) -> list[QueueStats]:
+        """Stats of every queue the tenant has jobs in (or of *queue* only,
+        with zero counts if it has none), sorted by name."""
+
+    # -- worker side -------------------------------------------------------
+
+    @abc.abstractmethod
+    async def jobs_claim(
+        self, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float
+    ) -> list[Lease]:
+        """Claim up to *limit* jobs of *queue*, in lease order (priority
+        desc, scheduled_at, created_at). Claimable: pending with
+        ``scheduled_at <= now``, and running with ``locked_until < now`` and
+        attempts left (its expired attempt is recorded as ``lease expired`` in
+        ``errors``). Each claimed job becomes running, attempt + 1,
+        ``locked_until = now + lease_secs``, a fresh lease token, *worker_id*.
+        Never hands one job to two concurrent callers."""
+
+    @abc.abstractmethod
+    async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
+        """The earliest future time at which a job of *queue* becomes
+        claimable (a scheduled pending job, or a running lease running out),
+        across tenants; None if nothing is due."""
+
+    @abc.abstractmethod
+    async def jobs_heartbeat(self, items: Sequence[HeartbeatItem], *, now: float) -> list[HeartbeatResult]:
+        """One result per item, in order."""
+
+    @abc.abstractmethod
+    async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
+        """One result per item, in order. Completion clears ``locked_until``
+        and stores ``result``."""
+
+    @abc.abstractmethod
+    async def jobs_fail(self, items: Sequence[FailItem], *, now: float, retry_at: RetryAt) -> list[ReportResult]:
+        """One result per item, in order. Records the error (``error`` and a
+        new ``errors`` entry for the attempt). ``retry_at`` decides: a time
+        puts the job back to pending scheduled then; None makes it failed."""
+
+    @abc.abstractmethod
+    async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
+        """Running jobs with ``locked_until < now``: back to pending when
+        attempts are left, else failed with error ``lease expired``; the lease
+        token is cleared either way."""
+
+    @abc.abstractmethod
+    async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
+        """Delete up to *limit* completed or cancelled jobs last updated
+        before *before* (not workflow steps of unfinished workflows). Returns
+        how many went."""
