@@ -1,0 +1,539 @@
+"""The embedded store: one SQLite file, WAL, synchronous commits.
+
+qftrio's default backend, so that ``qftrio serve`` works on a bare machine.
+One connection serves every call, one call at a time, in a worker thread
+(``trio.to_thread``), so the event loop never blocks on disk. Each store
+method is one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction; with
+``journal_mode=WAL`` and ``synchronous=FULL`` a commit is on disk before the
+call returns, which is what lets the server acknowledge a job.
+
+A single process owns the file: several servers on one SQLite file are not
+supported (use PostgreSQL to scale out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
+
+import trio
+
+from ... import errors
+from ...models import ErrorEntry, Job, Lease, QueueStats, Status
+from .base import (
+    LEASE_EXPIRED,
+    CompleteItem,
+    FailItem,
+    HeartbeatItem,
+    HeartbeatResult,
+    Inserted,
+    NewJob,
+    Outcome,
+    Reaped,
+    ReportResult,
+    RetryAt,
+    Store,
+)
+
+__all__ = ["SqliteStore", "open_sqlite_store"]
+
+T = TypeVar("T")
+
+_MIGRATIONS: list[str] = [
+    # 1: jobs
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        queue TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        status TEXT NOT NULL,
+        priority INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        max_attempts INTEGER NOT NULL,
+        scheduled_at REAL NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        locked_until REAL,
+        worker_id TEXT,
+        lease_token TEXT,
+        result TEXT,
+        error TEXT,
+        errors TEXT NOT NULL DEFAULT '[]',
+        idempotency_key TEXT,
+        workflow_id TEXT,
+        step TEXT,
+        context TEXT
+    );
+    CREATE UNIQUE INDEX jobs_idempotency ON jobs (tenant, idempotency_key)
+        WHERE idempotency_key IS NOT NULL;
+    CREATE INDEX jobs_ready ON jobs (queue, priority DESC, scheduled_at, created_at)
+        WHERE status = 'pending';
+    CREATE INDEX jobs_leased ON jobs (queue, locked_until) WHERE status = 'running';
+    CREATE INDEX jobs_by_tenant ON jobs (tenant, created_at DESC, id DESC);
+    CREATE INDEX jobs_by_tenant_queue ON jobs (tenant, queue, status);
+    CREATE INDEX jobs_finished ON jobs (updated_at) WHERE status IN ('completed', 'cancelled');
+    """,
+]
+
+_COLUMNS = (
+    "id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at, "
+    "updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context"
+)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
+    (
+        id_, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+        updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context,
+    ) = row  # fmt: skip
+    return Job(
+        id=id_,
+        tenant=tenant,
+        queue=queue,
+        kind=kind,
+        payload=json.loads(payload),
+        status=Status(status),
+        priority=priority,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        scheduled_at=scheduled_at,
+        created_at=created_at,
+        updated_at=updated_at,
+        locked_until=locked_until,
+        worker_id=worker_id,
+        result=_loads(result),
+        error=error,
+        errors=tuple(ErrorEntry(attempt=e["attempt"], error=e["error"], at=e["at"]) for e in json.loads(errors_)),
+        workflow_id=workflow_id,
+        step=step,
+        context=_loads(context),
+    )
+
+
+def _append_error(errors_json: str, attempt: int, error: str, at: float) -> str:
+    history = json.loads(errors_json)
+    history.append({"attempt": attempt, "error": error, "at": at})
+    return json.dumps(history, separators=(",", ":"))
+
+
+class SqliteStore(Store):
+    """See the module docstring. Build it with :func:`open_sqlite_store`.
+
+    Args:
+        path: the database file (``":memory:"`` for a private in-memory one).
+        threaded: run SQLite calls in a worker thread (the default). ``False``
+            runs them inline on the event loop: only for tests that need
+            Trio's mock clock, which a thread would let jump.
+    """
+
+    def __init__(self, path: str, *, threaded: bool = True) -> None:
+        self.path = path
+        self._threaded = threaded
+        self._lock = trio.Lock()
+        self._conn: sqlite3.Connection | None = sqlite3.connect(
+            path, isolation_level=None, check_same_thread=False
+        )
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.execute("PRAGMA busy_timeout=5000")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        conn = self._require()
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        for number, script in enumerate(_MIGRATIONS[version:], start=version + 1):
+            conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+
+    def _require(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise errors.Unavailable("the store is closed")
+        return self._conn
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run *fn* in one transaction, one call at a time."""
+
+        def transaction() -> T:
+            conn = self._require()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                value = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return value
+
+        async with self._lock:
+            if not self._threaded:
+                return transaction()
+            # Not abandoned on cancel: a transaction that started finishes, so
+            # a cancelled request never leaves half a change behind.
+            return await trio.to_thread.run_sync(transaction)
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    async def ping(self) -> None:
+        await self._run(lambda conn: conn.execute("SELECT 1").fetchone())
+
+    # -- application side --------------------------------------------------
+
+    async def jobs_insert(self, jobs: Sequence[NewJob], *, now: float) -> list[Inserted]:
+        def insert(conn: sqlite3.Connection) -> list[Inserted]:
+            out: list[Inserted] = []
+            for new in jobs:
+                if new.idempotency_key is not None:
+                    row = conn.execute(
+                        f"SELECT {_COLUMNS} FROM jobs WHERE tenant = ? AND idempotency_key = ?",
+                        (new.tenant, new.idempotency_key),
+                    ).fetchone()
+                    if row is not None:
+                        out.append(Inserted(job=_row_to_job(row), created=False))
+                        continue
+                row = conn.execute(
+                    f"""INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt,
+                        max_attempts, scheduled_at, created_at, updated_at, idempotency_key, workflow_id,
+                        step, context)
+                    VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)
+                    RETURNING {_COLUMNS}""",
+                    (
+                        str(uuid.uuid4()), new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority,
+                        new.max_attempts, new.scheduled_at, now, now, new.idempotency_key, new.workflow_id,
+                        new.step, _dumps(new.context),
+                    ),  # fmt: skip
+                ).fetchone()
+                out.append(Inserted(job=_row_to_job(row), created=True))
+            return out
+
+        return await self._run(insert)
+
+    async def job_get(self, job_id: str, *, tenant: str | None = None) -> Job | None:
+        def get(conn: sqlite3.Connection) -> Job | None:
+            row = conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                return None
+            job = _row_to_job(row)
+            return job if tenant is None or job.tenant == tenant else None
+
+        return await self._run(get)
+
+    async def jobs_list(
+        self,
+        *,
+        tenant: str,
+        queue: str | None = None,
+        status: Status | None = None,
+        kind: str | None = None,
+        limit: int = 50,
+        before: tuple[float, str] | None = None,
+    ) -> list[Job]:
+        where = ["tenant = ?"]
+        args: list[Any] = [tenant]
+        if queue is not None:
+            where.append("queue = ?")
+            args.append(queue)
+        if status is not None:
+            where.append("status = ?")
+            args.append(Status(status).value)
+        if kind is not None:
+            where.append("kind = ?")
+            args.append(kind)
+        if before is not None:
+            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            args += [before[0], before[0], before[1]]
+        sql = (
+            f"SELECT {_COLUMNS} FROM jobs WHERE {' AND '.join(where)} "
+            "ORDER BY created_at DESC, id DESC LIMIT ?"
+        )
+        args.append(limit)
+        return await self._run(lambda conn: [_row_to_job(r) for r in conn.execute(sql, args)])
+
+    def _get_owned(self, conn: sqlite3.Connection, job_id: str, tenant: str) -> tuple[str, str] | None:
+        row = conn.execute("SELECT status, queue FROM jobs WHERE id = ? AND tenant = ?", (job_id, tenant)).fetchone()
+        return row
+
+    async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
+        def cancel(conn: sqlite3.Connection) -> Job | None:
+            row = self._get_owned(conn, job_id, tenant)
+            if row is None:
+                return None
+            if Status(row[0]) not in (Status.PENDING, Status.RUNNING):
+                raise errors.Conflict(f"job {job_id} is {row[0]}; only pending or running jobs can be cancelled")
+            row = conn.execute(
+                f"UPDATE jobs SET status = 'cancelled', updated_at = ? WHERE id = ? RETURNING {_COLUMNS}",
+                (now, job_id),
+            ).fetchone()
+            return _row_to_job(row)
+
+        return await self._run(cancel)
+
+    async def job_retry(self, job_id: str, *, tenant: str, now: float) -> Job | None:
+        def retry(conn: sqlite3.Connection) -> Job | None:
+            row = self._get_owned(conn, job_id, tenant)
+            if row is None:
+                return None
+            if Status(row[0]) not in (Status.FAILED, Status.CANCELLED):
+                raise errors.Conflict(f"job {job_id} is {row[0]}; only failed or cancelled jobs can be retried")
+            row = conn.execute(
+                f"""UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?, updated_at = ?,
+                    locked_until = NULL, lease_token = NULL, worker_id = NULL
+                WHERE id = ? RETURNING {_COLUMNS}""",
+                (now, now, job_id),
+            ).fetchone()
+            return _row_to_job(row)
+
+        return await self._run(retry)
+
+    async def queues_stats(self, *, tenant: str, now: float, queue: str | None = None) -> list[QueueStats]:
+        def stats(conn: sqlite3.Connection) -> list[QueueStats]:
+            if queue is None:
+                queues = [r[0] for r in conn.execute("SELECT DISTINCT queue FROM jobs WHERE tenant = ?", (tenant,))]
+            else:
+                queues = [queue]
+            out = []
+            for q in sorted(queues):
+                counts = dict(
+                    conn.execute(
+                        "SELECT status, count(*) FROM jobs WHERE tenant = ? AND queue = ? GROUP BY status",
+                        (tenant, q),
+                    ).fetchall()
+                )
+                (oldest,) = conn.execute(
+                    """SELECT min(scheduled_at) FROM jobs
+                    WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at <= ?""",
+                    (tenant, q, now),
+                ).fetchone()
+                (next_scheduled,) = conn.execute(
+                    """SELECT min(scheduled_at) FROM jobs
+                    WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at > ?""",
+                    (tenant, q, now),
+                ).fetchone()
+                (next_lease,) = conn.execute(
+                    "SELECT min(locked_until) FROM jobs WHERE tenant = ? AND queue = ? AND status = 'running'",
+                    (tenant, q),
+                ).fetchone()
+                nexts = [t for t in (next_scheduled, next_lease) if t is not None]
+                out.append(
+                    QueueStats(
+                        queue=q,
+                        counts={s.value: counts.get(s.value, 0) for s in Status},
+                        oldest_ready_at=oldest,
+                        next_available_at=min(nexts) if nexts else None,
+                    )
+                )
+            return out
+
+        return await self._run(stats)
+
+    # -- worker side -------------------------------------------------------
+
+    async def jobs_claim(
+        self, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float
+    ) -> list[Lease]:
+        def claim(conn: sqlite3.Connection) -> list[Lease]:
+            candidates = conn.execute(
+                """SELECT id, priority, scheduled_at, created_at, NULL FROM jobs INDEXED BY jobs_ready
+                WHERE queue = ? AND status = 'pending' AND scheduled_at <= ?
+                ORDER BY priority DESC, scheduled_at, created_at LIMIT ?""",
+                (queue, now, limit),
+            ).fetchall()
+            candidates += conn.execute(
+                """SELECT id, priority, scheduled_at, created_at, errors FROM jobs INDEXED BY jobs_leased
+                WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts
+                ORDER BY locked_until LIMIT ?""",
+                (queue, now, limit),
+            ).fetchall()
+            if not candidates:
+                return []
+            candidates.sort(key=lambda c: (-c[1], c[2], c[3]))
+            leases: list[Lease] = []
+            for job_id, _, _, _, expired_errors in candidates[:limit]:
+                token = str(uuid.uuid4())
+                if expired_errors is None:
+                    row = conn.execute(
+                        f"""UPDATE jobs SET status = 'running', attempt = attempt + 1, locked_until = ?,
+                            lease_token = ?, worker_id = ?, updated_at = ?
+                        WHERE id = ? RETURNING {_COLUMNS}""",
+                        (now + lease_secs, token, worker_id, now, job_id),
+                    ).fetchone()
+                else:
+                    row = conn.execute(
+                        f"""UPDATE jobs SET attempt = attempt + 1, locked_until = ?, lease_token = ?,
+                            worker_id = ?, updated_at = ?, error = ?,
+                            errors = json_insert(errors, '$[#]',
+                                json_object('attempt', attempt, 'error', ?, 'at', ?))
+                        WHERE id = ? RETURNING {_COLUMNS}""",
+                        (now + lease_secs, token, worker_id, now, LEASE_EXPIRED, LEASE_EXPIRED, now, job_id),
+                    ).fetchone()
+                leases.append(Lease(job=_row_to_job(row), lease_token=token))
+            return leases
+
+        return await self._run(claim)
+
+    async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
+        def next_at(conn: sqlite3.Connection) -> float | None:
+            (scheduled,) = conn.execute(
+                """SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_ready
+                WHERE queue = ? AND status = 'pending' AND scheduled_at > ?""",
+                (queue, now),
+            ).fetchone()
+            (lease,) = conn.execute(
+                """SELECT min(locked_until) FROM jobs INDEXED BY jobs_leased
+                WHERE queue = ? AND status = 'running' AND attempt < max_attempts""",
+                (queue,),
+            ).fetchone()
+            times = [t for t in (scheduled, lease) if t is not None]
+            return min(times) if times else None
+
+        return await self._run(next_at)
+
+    async def jobs_heartbeat(self, items: Sequence[HeartbeatItem], *, now: float) -> list[HeartbeatResult]:
+        def heartbeat(conn: sqlite3.Connection) -> list[HeartbeatResult]:
+            out = []
+            for item in items:
+                row = conn.execute("SELECT status, lease_token FROM jobs WHERE id = ?", (item.job_id,)).fetchone()
+                if row is None:
+                    out.append(HeartbeatResult(outcome=Outcome.NOT_FOUND))
+                elif row[1] is None or row[1] != item.lease_token:
+                    out.append(HeartbeatResult(outcome=Outcome.CONFLICT))
+                elif row[0] != Status.RUNNING.value:
+                    out.append(HeartbeatResult(outcome=Outcome.OK, status=Status(row[0])))
+                else:
+                    until = now + item.extend_secs
+                    conn.execute("UPDATE jobs SET locked_until = ? WHERE id = ?", (until, item.job_id))
+                    out.append(HeartbeatResult(outcome=Outcome.OK, status=Status.RUNNING, locked_until=until))
+            return out
+
+        return await self._run(heartbeat)
+
+    async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
+        def complete(conn: sqlite3.Connection) -> list[ReportResult]:
+            out = []
+            for item in items:
+                row = conn.execute(
+                    "SELECT status, lease_token, queue FROM jobs WHERE id = ?", (item.job_id,)
+                ).fetchone()
+                if row is None:
+                    out.append(ReportResult(outcome=Outcome.NOT_FOUND))
+                    continue
+                status, token, queue = row
+                if token is None or token != item.lease_token:
+                    out.append(ReportResult(outcome=Outcome.CONFLICT))
+                elif status == Status.COMPLETED.value:
+                    out.append(ReportResult(outcome=Outcome.OK, queue=queue, status=Status.COMPLETED))
+                elif status != Status.RUNNING.value:
+                    out.append(ReportResult(outcome=Outcome.CONFLICT))
+                else:
+                    conn.execute(
+                        """UPDATE jobs SET status = 'completed', result = ?, locked_until = NULL,
+                            updated_at = ? WHERE id = ?""",
+                        (_dumps(item.result), now, item.job_id),
+                    )
+                    out.append(ReportResult(outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True))
+            return out
+
+        return await self._run(complete)
+
+    async def jobs_fail(self, items: Sequence[FailItem], *, now: float, retry_at: RetryAt) -> list[ReportResult]:
+        def fail(conn: sqlite3.Connection) -> list[ReportResult]:
+            out = []
+            for item in items:
+                row = conn.execute(
+                    "SELECT status, lease_token, queue, attempt, max_attempts, errors FROM jobs WHERE id = ?",
+                    (item.job_id,),
+                ).fetchone()
+                if row is None:
+                    out.append(ReportResult(outcome=Outcome.NOT_FOUND))
+                    continue
+                status, token, queue, attempt, max_attempts, errors_json = row
+                if token is None or token != item.lease_token:
+                    out.append(ReportResult(outcome=Outcome.CONFLICT))
+                elif status in (Status.PENDING.value, Status.FAILED.value):
+                    out.append(ReportResult(outcome=Outcome.OK, queue=queue, status=Status(status)))
+                elif status != Status.RUNNING.value:
+                    out.append(ReportResult(outcome=Outcome.CONFLICT))
+                else:
+                    when = retry_at(attempt, max_attempts, item.retryable, now)
+                    new_status = Status.FAILED if when is None else Status.PENDING
+                    conn.execute(
+                        """UPDATE jobs SET status = ?, scheduled_at = coalesce(?, scheduled_at),
+                            locked_until = NULL, error = ?, errors = ?, updated_at = ? WHERE id = ?""",
+                        (
+                            new_status.value, when, item.error,
+                            _append_error(errors_json, attempt, item.error, now), now, item.job_id,
+                        ),  # fmt: skip
+                    )
+                    out.append(ReportResult(outcome=Outcome.OK, queue=queue, status=new_status, applied=True))
+            return out
+
+        return await self._run(fail)
+
+    async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
+        def reap(conn: sqlite3.Connection) -> list[Reaped]:
+            rows = conn.execute(
+                """SELECT id, queue, attempt, max_attempts FROM jobs
+                WHERE status = 'running' AND locked_until < ? LIMIT ?""",
+                (now, limit),
+            ).fetchall()
+            out = []
+            for job_id, queue, attempt, max_attempts in rows:
+                status = Status.PENDING if attempt < max_attempts else Status.FAILED
+                conn.execute(
+                    """UPDATE jobs SET status = ?, locked_until = NULL, lease_token = NULL, worker_id = NULL,
+                        error = ?, errors = json_insert(errors, '$[#]',
+                            json_object('attempt', attempt, 'error', ?, 'at', ?)),
+                        updated_at = ?
+                    WHERE id = ?""",
+                    (status.value, LEASE_EXPIRED, LEASE_EXPIRED, now, now, job_id),
+                )
+                out.append(Reaped(job_id=job_id, queue=queue, status=status))
+            return out
+
+        return await self._run(reap)
+
+    async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
+        def prune(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                """DELETE FROM jobs WHERE id IN (
+                    SELECT id FROM jobs INDEXED BY jobs_finished
+                    WHERE status IN ('completed', 'cancelled') AND updated_at < ? LIMIT ?)""",
+                (before, limit),
+            )
+            return cur.rowcount
+
+        return await self._run(prune)
+
+
+@contextlib.asynccontextmanager
+async def open_sqlite_store(path: str | os.PathLike[str], *, threaded: bool = True) -> AsyncIterator[SqliteStore]:
+    """Open (creating and migrating if needed) the SQLite store at *path*."""
+    try:
+        if threaded:
+            store = await trio.to_thread.run_sync(lambda: SqliteStore(os.fspath(path), threaded=True))
+        else:
+            store = SqliteStore(os.fspath(path), threaded=False)
+    except sqlite3.Error as exc:
+        raise errors.ConfigError(f"cannot open the database {os.fspath(path)!r}: {exc}") from None
+    try:
+        yield store
+    finally:
+        with trio.move_on_after(10, shield=True):
+            await store.aclose()

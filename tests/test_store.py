@@ -1,0 +1,350 @@
+"""The store conformance suite: every backend runs every test here unchanged.
+
+Time is passed explicitly (``now``), so these tests need no clock at all.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import trio
+
+from qftrio import errors
+from qftrio.models import Status
+from qftrio.server.engine import RetryPolicy
+from qftrio.server.store.base import (
+    LEASE_EXPIRED,
+    CompleteItem,
+    FailItem,
+    HeartbeatItem,
+    NewJob,
+    Outcome,
+    Store,
+)
+
+T0 = 1_800_000_000.0
+ALWAYS_RETRY = RetryPolicy(base_secs=10, cap_secs=10, jitter=0).retry_at
+
+
+def new(kind: str = "k", *, queue: str = "q", tenant: str = "t1", at: float = T0, **kw) -> NewJob:
+    return NewJob(tenant=tenant, queue=queue, kind=kind, payload={"n": 1}, scheduled_at=at, **kw)
+
+
+async def insert(storage: Store, *jobs: NewJob, now: float = T0) -> list[str]:
+    return [i.job.id for i in await storage.jobs_insert(list(jobs), now=now)]
+
+
+async def claim_one(storage: Store, *, queue: str = "q", now: float = T0 + 1, lease: float = 30):
+    (lease_,) = await storage.jobs_claim(queue, limit=1, lease_secs=lease, worker_id="w1", now=now)
+    return lease_
+
+
+async def test_insert_and_get(storage: Store) -> None:
+    (ins,) = await storage.jobs_insert([new(priority=3, max_attempts=7)], now=T0)
+    assert ins.created
+    job = await storage.job_get(ins.job.id)
+    assert job == ins.job
+    assert job.status is Status.PENDING
+    assert (job.priority, job.attempt, job.max_attempts) == (3, 0, 7)
+    assert job.payload == {"n": 1}
+    assert job.created_at == job.updated_at == T0
+    assert job.locked_until is None and job.worker_id is None and job.result is None
+    assert job.errors == ()
+    uuid.UUID(job.id)
+
+
+async def test_get_is_tenant_scoped(storage: Store) -> None:
+    (job_id,) = await insert(storage, new(tenant="t1"))
+    assert await storage.job_get(job_id, tenant="t2") is None
+    assert (await storage.job_get(job_id, tenant="t1")).id == job_id
+    assert await storage.job_get("not-a-uuid") is None
+    assert await storage.job_get(str(uuid.uuid4())) is None
+
+
+async def test_idempotency_key_returns_the_first_job(storage: Store) -> None:
+    (first,) = await storage.jobs_insert([new(idempotency_key="k1")], now=T0)
+    (again,) = await storage.jobs_insert([new("other", idempotency_key="k1")], now=T0 + 5)
+    assert again.created is False and again.job == first.job
+    (other_tenant,) = await storage.jobs_insert([new(tenant="t2", idempotency_key="k1")], now=T0)
+    assert other_tenant.created and other_tenant.job.id != first.job.id
+    batch = await storage.jobs_insert([new(idempotency_key="k2"), new(idempotency_key="k2")], now=T0)
+    assert [b.created for b in batch] == [True, False]
+    assert batch[0].job.id == batch[1].job.id
+
+
+async def test_claim_order_and_schedule(storage: Store) -> None:
+    low = (await insert(storage, new(priority=0, at=T0 - 10)))[0]
+    future = (await insert(storage, new(priority=9, at=T0 + 100)))[0]
+    high_late = (await insert(storage, new(priority=5, at=T0 - 1)))[0]
+    high_early = (await insert(storage, new(priority=5, at=T0 - 2)))[0]
+    other_queue = (await insert(storage, new(priority=9, queue="other")))[0]
+    leases = await storage.jobs_claim("q", limit=10, lease_secs=1000, worker_id="w1", now=T0)
+    assert [lease.job.id for lease in leases] == [high_early, high_late, low]
+    assert future not in {lease.job.id for lease in leases} and other_queue not in {lease.job.id for lease in leases}
+    (later,) = await storage.jobs_claim("q", limit=10, lease_secs=30, worker_id="w1", now=T0 + 100)
+    assert later.job.id == future
+
+
+async def test_claim_sets_the_lease(storage: Store) -> None:
+    await insert(storage, new())
+    lease = await claim_one(storage, now=T0 + 1, lease=30)
+    job = lease.job
+    assert job.status is Status.RUNNING
+    assert job.attempt == 1
+    assert job.locked_until == T0 + 31
+    assert job.worker_id == "w1"
+    assert job.updated_at == T0 + 1
+    uuid.UUID(lease.lease_token)
+    assert await storage.jobs_claim("q", limit=1, lease_secs=30, worker_id="w2", now=T0 + 2) == []
+
+
+async def test_claim_is_exclusive_under_concurrency(storage: Store) -> None:
+    ids = await insert(storage, *[new() for _ in range(60)])
+    seen: list[str] = []
+
+    async def claimer() -> None:
+        while True:
+            leases = await storage.jobs_claim("q", limit=3, lease_secs=30, worker_id="w", now=T0 + 1)
+            if not leases:
+                return
+            seen.extend(lease.job.id for lease in leases)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(8):
+            nursery.start_soon(claimer)
+    assert sorted(seen) == sorted(ids)
+
+
+async def test_expired_lease_is_reclaimable_and_old_token_stale(storage: Store) -> None:
+    await insert(storage, new(max_attempts=3))
+    first = await claim_one(storage, now=T0 + 1, lease=10)
+    assert await storage.jobs_claim("q", limit=1, lease_secs=10, worker_id="w2", now=T0 + 5) == []
+    (second,) = await storage.jobs_claim("q", limit=1, lease_secs=10, worker_id="w2", now=T0 + 12)
+    assert second.job.id == first.job.id
+    assert second.lease_token != first.lease_token
+    assert second.job.attempt == 2 and second.job.worker_id == "w2"
+    assert [(e.attempt, e.error) for e in second.job.errors] == [(1, LEASE_EXPIRED)]
+    job_id = first.job.id
+    (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, first.lease_token, 30)], now=T0 + 13)
+    assert hb.outcome is Outcome.CONFLICT
+    (done,) = await storage.jobs_complete([CompleteItem(job_id, first.lease_token, {})], now=T0 + 13)
+    assert done.outcome is Outcome.CONFLICT
+    (failed,) = await storage.jobs_fail([FailItem(job_id, first.lease_token, "x")], now=T0 + 13, retry_at=ALWAYS_RETRY)
+    assert failed.outcome is Outcome.CONFLICT
+    (ok,) = await storage.jobs_complete([CompleteItem(job_id, second.lease_token, {"v": 2})], now=T0 + 13)
+    assert ok.outcome is Outcome.OK and ok.applied
+    assert (await storage.job_get(job_id)).result == {"v": 2}
+
+
+async def test_expired_lease_without_attempts_left_is_not_reclaimed(storage: Store) -> None:
+    await insert(storage, new(max_attempts=1))
+    await claim_one(storage, now=T0 + 1, lease=10)
+    assert await storage.jobs_claim("q", limit=1, lease_secs=10, worker_id="w2", now=T0 + 100) == []
+    (reaped,) = await storage.jobs_reap_expired(now=T0 + 100)
+    assert reaped.status is Status.FAILED
+    job = await storage.job_get(reaped.job_id)
+    assert job.status is Status.FAILED and job.error == LEASE_EXPIRED
+
+
+async def test_heartbeat(storage: Store) -> None:
+    (job_id,) = await insert(storage, new())
+    lease = await claim_one(storage, now=T0 + 1, lease=10)
+    (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 60)], now=T0 + 5)
+    assert (hb.outcome, hb.status, hb.locked_until) == (Outcome.OK, Status.RUNNING, T0 + 65)
+    assert (await storage.job_get(job_id)).locked_until == T0 + 65
+    (wrong,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, str(uuid.uuid4()), 60)], now=T0 + 5)
+    assert wrong.outcome is Outcome.CONFLICT
+    (unknown,) = await storage.jobs_heartbeat([HeartbeatItem(str(uuid.uuid4()), lease.lease_token, 60)], now=T0)
+    assert unknown.outcome is Outcome.NOT_FOUND
+    await storage.job_cancel(job_id, tenant="t1", now=T0 + 6)
+    (after,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 60)], now=T0 + 7)
+    assert (after.outcome, after.status, after.locked_until) == (Outcome.OK, Status.CANCELLED, None)
+    assert (await storage.job_get(job_id)).locked_until == T0 + 65
+
+
+async def test_complete_and_replay(storage: Store) -> None:
+    (job_id,) = await insert(storage, new())
+    lease = await claim_one(storage)
+    (res,) = await storage.jobs_complete([CompleteItem(job_id, lease.lease_token, {"ok": True})], now=T0 + 2)
+    assert (res.outcome, res.status, res.applied, res.queue) == (Outcome.OK, Status.COMPLETED, True, "q")
+    job = await storage.job_get(job_id)
+    assert job.status is Status.COMPLETED and job.result == {"ok": True} and job.locked_until is None
+    (replay,) = await storage.jobs_complete([CompleteItem(job_id, lease.lease_token, {"ok": False})], now=T0 + 3)
+    assert replay.outcome is Outcome.OK and not replay.applied
+    assert await storage.job_get(job_id) == job
+    (fail_after,) = await storage.jobs_fail([FailItem(job_id, lease.lease_token, "x")], now=T0 + 3, retry_at=ALWAYS_RETRY)
+    assert fail_after.outcome is Outcome.CONFLICT
+    (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 5)], now=T0 + 3)
+    assert (hb.outcome, hb.status) == (Outcome.OK, Status.COMPLETED)
+
+
+async def test_fail_schedules_a_retry_then_dead_letters(storage: Store) -> None:
+    (job_id,) = await insert(storage, new(max_attempts=2))
+    lease = await claim_one(storage, now=T0 + 1)
+    (res,) = await storage.jobs_fail([FailItem(job_id, lease.lease_token, "boom")], now=T0 + 2, retry_at=ALWAYS_RETRY)
+    assert (res.outcome, res.status, res.applied) == (Outcome.OK, Status.PENDING, True)
+    job = await storage.job_get(job_id)
+    assert job.status is Status.PENDING and job.attempt == 1 and job.scheduled_at == T0 + 12
+    assert job.error == "boom" and [(e.attempt, e.error, e.at) for e in job.errors] == [(1, "boom", T0 + 2)]
+    assert job.locked_until is None
+    (replay,) = await storage.jobs_fail([FailItem(job_id, lease.lease_token, "boom")], now=T0 + 3, retry_at=ALWAYS_RETRY)
+    assert replay.outcome is Outcome.OK and not replay.applied
+    assert len((await storage.job_get(job_id)).errors) == 1
+    (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 5)], now=T0 + 3)
+    assert (hb.outcome, hb.status) == (Outcome.OK, Status.PENDING)
+    (late,) = await storage.jobs_complete([CompleteItem(job_id, lease.lease_token, {})], now=T0 + 3)
+    assert late.outcome is Outcome.CONFLICT
+    assert await storage.jobs_claim("q", limit=1, lease_secs=30, worker_id="w", now=T0 + 11) == []
+    second = await claim_one(storage, now=T0 + 12)
+    assert second.job.attempt == 2
+    (last,) = await storage.jobs_fail([FailItem(job_id, second.lease_token, "again")], now=T0 + 13, retry_at=ALWAYS_RETRY)
+    assert last.status is Status.FAILED
+    job = await storage.job_get(job_id)
+    assert job.status is Status.FAILED and job.error == "again" and len(job.errors) == 2
+
+
+async def test_non_retryable_fail_dead_letters_at_once(storage: Store) -> None:
+    (job_id,) = await insert(storage, new(max_attempts=5))
+    lease = await claim_one(storage)
+    (res,) = await storage.jobs_fail(
+        [FailItem(job_id, lease.lease_token, "bad input", retryable=False)], now=T0 + 2, retry_at=ALWAYS_RETRY
+    )
+    assert res.status is Status.FAILED
+    assert (await storage.job_get(job_id)).status is Status.FAILED
+
+
+async def test_batch_reports_have_per_item_outcomes(storage: Store) -> None:
+    await insert(storage, *[new() for _ in range(3)])
+    leases = await storage.jobs_claim("q", limit=3, lease_secs=30, worker_id="w", now=T0 + 1)
+    items = [CompleteItem(lease.job.id, lease.lease_token, {"i": i}) for i, lease in enumerate(leases)]
+    items.insert(1, CompleteItem(str(uuid.uuid4()), "t", {}))
+    items.append(CompleteItem(leases[0].job.id, "stale", {}))
+    results = await storage.jobs_complete(items, now=T0 + 2)
+    assert [r.outcome for r in results] == [Outcome.OK, Outcome.NOT_FOUND, Outcome.OK, Outcome.OK, Outcome.CONFLICT]
+    for i, lease in enumerate(leases):
+        assert (await storage.job_get(lease.job.id)).result == {"i": i}
+
+
+async def test_cancel(storage: Store) -> None:
+    pending, running, done = await insert(storage, new(queue="a"), new(queue="b"), new(queue="c"))
+    job = await storage.job_cancel(pending, tenant="t1", now=T0 + 1)
+    assert job.status is Status.CANCELLED and job.updated_at == T0 + 1
+    assert await storage.jobs_claim("a", limit=1, lease_secs=30, worker_id="w", now=T0 + 2) == []
+    lease = await claim_one(storage, queue="b")
+    await storage.job_cancel(running, tenant="t1", now=T0 + 2)
+    (res,) = await storage.jobs_complete([CompleteItem(running, lease.lease_token, {})], now=T0 + 3)
+    assert res.outcome is Outcome.CONFLICT
+    (res,) = await storage.jobs_fail([FailItem(running, lease.lease_token, "x")], now=T0 + 3, retry_at=ALWAYS_RETRY)
+    assert res.outcome is Outcome.CONFLICT
+    assert (await storage.job_get(running)).status is Status.CANCELLED
+    lease_c = await claim_one(storage, queue="c")
+    await storage.jobs_complete([CompleteItem(done, lease_c.lease_token, {})], now=T0 + 3)
+    with pytest.raises(errors.Conflict):
+        await storage.job_cancel(done, tenant="t1", now=T0 + 4)
+    with pytest.raises(errors.Conflict):
+        await storage.job_cancel(pending, tenant="t1", now=T0 + 4)
+    assert await storage.job_cancel(pending, tenant="t2", now=T0 + 4) is None
+    assert await storage.job_cancel(str(uuid.uuid4()), tenant="t1", now=T0 + 4) is None
+
+
+async def test_retry_gives_a_fresh_budget(storage: Store) -> None:
+    (job_id,) = await insert(storage, new(max_attempts=1))
+    lease = await claim_one(storage)
+    await storage.jobs_fail([FailItem(job_id, lease.lease_token, "x")], now=T0 + 2, retry_at=ALWAYS_RETRY)
+    with pytest.raises(errors.Conflict):
+        await _retry_pending(storage)
+    job = await storage.job_retry(job_id, tenant="t1", now=T0 + 3)
+    assert job.status is Status.PENDING and job.attempt == 0 and job.scheduled_at == T0 + 3
+    assert job.errors[0].error == "x"
+    (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 5)], now=T0 + 3)
+    assert hb.outcome is Outcome.CONFLICT
+    again = await claim_one(storage, now=T0 + 4)
+    assert again.job.attempt == 1
+    assert await storage.job_retry(job_id, tenant="t2", now=T0 + 5) is None
+
+
+async def _retry_pending(storage: Store) -> None:
+    (job_id,) = await insert(storage, new(queue="other"))
+    await storage.job_retry(job_id, tenant="t1", now=T0)
+
+
+async def test_list_is_keyset_paginated_newest_first(storage: Store) -> None:
+    ids = []
+    for i in range(7):
+        ids += await insert(storage, new(kind="even" if i % 2 == 0 else "odd"), now=T0 + i)
+    await insert(storage, new(tenant="t2"), now=T0 + 100)
+    page1 = await storage.jobs_list(tenant="t1", limit=3)
+    assert [j.id for j in page1] == ids[::-1][:3]
+    last = page1[-1]
+    page2 = await storage.jobs_list(tenant="t1", limit=3, before=(last.created_at, last.id))
+    assert [j.id for j in page2] == ids[::-1][3:6]
+    evens = await storage.jobs_list(tenant="t1", kind="even")
+    assert [j.id for j in evens] == ids[::-2]
+    assert await storage.jobs_list(tenant="t1", status=Status.RUNNING) == []
+    assert len(await storage.jobs_list(tenant="t1", queue="q", status=Status.PENDING)) == 7
+
+
+async def test_list_pages_through_equal_timestamps(storage: Store) -> None:
+    ids = set(await insert(storage, *[new() for _ in range(5)], now=T0))
+    seen: list[str] = []
+    before = None
+    while True:
+        page = await storage.jobs_list(tenant="t1", limit=2, before=before)
+        if not page:
+            break
+        seen += [j.id for j in page]
+        before = (page[-1].created_at, page[-1].id)
+    assert len(seen) == 5 and set(seen) == ids
+
+
+async def test_queue_stats(storage: Store) -> None:
+    await insert(storage, new(at=T0 - 50), new(at=T0 - 20), new(at=T0 + 40), new(queue="z"), new(tenant="t2"))
+    lease = await claim_one(storage, now=T0, lease=30)  # the one ready since T0 - 50
+    (stats,) = await storage.queues_stats(tenant="t1", now=T0, queue="q")
+    assert stats.queue == "q"
+    assert stats.counts == {"pending": 2, "running": 1, "completed": 0, "failed": 0, "cancelled": 0}
+    assert stats.oldest_ready_at == T0 - 20
+    assert stats.next_available_at == T0 + 30  # the lease runs out before the scheduled job
+    await storage.jobs_complete([CompleteItem(lease.job.id, lease.lease_token, {})], now=T0 + 1)
+    (stats,) = await storage.queues_stats(tenant="t1", now=T0 + 1, queue="q")
+    assert stats.counts["completed"] == 1 and stats.next_available_at == T0 + 40
+    every = await storage.queues_stats(tenant="t1", now=T0)
+    assert [s.queue for s in every] == ["q", "z"]
+    (empty,) = await storage.queues_stats(tenant="t1", now=T0, queue="nothing")
+    assert sum(empty.counts.values()) == 0 and empty.oldest_ready_at is None and empty.next_available_at is None
+
+
+async def test_next_available_at(storage: Store) -> None:
+    assert await storage.queue_next_available_at("q", now=T0) is None
+    await insert(storage, new(at=T0 + 50), new(at=T0 - 1))
+    await claim_one(storage, now=T0, lease=20)
+    assert await storage.queue_next_available_at("q", now=T0) == T0 + 20
+    assert await storage.queue_next_available_at("q", now=T0 + 30) == T0 + 20
+
+
+async def test_reap_expired(storage: Store) -> None:
+    (job_id,) = await insert(storage, new(max_attempts=3))
+    lease = await claim_one(storage, now=T0, lease=10)
+    assert await storage.jobs_reap_expired(now=T0 + 5) == []
+    (reaped,) = await storage.jobs_reap_expired(now=T0 + 11)
+    assert (reaped.job_id, reaped.queue, reaped.status) == (job_id, "q", Status.PENDING)
+    job = await storage.job_get(job_id)
+    assert job.status is Status.PENDING and job.locked_until is None and job.worker_id is None
+    assert job.errors[-1].error == LEASE_EXPIRED
+    (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 5)], now=T0 + 12)
+    assert hb.outcome is Outcome.CONFLICT
+    again = await claim_one(storage, now=T0 + 12)
+    assert again.job.attempt == 2
+
+
+async def test_prune_removes_only_old_finished_jobs(storage: Store) -> None:
+    done, cancelled, pending, fresh = await insert(storage, new(queue="a"), new(), new(), new(queue="b"))
+    lease = await claim_one(storage, queue="a", now=T0)
+    await storage.jobs_complete([CompleteItem(done, lease.lease_token, {})], now=T0)
+    await storage.job_cancel(cancelled, tenant="t1", now=T0)
+    lease_b = await claim_one(storage, queue="b", now=T0 + 100)
+    await storage.jobs_complete([CompleteItem(fresh, lease_b.lease_token, {})], now=T0 + 100)
+    assert await storage.jobs_prune(before=T0 + 50) == 2
+    assert await storage.job_get(done) is None and await storage.job_get(cancelled) is None
+    assert await storage.job_get(pending) is not None and await storage.job_get(fresh) is not None
