@@ -1,0 +1,405 @@
+"""The HTTP client: typed calls of the worker protocol and the application API.
+
+::
+
+    async with qftrio.Client("http://127.0.0.1:8000", token) as client:
+        job = await client.enqueue("resize-image", {"src": "a.png"}, queue="images")
+
+Every error answer raises the matching :mod:`qftrio.errors` class (a ``404`` is
+:class:`~qftrio.errors.NotFound`, and so on); a server that cannot be reached,
+a broken connection or a timeout raises :class:`~qftrio.errors.TransportError`.
+Nothing else escapes: httpx's exceptions never reach the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import httpx
+import pydantic
+
+from . import errors
+from .models import (
+    EnqueueBatchRequest,
+    EnqueueRequest,
+    Job,
+    Lease,
+    LeaseRequest,
+    QueueStats,
+    Status,
+    format_time,
+    parse_time,
+)
+
+__all__ = [
+    "Client",
+    "HeartbeatItem",
+    "CompleteItem",
+    "FailItem",
+    "HeartbeatReply",
+    "ReportReply",
+]
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+# --------------------------------------------------------------------------
+# Batch items and per-item replies of the batch routes
+# (``POST /api/v1/leases/heartbeat|complete|fail``). Field names match the
+# engine's own item types, so either side can be built from the other.
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeartbeatItem:
+    job_id: str
+    lease_token: str
+    extend_secs: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompleteItem:
+    job_id: str
+    lease_token: str
+    result: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailItem:
+    job_id: str
+    lease_token: str
+    error: str
+    retryable: bool = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class HeartbeatReply:
+    """One heartbeat's answer. ``code`` is what the single route would have
+    answered: 200 (then ``status`` is set, and ``locked_until`` too when the
+    lease was extended), 404 unknown job, 409 stale token."""
+
+    job_id: str
+    code: int
+    status: str | None = None
+    locked_until: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ReportReply:
+    """One complete's or fail's answer: 204 recorded (or replayed), 404
+    unknown job, 409 lease no longer held."""
+
+    job_id: str
+    code: int
+
+
+def _body(model: pydantic.BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json", exclude_none=True)
+
+
+def _build(model_cls: type[pydantic.BaseModel], **fields: Any) -> dict[str, Any]:
+    """Validate a request body locally, so that a bad argument fails before
+    the network is touched, with the same message the server would give."""
+    try:
+        return _body(model_cls(**fields))
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise errors.InvalidInput(f"{where}: {first.get('msg', 'invalid')}") from None
+
+
+def _config(config: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if value is None:
+            continue
+        if key == "scheduled_at" and isinstance(value, (int, float)):
+            value = format_time(float(value))
+        elif key == "scheduled_at" and isinstance(value, _dt.datetime) and value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.timezone.utc)
+        out[key] = value
+    return out
+
+
+_CONFIG_KEYS = frozenset({"queue", "priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key"})
+
+
+def _job_body(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """An enqueue body from either the wire shape (``{"kind", "payload",
+    "config": {...}}``) or a flat one (``{"kind", "payload", "queue", ...}``)."""
+    spec = dict(spec)
+    config = dict(spec.pop("config", None) or {})
+    for key in list(spec):
+        if key in _CONFIG_KEYS:
+            config[key] = spec.pop(key)
+    body: dict[str, Any] = {"kind": spec.pop("kind", None), "payload": spec.pop("payload", None) or {}}
+    if spec:
+        raise errors.InvalidInput(f"{sorted(spec)[0]}: unknown field")
+    body["config"] = _config(config)
+    return body
+
+
+class Client:
+    """An async client of one qftrio server.
+
+    Args:
+        url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
+        token: a worker token (for the protocol calls) or a tenant token (for
+            the application API); ``None`` sends no credential.
+        timeout: seconds allowed for each call (connect, read, write). A long
+            poll (:meth:`lease`) gets its ``wait_secs`` on top.
+        max_connections: the connection pool's size. The worker runtime
+            keeps it small on purpose: it batches its reports instead.
+        transport: an httpx transport to use instead of the network (tests).
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        *,
+        timeout: float = 10.0,
+        max_connections: int = 10,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"User-Agent": "qftrio-client"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool. Idempotent."""
+        try:
+            await self._http.aclose()
+        except httpx.HTTPError:  # a broken connection while closing changes nothing
+            pass
+
+    # -- plumbing ----------------------------------------------------------
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        kwargs: dict[str, Any] = {}
+        if json_body is not None:
+            kwargs["json"] = json_body
+        if params:
+            kwargs["params"] = {k: v for k, v in params.items() if v is not None}
+        if timeout is not None:
+            kwargs["timeout"] = httpx.Timeout(timeout)
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException:
+            raise errors.TransportError(f"{method} {self.url}{path}: timed out") from None
+        except httpx.HTTPError as exc:
+            raise errors.TransportError(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from None
+        if response.status_code >= 400:
+            raise self._error(response)
+        return response
+
+    @staticmethod
+    def _error(response: httpx.Response) -> errors.ApiError:
+        code = message = None
+        try:
+            err = response.json()["error"]
+            code, message = err.get("code"), err.get("message")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            text = response.text.strip()
+            message = text[:200] if text else None
+        return errors.error_for_status(response.status_code, code, message)
+
+    async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = await self._request(method, path, **kwargs)
+        try:
+            return response.json()
+        except ValueError:
+            raise errors.TransportError(f"{method} {self.url}{path}: the answer is not JSON") from None
+
+    # -- worker protocol ---------------------------------------------------
+
+    async def lease(
+        self,
+        queue: str,
+        *,
+        max_jobs: int = 1,
+        lease_secs: int = 60,
+        wait_secs: float = 0,
+        worker_id: str | None = None,
+    ) -> list[Lease]:
+        """Claim up to *max_jobs* jobs of *queue*, long-polling up to
+        *wait_secs* for the first. May return an empty list."""
+        body = _build(
+            LeaseRequest, max_jobs=max_jobs, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id
+        )
+        data = await self._json(
+            "POST", f"/api/v1/queues/{queue}/lease", json_body=body, timeout=self.timeout + wait_secs
+        )
+        return [Lease.from_wire(item) for item in data["jobs"]]
+
+    async def heartbeat(self, job_id: str, lease_token: str, extend_secs: int) -> tuple[str, float | None]:
+        """Extend a lease. Returns the job's status and, when it is still
+        ``running``, the new deadline. Raises :class:`~qftrio.errors.Conflict`
+        when the token is stale."""
+        data = await self._json(
+            "POST",
+            f"/api/v1/jobs/{job_id}/heartbeat",
+            json_body={"lease_token": lease_token, "extend_secs": extend_secs},
+        )
+        return data["status"], parse_time(data.get("locked_until"))
+
+    async def complete(self, job_id: str, lease_token: str, result: Mapping[str, Any] | None = None) -> None:
+        """Record success (idempotent with the same token)."""
+        await self._request(
+            "POST",
+            f"/api/v1/jobs/{job_id}/complete",
+            json_body={"lease_token": lease_token, "result": dict(result or {})},
+        )
+
+    async def fail(self, job_id: str, lease_token: str, error: str, retryable: bool = True) -> None:
+        """Record a failure: retried later if *retryable* and attempts are
+        left, else dead-lettered."""
+        await self._request(
+            "POST",
+            f"/api/v1/jobs/{job_id}/fail",
+            json_body={"lease_token": lease_token, "error": error, "retryable": retryable},
+        )
+
+    async def heartbeat_many(self, items: Sequence[HeartbeatItem]) -> list[HeartbeatReply]:
+        """Heartbeat many leases in one call (at most 1000); one reply per
+        item, in order."""
+        body = {
+            "items": [
+                {"id": i.job_id, "lease_token": i.lease_token, "extend_secs": int(i.extend_secs)} for i in items
+            ]
+        }
+        data = await self._json("POST", "/api/v1/leases/heartbeat", json_body=body)
+        return [
+            HeartbeatReply(
+                job_id=r["id"],
+                code=int(r["code"]),
+                status=r.get("status"),
+                locked_until=parse_time(r.get("locked_until")),
+            )
+            for r in data["results"]
+        ]
+
+    async def complete_many(self, items: Sequence[CompleteItem]) -> list[ReportReply]:
+        """Complete many jobs in one call (at most 1000)."""
+        body = {"items": [{"id": i.job_id, "lease_token": i.lease_token, "result": i.result} for i in items]}
+        data = await self._json("POST", "/api/v1/leases/complete", json_body=body)
+        return [ReportReply(job_id=r["id"], code=int(r["code"])) for r in data["results"]]
+
+    async def fail_many(self, items: Sequence[FailItem]) -> list[ReportReply]:
+        """Fail many jobs in one call (at most 1000)."""
+        body = {
+            "items": [
+                {"id": i.job_id, "lease_token": i.lease_token, "error": i.error, "retryable": i.retryable}
+                for i in items
+            ]
+        }
+        data = await self._json("POST", "/api/v1/leases/fail", json_body=body)
+        return [ReportReply(job_id=r["id"], code=int(r["code"])) for r in data["results"]]
+
+    # -- application API ---------------------------------------------------
+
+    async def enqueue(
+        self,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        delay_secs: float | None = None,
+        scheduled_at: float | _dt.datetime | None = None,
+        idempotency_key: str | None = None,
+    ) -> Job:
+        """Enqueue one job. *scheduled_at* is epoch seconds or an aware
+        datetime. A repeated *idempotency_key* returns the first job."""
+        body = _job_body(
+            {
+                "kind": kind,
+                "payload": dict(payload or {}),
+                "queue": queue,
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "delay_secs": delay_secs,
+                "scheduled_at": scheduled_at,
+                "idempotency_key": idempotency_key,
+            }
+        )
+        data = await self._json("POST", "/api/v1/jobs", json_body=_build(EnqueueRequest, **body))
+        return Job.from_wire(data)
+
+    async def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
+        """Enqueue many jobs in one transaction (at most 1000). Each item is
+        ``{"kind", "payload", "config": {...}}`` or the same with the config
+        keys (``queue``, ``priority``, ...) at the top level."""
+        body = _build(EnqueueBatchRequest, jobs=[_job_body(j) for j in jobs])
+        data = await self._json("POST", "/api/v1/jobs/batch", json_body=body)
+        return [Job.from_wire(j) for j in data["jobs"]]
+
+    async def job_get(self, job_id: str) -> Job:
+        return Job.from_wire(await self._json("GET", f"/api/v1/jobs/{job_id}"))
+
+    async def jobs_list(
+        self,
+        *,
+        queue: str | None = None,
+        status: Status | str | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> tuple[list[Job], str | None]:
+        """One page of jobs, newest first, and the cursor of the next page
+        (``None`` on the last)."""
+        params = {
+            "queue": queue,
+            "status": str(status) if status is not None else None,
+            "kind": kind,
+            "limit": limit,
+            "cursor": cursor,
+        }
+        data = await self._json("GET", "/api/v1/jobs", params=params)
+        return [Job.from_wire(j) for j in data["jobs"]], data.get("next_cursor")
+
+    async def job_cancel(self, job_id: str) -> Job:
+        return Job.from_wire(await self._json("POST", f"/api/v1/jobs/{job_id}/cancel"))
+
+    async def job_retry(self, job_id: str) -> Job:
+        return Job.from_wire(await self._json("POST", f"/api/v1/jobs/{job_id}/retry"))
+
+    async def queues(self) -> list[QueueStats]:
+        data = await self._json("GET", "/api/v1/queues")
+        items = data["queues"] if isinstance(data, dict) else data
+        return [QueueStats.from_wire(q) for q in items]
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        return QueueStats.from_wire(await self._json("GET", f"/api/v1/queues/{queue}/stats"))
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /healthz`` (no credential needed)."""
+        data = await self._json("GET", "/healthz")
+        return data if isinstance(data, dict) else {"status": data}
+
