@@ -276,3 +276,27 @@ class FailRequest(_Body):
 
 
 HeartbeatStatus = Literal["running", "pending", "completed", "failed", "cancelled"]
+
+
+class HeartbeatManyItem(HeartbeatRequest):
+    id: Annotated[str, StringConstraints(max_length=100)]
+
+
+class CompleteManyItem(CompleteRequest):
+    id: Annotated[str, StringConstraints(max_length=100)]
+
+
+class FailManyItem(FailRequest):
+    id: Annotated[str, StringConstraints(max_length=100)]
+
+
+class HeartbeatManyRequest(_Body):
+    items: list[HeartbeatManyItem] = Field(max_length=MAX_BATCH)
+
+
+class CompleteManyRequest(_Body):
+    items: list[CompleteManyItem] = Field(max_length=MAX_BATCH)
+
+
+class FailManyRequest(_Body):
+    items: list[FailManyItem] = Field(max_length=MAX_BATCH)

@@ -1,0 +1,92 @@
+"""Server settings, with typed defaults and an environment constructor."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Literal
+
+from .. import errors
+
+__all__ = ["Config", "parse_tenants"]
+
+Mode = Literal["api", "worker", "all"]
+
+
+def parse_tenants(specs: list[str] | str | None) -> dict[str, str]:
+    """``NAME=TOKEN`` items (a list, or one comma-separated string) to a dict."""
+    if not specs:
+        return {}
+    items = specs.split(",") if isinstance(specs, str) else specs
+    tenants: dict[str, str] = {}
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, token = item.partition("=")
+        if not sep or not name.strip() or not token.strip():
+            raise errors.ConfigError(f"tenant credential must look like NAME=TOKEN, got {name.strip()!r}=...")
+        tenants[name.strip()] = token.strip()
+    return tenants
+
+
+@dataclasses.dataclass(kw_only=True)
+class Config:
+    """Everything ``qftrio serve`` can be told."""
+
+    #: ``postgresql://...`` for PostgreSQL; None for the embedded store.
+    database_url: str | None = None
+    #: The embedded store's file.
+    sqlite_path: str = "qftrio.db"
+    bind: str = "127.0.0.1:8000"
+    mode: Mode = "all"
+    #: ``module:attribute`` of a :class:`qftrio.Registry` run in-process.
+    handlers: str | None = None
+    #: Queues the in-process handlers lease from.
+    handler_queues: tuple[str, ...] = ("default",)
+    handler_lanes: int = 4
+    worker_token: str | None = None
+    tenants: dict[str, str] = dataclasses.field(default_factory=dict)
+    dev: bool = False
+    max_body_bytes: int = 1 << 20
+    pool_size: int = 10
+    #: Completed and cancelled jobs are deleted this long after they ended.
+    retention_secs: float | None = 7 * 86400
+    janitor_interval_secs: float = 1.0
+    safety_poll_secs: float = 5.0
+    #: On shutdown, in-flight requests get this long to finish.
+    graceful_timeout_secs: float = 5.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> Config:
+        """Defaults, then ``QUEUEFLOW_*`` variables, then *overrides* (None
+        values in *overrides* are ignored)."""
+        values: dict[str, object] = {}
+        if environ.get("QUEUEFLOW_DATABASE_URL"):
+            values["database_url"] = environ["QUEUEFLOW_DATABASE_URL"]
+        if environ.get("QUEUEFLOW_WORKER_TOKEN"):
+            values["worker_token"] = environ["QUEUEFLOW_WORKER_TOKEN"]
+        if environ.get("QUEUEFLOW_TENANTS"):
+            values["tenants"] = parse_tenants(environ["QUEUEFLOW_TENANTS"])
+        if environ.get("QUEUEFLOW_DEV", "").lower() in ("1", "true", "yes", "on"):
+            values["dev"] = True
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        config = cls(**values)  # type: ignore[arg-type]
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if self.mode not in ("api", "worker", "all"):
+            raise errors.ConfigError(f"--mode must be api, worker or all, not {self.mode!r}")
+        if self.mode == "worker" and not self.handlers:
+            raise errors.ConfigError("--mode worker needs --handlers module:registry")
+        if self.database_url and not self.database_url.startswith(("postgres://", "postgresql://")):
+            raise errors.ConfigError("--database-url must be a postgresql:// URL")
+        host, sep, port = self.bind.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise errors.ConfigError(f"--bind must look like HOST:PORT, not {self.bind!r}")
+        if self.max_body_bytes < 1024:
+            raise errors.ConfigError("--max-body-bytes must be at least 1024")
+        if self.pool_size < 1:
+            raise errors.ConfigError("--pool-size must be at least 1")

@@ -1,0 +1,157 @@
+"""Running the server: the store, the engine, its janitor and listener, the
+HTTP app on hypercorn, and in-process handlers, in one nursery.
+
+Shutdown order: the trigger fires; parked long-polls return empty at once;
+hypercorn stops accepting and gives in-flight requests
+``graceful_timeout_secs``; in-process workers drain within the same grace;
+then the janitor and listener are cancelled and the store closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from .. import errors
+from .app import create_app
+from .auth import Credentials
+from .config import Config
+from .engine import Engine
+from .store.sqlite import open_sqlite_store
+
+__all__ = ["serve", "run_server", "open_engine"]
+
+log = logging.getLogger("qftrio.server")
+
+
+@contextlib.asynccontextmanager
+async def open_engine(config: Config, *, clock: Callable[[], float] | None = None) -> AsyncIterator[Engine]:
+    """An engine on the store *config* names. PostgreSQL needs the caller to
+    run inside ``trio_asyncio.open_loop()`` (:func:`serve` does)."""
+    extra = {} if clock is None else {"clock": clock}
+    if config.database_url:
+        from .store.postgres import open_postgres_store
+
+        async with open_postgres_store(config.database_url, pool_size=config.pool_size) as store:
+            yield Engine(store, safety_poll_secs=config.safety_poll_secs, **extra)
+    else:
+        async with open_sqlite_store(config.sqlite_path) as store:
+            yield Engine(store, safety_poll_secs=config.safety_poll_secs, **extra)
+
+
+async def serve(
+    config: Config,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until *shutdown_trigger* returns (or forever).
+
+    Calls ``task_status.started(binds)`` once listening, with the bound URLs
+    (so ``bind="127.0.0.1:0"`` tells the caller its port).
+
+    Raises:
+        ConfigError: missing credentials outside dev mode, or a store that
+            cannot be opened.
+    """
+    if config.mode in ("api", "all"):
+        Credentials(worker_token=config.worker_token, tenants=config.tenants, dev=config.dev).check_startable()
+    if config.dev:
+        log.warning(
+            "DEVELOPMENT MODE: any valid credential acts as a worker%s. Never expose this server.",
+            "; tenant 'default' has the token 'dev'" if not config.tenants else "",
+        )
+    if config.database_url:
+        import trio_asyncio
+
+        async with trio_asyncio.open_loop():
+            async with open_engine(config) as engine:
+                await run_server(engine, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    else:
+        async with open_engine(config) as engine:
+            await run_server(engine, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+
+
+async def run_server(
+    engine: Engine,
+    config: Config,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`serve` on an engine the caller opened (``config``'s store
+    settings are not used)."""
+    credentials = Credentials(worker_token=config.worker_token, tenants=config.tenants, dev=config.dev)
+    async with trio.open_nursery() as background:
+        await background.start(
+            lambda task_status: engine.run_janitor(
+                interval_secs=config.janitor_interval_secs,
+                retention_secs=config.retention_secs,
+                task_status=task_status,
+            )
+        )
+        await background.start(engine.run_listener)
+        stop = trio.Event()
+
+        async def trigger() -> None:
+            if shutdown_trigger is None:
+                await trio.sleep_forever()
+            else:
+                await shutdown_trigger()
+            engine.begin_shutdown()
+            stop.set()
+
+        async with trio.open_nursery() as front:
+            stoppers: list[Callable[[], None]] = []
+            if config.handlers and config.mode in ("worker", "all"):
+                stoppers = await _start_handlers(front, engine, config)
+            if config.mode in ("api", "all"):
+                app = create_app(engine, credentials, max_body_bytes=config.max_body_bytes)
+                try:
+                    binds = await front.start(
+                        lambda task_status: hypercorn_serve(
+                            app, _hypercorn_config(config), shutdown_trigger=trigger, task_status=task_status
+                        )
+                    )
+                except OSError as exc:
+                    raise errors.ConfigError(f"cannot listen on {config.bind}: {exc.strerror or exc}") from None
+                log.info("qftrio listening on %s", ", ".join(binds))
+                task_status.started(binds)
+            else:
+                front.start_soon(trigger)
+                task_status.started([])
+            await stop.wait()
+            # hypercorn drains its requests on its own; in-process workers
+            # stop leasing and finish what they hold, within the same grace.
+            for stop_worker in stoppers:
+                stop_worker()
+            front.cancel_scope.deadline = trio.current_time() + config.graceful_timeout_secs
+        background.cancel_scope.cancel()
+
+
+def _hypercorn_config(config: Config) -> HyperConfig:
+    hyper = HyperConfig()
+    hyper.bind = [config.bind]
+    hyper.graceful_timeout = config.graceful_timeout_secs
+    hyper.accesslog = None
+    hyper.errorlog = logging.getLogger("hypercorn.error")
+    return hyper
+
+
+async def _start_handlers(nursery: trio.Nursery, engine: Engine, config: Config) -> list[Callable[[], None]]:
+    from ..worker.registry import load_registry
+    from ..worker.runtime import Worker
+    from ..worker.transport import EngineTransport
+
+    registry = load_registry(config.handlers or "")
+    stoppers = []
+    for queue in config.handler_queues:
+        worker = Worker(EngineTransport(engine), queue, registry, lanes=config.handler_lanes)
+        handle = await nursery.start(worker.run)
+        stoppers.append(handle.stop)
+    return stoppers

@@ -1,0 +1,232 @@
+"""The worker protocol (DESIGN §2) over real HTTP, on every backend."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import trio
+
+from .conftest import RunningServer
+
+
+async def enqueue(http: httpx.AsyncClient, server: RunningServer, kind: str = "resize", **config) -> dict:
+    body = {"kind": kind, "payload": {"n": 1}, "config": {"queue": "images", **config}}
+    r = await http.post("/api/v1/jobs", json=body, headers=server.headers())
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+async def lease(http: httpx.AsyncClient, server: RunningServer, queue: str = "images", **body) -> list[dict]:
+    r = await http.post(f"/api/v1/queues/{queue}/lease", json=body, headers=server.headers("worker"))
+    assert r.status_code == 200, r.text
+    return r.json()["jobs"]
+
+
+async def report(http, server, job_id, action, **body) -> httpx.Response:
+    return await http.post(f"/api/v1/jobs/{job_id}/{action}", json=body, headers=server.headers("worker"))
+
+
+async def test_lease_complete_round_trip(http, server) -> None:
+    job = await enqueue(http, server)
+    (leased,) = await lease(http, server, lease_secs=30, worker_id="w-1")
+    assert leased["job"]["id"] == job["id"]
+    assert leased["job"]["status"] == "running"
+    assert leased["job"]["attempt"] == 1
+    assert leased["job"]["worker_id"] == "w-1"
+    assert leased["job"]["locked_until"] is not None
+    token = leased["lease_token"]
+    uuid.UUID(token)
+    r = await report(http, server, job["id"], "complete", lease_token=token, result={"ok": True})
+    assert r.status_code == 204 and r.content == b""
+    got = (await http.get(f"/api/v1/jobs/{job['id']}", headers=server.headers())).json()
+    assert got["status"] == "completed" and got["result"] == {"ok": True} and got["locked_until"] is None
+    replay = await report(http, server, job["id"], "complete", lease_token=token, result={"ok": False})
+    assert replay.status_code == 204
+    got_again = (await http.get(f"/api/v1/jobs/{job['id']}", headers=server.headers())).json()
+    assert got_again == got
+
+
+async def test_empty_lease_and_defaults(http, server) -> None:
+    assert await lease(http, server) == []
+    r = await http.post("/api/v1/queues/images/lease", headers=server.headers("worker"))
+    assert r.status_code == 200 and r.json() == {"jobs": []}
+
+
+async def test_lease_batch_in_priority_order(http, server) -> None:
+    low = await enqueue(http, server, priority=0)
+    high = await enqueue(http, server, priority=10)
+    mid = await enqueue(http, server, priority=5)
+    leased = await lease(http, server, max_jobs=10)
+    assert [item["job"]["id"] for item in leased] == [high["id"], mid["id"], low["id"]]
+    assert len({item["lease_token"] for item in leased}) == 3
+
+
+async def test_delayed_job_is_not_leased_early(http, server) -> None:
+    await enqueue(http, server, delay_secs=60)
+    assert await lease(http, server) == []
+    server.clock.advance(61)
+    assert len(await lease(http, server)) == 1
+
+
+async def test_long_poll_wakes_on_enqueue(http, server) -> None:
+    woke: list[float] = []
+    got: list[list[dict]] = []
+
+    async def waiter() -> None:
+        got.append(await lease(http, server, wait_secs=20))
+        woke.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.sleep(0.3)
+        await enqueue(http, server)
+        enqueued = trio.current_time()
+    assert len(got[0]) == 1
+    assert woke[0] - enqueued < 0.5
+
+
+async def test_long_poll_times_out_empty(http, server) -> None:
+    start = trio.current_time()
+    assert await lease(http, server, wait_secs=0.5) == []
+    assert 0.4 < trio.current_time() - start < 3
+
+
+async def test_heartbeat_extends_then_reports_status(http, server) -> None:
+    job = await enqueue(http, server)
+    (leased,) = await lease(http, server, lease_secs=10)
+    token = leased["lease_token"]
+    r = await report(http, server, job["id"], "heartbeat", lease_token=token, extend_secs=120)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "running" and body["locked_until"] > leased["job"]["locked_until"]
+    r = await http.post(f"/api/v1/jobs/{job['id']}/cancel", headers=server.headers())
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    r = await report(http, server, job["id"], "heartbeat", lease_token=token, extend_secs=120)
+    assert r.status_code == 200 and r.json() == {"status": "cancelled"}
+    r = await report(http, server, job["id"], "complete", lease_token=token)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "lease_lost"
+    r = await report(http, server, job["id"], "fail", lease_token=token, error="x")
+    assert r.status_code == 409
+
+
+async def test_heartbeat_409_and_404(http, server) -> None:
+    job = await enqueue(http, server)
+    await lease(http, server)
+    r = await report(http, server, job["id"], "heartbeat", lease_token=str(uuid.uuid4()), extend_secs=10)
+    assert r.status_code == 409
+    r = await report(http, server, str(uuid.uuid4()), "heartbeat", lease_token=str(uuid.uuid4()), extend_secs=10)
+    assert r.status_code == 404
+    r = await report(http, server, "not-an-id", "complete", lease_token="x")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "not_found"
+
+
+async def test_expired_lease_is_reclaimed_with_a_fresh_token(http, server) -> None:
+    job = await enqueue(http, server)
+    (first,) = await lease(http, server, lease_secs=5)
+    server.clock.advance(6)
+    (second,) = await lease(http, server, lease_secs=5)
+    assert second["job"]["id"] == job["id"] and second["job"]["attempt"] == 2
+    assert second["lease_token"] != first["lease_token"]
+    for action, body in [("heartbeat", {"extend_secs": 5}), ("complete", {}), ("fail", {"error": "late"})]:
+        r = await report(http, server, job["id"], action, lease_token=first["lease_token"], **body)
+        assert r.status_code == 409, action
+    r = await report(http, server, job["id"], "complete", lease_token=second["lease_token"])
+    assert r.status_code == 204
+
+
+async def test_janitor_returns_expired_jobs_to_pending(http, server) -> None:
+    job = await enqueue(http, server, max_attempts=3)
+    await lease(http, server, lease_secs=2)
+    server.clock.advance(3)
+    with trio.fail_after(5):
+        while True:
+            got = (await http.get(f"/api/v1/jobs/{job['id']}", headers=server.headers())).json()
+            if got["status"] == "pending":
+                break
+            await trio.sleep(0.05)
+    assert got["errors"][-1]["error"] == "lease expired" and got["worker_id"] is None
+
+
+async def test_fail_retries_with_backoff_then_dead_letters(http, server) -> None:
+    job = await enqueue(http, server, max_attempts=2)
+    (first,) = await lease(http, server)
+    r = await report(http, server, job["id"], "fail", lease_token=first["lease_token"], error="boom")
+    assert r.status_code == 204
+    replay = await report(http, server, job["id"], "fail", lease_token=first["lease_token"], error="boom")
+    assert replay.status_code == 204
+    got = (await http.get(f"/api/v1/jobs/{job['id']}", headers=server.headers())).json()
+    assert got["status"] == "pending" and got["attempt"] == 1 and got["error"] == "boom"
+    assert got["scheduled_at"] > got["updated_at"] and len(got["errors"]) == 1
+    r = await report(http, server, job["id"], "heartbeat", lease_token=first["lease_token"], extend_secs=5)
+    assert r.json() == {"status": "pending"}
+    assert await lease(http, server) == []
+    server.clock.advance(3600)
+    (second,) = await lease(http, server)
+    assert second["job"]["attempt"] == 2
+    r = await report(http, server, job["id"], "fail", lease_token=second["lease_token"], error="again")
+    assert r.status_code == 204
+    got = (await http.get(f"/api/v1/jobs/{job['id']}", headers=server.headers())).json()
+    assert got["status"] == "failed" and [e["error"] for e in got["errors"]] == ["boom", "again"]
+
+
+async def test_non_retryable_fail_dead_letters(http, server) -> None:
+    job = await enqueue(http, server, max_attempts=5)
+    (leased,) = await lease(http, server)
+    r = await report(http, server, job["id"], "fail", lease_token=leased["lease_token"], error="bad", retryable=False)
+    assert r.status_code == 204
+    got = (await http.get(f"/api/v1/jobs/{job['id']}", headers=server.headers())).json()
+    assert got["status"] == "failed" and got["attempt"] == 1
+
+
+async def test_batch_report_routes(http, server) -> None:
+    for _ in range(3):
+        await enqueue(http, server)
+    leased = await lease(http, server, max_jobs=3)
+    items = [{"id": x["job"]["id"], "lease_token": x["lease_token"], "extend_secs": 30} for x in leased]
+    items.append({"id": str(uuid.uuid4()), "lease_token": "t", "extend_secs": 30})
+    r = await http.post("/api/v1/leases/heartbeat", json={"items": items}, headers=server.headers("worker"))
+    results = r.json()["results"]
+    assert [x["code"] for x in results] == [200, 200, 200, 404]
+    assert all(x["status"] == "running" and x["locked_until"] for x in results[:3])
+    done = [{"id": x["job"]["id"], "lease_token": x["lease_token"], "result": {"i": i}} for i, x in enumerate(leased[:2])]
+    done.append({"id": leased[2]["job"]["id"], "lease_token": str(uuid.uuid4()), "result": {}})
+    r = await http.post("/api/v1/leases/complete", json={"items": done}, headers=server.headers("worker"))
+    assert [x["code"] for x in r.json()["results"]] == [204, 204, 409]
+    fails = [{"id": leased[2]["job"]["id"], "lease_token": leased[2]["lease_token"], "error": "e", "retryable": False}]
+    r = await http.post("/api/v1/leases/fail", json={"items": fails}, headers=server.headers("worker"))
+    assert r.json()["results"] == [{"id": leased[2]["job"]["id"], "code": 204}]
+    got = (await http.get(f"/api/v1/jobs/{leased[0]['job']['id']}", headers=server.headers())).json()
+    assert got["result"] == {"i": 0}
+
+
+async def test_worker_routes_need_the_worker_token(http, server) -> None:
+    r = await http.post("/api/v1/queues/images/lease", json={}, headers=server.headers("acme"))
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    r = await http.post("/api/v1/queues/images/lease", json={})
+    assert r.status_code == 401
+    r = await http.post("/api/v1/queues/images/lease", json={}, headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401
+    r = await http.post("/api/v1/jobs/x/heartbeat", json={"lease_token": "t", "extend_secs": 5}, headers=server.headers("globex"))
+    assert r.status_code == 403
+
+
+async def test_protocol_bad_input(http, server) -> None:
+    w = server.headers("worker")
+    r = await http.post("/api/v1/queues/images/lease", json={"max_jobs": 0}, headers=w)
+    assert r.status_code == 422 and "max_jobs" in r.json()["error"]["message"]
+    r = await http.post("/api/v1/queues/images/lease", json={"lease_secs": 3601}, headers=w)
+    assert r.status_code == 422 and "lease_secs" in r.json()["error"]["message"]
+    r = await http.post("/api/v1/queues/images/lease", json={"wait_secs": 61}, headers=w)
+    assert r.status_code == 422
+    r = await http.post("/api/v1/queues/bad%20name/lease", json={}, headers=w)
+    assert r.status_code == 422 and "queue" in r.json()["error"]["message"]
+    r = await http.post("/api/v1/queues/images/lease", content=b"{not json", headers=w)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "malformed_json"
+    r = await http.post("/api/v1/jobs/x/heartbeat", json={"lease_token": "t", "extend_secs": 0}, headers=w)
+    assert r.status_code == 422 and "extend_secs" in r.json()["error"]["message"]
+    r = await http.post("/api/v1/jobs/x/fail", json={"lease_token": "t"}, headers=w)
+    assert r.status_code == 422 and "error" in r.json()["error"]["message"]
+    r = await http.post("/api/v1/jobs/x/complete", json={"lease_token": "t", "result": [1]}, headers=w)
+    assert r.status_code == 422 and "result" in r.json()["error"]["message"]
