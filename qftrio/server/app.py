@@ -130,9 +130,13 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
         status = exc.code or 500
         if status == 413:
             err: errors.ApiError = errors.PayloadTooLarge(f"the request body is larger than {max_body_bytes} bytes")
-        else:
-            err = errors.error_for_status(status, None, exc.description or exc.name)
-            err.code = exc.name.lower().replace(" ", "_")
+            response = _json(err.to_wire(), status)
+            # The rest of the body was never read: this connection cannot
+            # carry another request.
+            response.headers["Connection"] = "close"
+            return response
+        err = errors.error_for_status(status, None, exc.description or exc.name)
+        err.code = exc.name.lower().replace(" ", "_")
         return _json(err.to_wire(), status)
 
     @app.errorhandler(Exception)

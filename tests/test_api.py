@@ -1,0 +1,200 @@
+"""The application API (DESIGN §3) over real HTTP, on every backend."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+
+from .conftest import RunningServer
+
+
+async def post_job(http: httpx.AsyncClient, server: RunningServer, who: str = "acme", **body) -> httpx.Response:
+    body.setdefault("kind", "send-email")
+    return await http.post("/api/v1/jobs", json=body, headers=server.headers(who))
+
+
+async def test_enqueue_defaults(http, server) -> None:
+    r = await post_job(http, server)
+    assert r.status_code == 201
+    job = r.json()
+    uuid.UUID(job["id"])
+    assert job["tenant"] == "acme" and job["queue"] == "default" and job["kind"] == "send-email"
+    assert job["payload"] == {} and job["status"] == "pending" and job["priority"] == 0
+    assert job["attempt"] == 0 and job["max_attempts"] == 5
+    assert job["scheduled_at"] == job["created_at"] == job["updated_at"]
+    assert job["scheduled_at"].endswith("Z")
+    for field in ("locked_until", "worker_id", "result", "error", "workflow_id", "step", "context"):
+        assert job[field] is None, field
+    assert job["errors"] == []
+    assert "lease_token" not in job
+
+
+async def test_enqueue_with_config(http, server) -> None:
+    r = await post_job(
+        http, server, payload={"to": "a@b.c"},
+        config={"queue": "mail", "priority": 7, "max_attempts": 2, "scheduled_at": "2040-01-02T03:04:05Z"},
+    )  # fmt: skip
+    job = r.json()
+    assert (job["queue"], job["priority"], job["max_attempts"]) == ("mail", 7, 2)
+    assert job["scheduled_at"].startswith("2040-01-02T03:04:05")
+    r = await post_job(http, server, config={"delay_secs": 30})
+    assert r.json()["scheduled_at"] > r.json()["created_at"]
+
+
+async def test_idempotency_key(http, server) -> None:
+    first = await post_job(http, server, config={"idempotency_key": "order-1"})
+    again = await post_job(http, server, kind="other", config={"idempotency_key": "order-1"})
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json() == first.json()
+    other_tenant = await post_job(http, server, who="globex", config={"idempotency_key": "order-1"})
+    assert other_tenant.status_code == 201 and other_tenant.json()["id"] != first.json()["id"]
+    listed = (await http.get("/api/v1/jobs", headers=server.headers())).json()["jobs"]
+    assert len(listed) == 1
+
+
+async def test_batch_enqueue(http, server) -> None:
+    jobs = [{"kind": "k", "payload": {"i": i}, "config": {"queue": "bulk"}} for i in range(50)]
+    r = await http.post("/api/v1/jobs/batch", json={"jobs": jobs}, headers=server.headers())
+    assert r.status_code == 201
+    assert [j["payload"]["i"] for j in r.json()["jobs"]] == list(range(50))
+    stats = (await http.get("/api/v1/queues/bulk/stats", headers=server.headers())).json()
+    assert stats["counts"]["pending"] == 50
+
+
+async def test_batch_is_all_or_nothing(http, server) -> None:
+    jobs = [{"kind": "k"}, {"kind": "k", "config": {"queue": "no spaces"}}]
+    r = await http.post("/api/v1/jobs/batch", json={"jobs": jobs}, headers=server.headers())
+    assert r.status_code == 422 and "jobs.1.config.queue" in r.json()["error"]["message"]
+    assert (await http.get("/api/v1/jobs", headers=server.headers())).json()["jobs"] == []
+    r = await http.post("/api/v1/jobs/batch", json={"jobs": [{"kind": "k"}] * 1001}, headers=server.headers())
+    assert r.status_code == 422
+    r = await http.post("/api/v1/jobs/batch", json={"jobs": []}, headers=server.headers())
+    assert r.status_code == 422
+
+
+async def test_get_is_tenant_scoped(http, server) -> None:
+    job = (await post_job(http, server)).json()
+    r = await http.get(f"/api/v1/jobs/{job['id']}", headers=server.headers("acme"))
+    assert r.status_code == 200 and r.json() == job
+    r = await http.get(f"/api/v1/jobs/{job['id']}", headers=server.headers("globex"))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    for path in (f"/api/v1/jobs/{job['id']}/cancel", f"/api/v1/jobs/{job['id']}/retry"):
+        assert (await http.post(path, headers=server.headers("globex"))).status_code == 404
+    r = await http.get("/api/v1/jobs/definitely-not-a-uuid", headers=server.headers())
+    assert r.status_code == 404
+
+
+async def test_list_pagination_and_filters(http, server) -> None:
+    ids = [(await post_job(http, server, kind="a" if i % 2 else "b", config={"queue": "q1"})).json()["id"] for i in range(7)]
+    await post_job(http, server, who="globex")
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": 3, **({"cursor": cursor} if cursor else {})}
+        page = (await http.get("/api/v1/jobs", params=params, headers=server.headers())).json()
+        seen += [j["id"] for j in page["jobs"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids[::-1]
+    only_a = (await http.get("/api/v1/jobs", params={"kind": "a"}, headers=server.headers())).json()["jobs"]
+    assert [j["id"] for j in only_a] == ids[1::2][::-1]
+    running = (await http.get("/api/v1/jobs", params={"status": "running"}, headers=server.headers())).json()
+    assert running == {"jobs": [], "next_cursor": None}
+    for bad in ({"status": "nope"}, {"limit": "0"}, {"limit": "x"}, {"queue": "a b"}, {"cursor": "garbage!"}):
+        r = await http.get("/api/v1/jobs", params=bad, headers=server.headers())
+        assert r.status_code == 422, bad
+        assert r.json()["error"]["message"]
+
+
+async def test_cancel_and_retry(http, server) -> None:
+    job = (await post_job(http, server, config={"queue": "c"})).json()
+    r = await http.post(f"/api/v1/jobs/{job['id']}/cancel", headers=server.headers())
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    leased = await http.post("/api/v1/queues/c/lease", json={}, headers=server.headers("worker"))
+    assert leased.json()["jobs"] == []
+    r = await http.post(f"/api/v1/jobs/{job['id']}/cancel", headers=server.headers())
+    assert r.status_code == 409 and r.json()["error"]["code"] == "conflict"
+    r = await http.post(f"/api/v1/jobs/{job['id']}/retry", headers=server.headers())
+    assert r.status_code == 200 and r.json()["status"] == "pending" and r.json()["attempt"] == 0
+    r = await http.post(f"/api/v1/jobs/{job['id']}/retry", headers=server.headers())
+    assert r.status_code == 409
+    leased = await http.post("/api/v1/queues/c/lease", json={}, headers=server.headers("worker"))
+    assert [x["job"]["id"] for x in leased.json()["jobs"]] == [job["id"]]
+
+
+async def test_queues_and_stats(http, server) -> None:
+    await post_job(http, server, config={"queue": "a"})
+    await post_job(http, server, config={"queue": "b", "delay_secs": 100})
+    await post_job(http, server, who="globex", config={"queue": "z"})
+    queues = (await http.get("/api/v1/queues", headers=server.headers())).json()["queues"]
+    assert [q["queue"] for q in queues] == ["a", "b"]
+    a, b = queues
+    assert a["counts"] == {"pending": 1, "running": 0, "completed": 0, "failed": 0, "cancelled": 0}
+    assert a["oldest_ready_at"] is not None and a["next_available_at"] is None
+    assert b["oldest_ready_at"] is None and b["next_available_at"] is not None
+    empty = (await http.get("/api/v1/queues/nothing/stats", headers=server.headers())).json()
+    assert empty["queue"] == "nothing" and sum(empty["counts"].values()) == 0
+    r = await http.get("/api/v1/queues/bad%20name/stats", headers=server.headers())
+    assert r.status_code == 422
+
+
+async def test_application_routes_refuse_the_worker_token(http, server) -> None:
+    r = await post_job(http, server, who="worker")
+    assert r.status_code == 403
+    r = await http.get("/api/v1/jobs")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+    r = await http.get("/api/v1/jobs", headers={"Authorization": "Basic abc"})
+    assert r.status_code == 401
+
+
+async def test_bad_input_is_a_clear_4xx_and_changes_nothing(http, server) -> None:
+    h = server.headers()
+    cases = [
+        ({"kind": "bad kind!"}, "kind"),
+        ({"kind": "k", "payload": [1, 2]}, "payload"),
+        ({"kind": "k", "config": {"queue": "x" * 129}}, "config.queue"),
+        ({"kind": "k", "config": {"max_attempts": 0}}, "config.max_attempts"),
+        ({"kind": "k", "config": {"priority": "high"}}, "config.priority"),
+        ({"kind": "k", "config": {"delay_secs": 5, "scheduled_at": "2030-01-01T00:00:00Z"}}, "config"),
+        ({"kind": "k", "config": {"scheduled_at": "yesterday"}}, "config.scheduled_at"),
+        ({"kind": "k", "surprise": 1}, "surprise"),
+        ({}, "kind"),
+    ]
+    for body, field in cases:
+        r = await http.post("/api/v1/jobs", json=body, headers=h)
+        assert r.status_code == 422, body
+        assert r.json()["error"]["code"] == "invalid"
+        assert field in r.json()["error"]["message"], (body, r.json())
+    r = await http.post("/api/v1/jobs", content=b'{"kind": ', headers=h)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "malformed_json"
+    r = await http.post("/api/v1/jobs", json=[1, 2], headers=h)
+    assert r.status_code == 422
+    big = {"kind": "k", "payload": {"blob": "x" * (1 << 20)}}
+    r = await http.post("/api/v1/jobs", json=big, headers=h)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+    assert (await http.get("/api/v1/jobs", headers=h)).json()["jobs"] == []
+
+
+async def test_unknown_route_and_method_are_json(http, server) -> None:
+    r = await http.get("/api/v1/nothing", headers=server.headers())
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = await http.delete("/api/v1/jobs", headers=server.headers())
+    assert r.status_code == 405 and "error" in r.json()
+
+
+async def test_health_metrics_openapi(http, server) -> None:
+    r = await http.get("/healthz")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    await post_job(http, server)
+    metrics = (await http.get("/metrics")).text
+    for name in (
+        "qftrio_jobs_enqueued_total", "qftrio_jobs_leased_total", "qftrio_jobs_completed_total",
+        "qftrio_jobs_failed_total", "qftrio_jobs_dead_lettered_total", "qftrio_stale_token_rejections_total",
+        "qftrio_lease_wait_seconds_bucket",
+    ):  # fmt: skip
+        assert name in metrics, name
+    spec = (await http.get("/openapi.json")).json()
+    assert "/api/v1/queues/{queue}/lease" in spec["paths"]
+    assert "/api/v1/jobs" in spec["paths"]
