@@ -1,0 +1,148 @@
+"""Handlers by job kind.
+
+::
+
+    registry = qftrio.Registry()
+
+    @registry.handler("resize-image", timeout=30)
+    async def resize(job: qftrio.Job) -> dict:
+        ...
+
+A handler takes the :class:`~qftrio.models.Job` and returns a JSON object (a
+``dict``) or ``None``. Async handlers run in the worker's Trio task;
+synchronous ones run in a worker thread (:func:`trio.to_thread.run_sync`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+from ..errors import ConfigError
+from ..models import Job, valid_name
+
+__all__ = ["Registry", "Handler", "load_registry"]
+
+HandlerFn = Callable[[Job], "Awaitable[dict[str, Any] | None] | dict[str, Any] | None"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Handler:
+    """A registered handler.
+
+    Attributes:
+        kind: the job kind it runs.
+        fn: the function.
+        timeout: seconds the handler may run before it is cancelled and the
+            job failed (retryable); ``None`` for no limit but the lease's.
+        is_async: whether *fn* is a coroutine function.
+    """
+
+    kind: str
+    fn: Callable[[Job], Any]
+    timeout: float | None
+    is_async: bool
+
+
+class Registry:
+    """Maps job kinds to handlers."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+
+    def handler(self, kind: str, *, timeout: float | None = None) -> Callable[[F], F]:
+        """Decorator: register the function as the handler of *kind*."""
+
+        def register(fn: F) -> F:
+            self.add(kind, fn, timeout=timeout)
+            return fn
+
+        return register
+
+    def add(self, kind: str, fn: Callable[[Job], Any], *, timeout: float | None = None) -> None:
+        """Register *fn* for *kind*.
+
+        Raises:
+            ConfigError: *kind* is not a valid name, already has a handler,
+                or *timeout* is not positive.
+        """
+        if not valid_name(kind):
+            raise ConfigError(f"handler kind {kind!r}: use 1-128 characters of A-Z a-z 0-9 _ . -")
+        if kind in self._handlers:
+            raise ConfigError(f"handler kind {kind!r} is registered twice")
+        if timeout is not None and not timeout > 0:
+            raise ConfigError(f"handler {kind!r}: timeout must be positive, not {timeout!r}")
+        if not callable(fn):
+            raise ConfigError(f"handler {kind!r}: {fn!r} is not callable")
+        self._handlers[kind] = Handler(kind=kind, fn=fn, timeout=timeout, is_async=_is_async(fn))
+
+    def get(self, kind: str) -> Handler | None:
+        return self._handlers.get(kind)
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._handlers
+
+    def __iter__(self) -> Iterator[Handler]:
+        return iter(list(self._handlers.values()))
+
+    def __len__(self) -> int:
+        return len(self._handlers)
+
+    def __repr__(self) -> str:
+        return f"<Registry kinds={self.kinds}>"
+
+
+def load_registry(ref: str) -> Registry:
+    """Import ``module:attr`` and return the :class:`Registry` it names.
+
+    The current directory is importable, so ``qftrio worker images
+    handlers:registry`` finds ``./handlers.py``.
+
+    Raises:
+        ConfigError: one clear sentence for anything that goes wrong (a bad
+            reference, an import that fails, a missing attribute, not a
+            registry). The importing module's own traceback is not shown.
+    """
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"registry {ref!r}: expected module:attribute, e.g. handlers:registry")
+    if "" not in sys.path and "." not in sys.path:
+        cwd = os.getcwd()
+        if cwd not in sys.path:
+            sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ConfigError(f"registry {ref!r}: no module named {module_name!r}") from None
+        raise ConfigError(f"registry {ref!r}: importing {module_name!r} failed: {exc}") from None
+    except BaseException as exc:  # a user's module can raise anything while importing
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise ConfigError(f"registry {ref!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"registry {ref!r}: module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, Registry):
+        raise ConfigError(f"registry {ref!r} is a {type(obj).__name__}, not a qftrio Registry")
+    return obj

@@ -1,0 +1,607 @@
+"""The worker runtime: lease jobs, run their handlers, heartbeat, report.
+
+Task tree of one :meth:`Worker.run`::
+
+    run                                   cancel scope: Worker.cancel()
+    ├── reports                           Batchers of heartbeat/complete/fail
+    └── jobs nursery
+        ├── lease loop                    cancel scope: Worker.stop()
+        └── one task per held job         cancel scope: the job's, holding
+            ├── heartbeat loop              its heartbeat loop
+            └── wait for a lane, handler    and its handler; then the report
+
+Rules (DESIGN §7, and the protocol's "rules that keep at-least-once honest"):
+
+* A job is heartbeated from the moment it is claimed, every ``lease_secs/2``,
+  also while it waits for a lane (a batch lease holds more jobs than lanes).
+* A ``409``, a ``404``, or any status but ``running`` cancels the job's scope:
+  the handler is cancelled at its next checkpoint and nothing is reported.
+* Heartbeats that cannot land are retried; shortly before the lease runs out
+  the handler is cancelled and a retryable fail is attempted.
+* Reports are retried with backoff until the lease runs out, then given up
+  (``unreported``): the job then runs again elsewhere, which is why handlers
+  must be idempotent.
+* Lease calls back off with jitter on transport errors (``waiting``), forever:
+  a server restart is ridden out. ``401``/``403`` stop the worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import socket
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
+
+import trio
+
+from .. import errors
+from ..models import MAX_LEASE_JOBS, MAX_LEASE_SECS, MAX_WAIT_SECS, Job, Lease, valid_name
+from .registry import Handler, Registry
+from .transport import Batcher, CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, ReportReply, Transport
+
+__all__ = ["Worker", "WorkerEvent", "WorkerStatistics", "open_worker", "default_worker_id"]
+
+log = logging.getLogger("qftrio.worker")
+
+EventType = Literal["claimed", "completed", "failed", "lost", "unreported", "waiting", "stopping"]
+
+_LEVELS = {
+    "claimed": logging.INFO,
+    "completed": logging.INFO,
+    "failed": logging.WARNING,
+    "lost": logging.WARNING,
+    "unreported": logging.WARNING,
+    "waiting": logging.WARNING,
+    "stopping": logging.INFO,
+}
+
+# Backoff of retried calls (seconds): the first retry comes after about
+# ``base``, doubling up to ``cap``; each wait is scaled by a random factor in
+# [0.5, 1] so that a fleet of workers does not retry in lockstep.
+LEASE_BACKOFF = (0.5, 15.0)
+REPORT_BACKOFF = (0.25, 5.0)
+
+
+def backoff(failures: int, base: float, cap: float, rand: Callable[[], float] = random.random) -> float:
+    raw = min(cap, base * 2 ** max(0, failures - 1))
+    return raw * (0.5 + 0.5 * rand())
+
+
+def default_worker_id() -> str:
+    """``host-pid``: unique per process, and says where a job runs."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerEvent:
+    """Something the worker did, for logs and dashboards.
+
+    Attributes:
+        type: ``claimed`` (a job was leased), ``completed``, ``failed`` (the
+            fail report landed; *retryable* says which kind), ``lost`` (the
+            server took the job back: cancelled, lease lost; nothing was or
+            will be reported), ``unreported`` (the report could not land
+            before the lease ran out), ``waiting`` (a lease call failed; the
+            next try comes after *delay* seconds), ``stopping``.
+        job_id, kind, attempt: the job's, when the event is about one.
+        lane: the lane (1..lanes) running it; ``None`` while it waits for one.
+        error: what went wrong, in words.
+        retryable: for ``failed``, whether the job will be retried (if
+            attempts are left).
+        delay: for ``waiting``, seconds until the next lease call.
+    """
+
+    type: EventType
+    job_id: str | None = None
+    kind: str | None = None
+    attempt: int | None = None
+    lane: int | None = None
+    error: str | None = None
+    retryable: bool | None = None
+    delay: float | None = None
+
+    def __str__(self) -> str:
+        parts: list[str] = [self.type]
+        if self.job_id is not None:
+            parts.append(f"job {self.job_id} ({self.kind}, attempt {self.attempt})")
+        if self.lane is not None:
+            parts.append(f"lane {self.lane}")
+        if self.retryable is not None:
+            parts.append("retryable" if self.retryable else "not retryable")
+        if self.delay is not None:
+            parts.append(f"retrying in {self.delay:.1f} s")
+        if self.error:
+            parts.append(f"- {self.error}")
+        return " ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerStatistics:
+    """Held jobs (running or waiting for a lane), those running, and
+    whether the worker is draining."""
+
+    held: int
+    running: int
+    lanes: int
+    stopping: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class _Outcome:
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    retryable: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Held:
+    """One leased job, from claim to report."""
+
+    lease: Lease
+    deadline: float  # Trio time at which our lease ends, by our own reckoning
+    scope: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
+    handler_scope: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
+    lane: int | None = None  # the lane it holds now
+    ran_in: int | None = None  # the lane it ran in, for events after it left
+    lane_ready: trio.Event = dataclasses.field(default_factory=trio.Event)
+    lost: str | None = None  # why the server took it back
+    expiring: bool = False  # renewals failed and the lease is about to end
+    last_error: str | None = None
+
+    @property
+    def job(self) -> Job:
+        return self.lease.job
+
+
+class _Lanes:
+    """Lanes handed out in lease order (a Trio semaphore wakes waiters in
+    FIFO order too, but tasks started together reach it in no set order)."""
+
+    def __init__(self, n: int) -> None:
+        self._free = list(range(n, 0, -1))  # pop() gives the lowest
+        self._waiting: collections.deque[_Held] = collections.deque()
+        self.busy = 0
+
+    def enqueue(self, held: _Held) -> None:
+        if self._free:
+            self._give(held, self._free.pop())
+        else:
+            self._waiting.append(held)
+
+    def _give(self, held: _Held, lane: int) -> None:
+        held.lane = held.ran_in = lane
+        self.busy += 1
+        held.lane_ready.set()
+
+    def leave(self, held: _Held) -> None:
+        """*held* no longer needs its lane (or its place in line)."""
+        if held.lane is None:
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(held)
+            return
+        lane, held.lane = held.lane, None
+        self.busy -= 1
+        if self._waiting:
+            self._give(self._waiting.popleft(), lane)
+        else:
+            self._free.append(lane)
+            self._free.sort(reverse=True)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _is_fatal(exc: BaseException) -> bool:
+    return isinstance(exc, (errors.Unauthorized, errors.Forbidden))
+
+
+class Worker:
+    """Runs the handlers of *registry* for jobs leased from *queue*.
+
+    Args:
+        transport: :class:`~qftrio.worker.transport.HttpTransport` (a
+            :class:`~qftrio.Client` with a worker token) or
+            :class:`~qftrio.worker.transport.EngineTransport` (in-process).
+        queue: the queue to lease from.
+        registry: the handlers, by job kind.
+        lanes: jobs run at once.
+        batch: jobs leased per call (1..100). Above 1, jobs may wait for a
+            lane; they are heartbeated meanwhile.
+        lease_secs: the lease asked for, and each renewal's extension.
+            Heartbeats go every ``lease_secs/2``; a crashed worker's jobs
+            wait up to this long before running elsewhere.
+        wait_secs: the long-poll of each lease call (0..60).
+        worker_id: recorded on every job it holds; ``host-pid`` by default.
+        on_event: called with every :class:`WorkerEvent` (also logged to the
+            ``qftrio.worker`` logger). It must not block; what it raises is
+            logged and ignored.
+
+    Raises:
+        ConfigError: an argument out of range.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        queue: str,
+        registry: Registry,
+        *,
+        lanes: int = 4,
+        batch: int = 1,
+        lease_secs: int = 60,
+        wait_secs: float = 20,
+        worker_id: str | None = None,
+        on_event: Callable[[WorkerEvent], object] | None = None,
+    ) -> None:
+        if not valid_name(queue):
+            raise errors.ConfigError(f"queue {queue!r}: use 1-128 characters of A-Z a-z 0-9 _ . -")
+        if not isinstance(registry, Registry):
+            raise errors.ConfigError(f"registry: expected a qftrio Registry, not {type(registry).__name__}")
+        if not (isinstance(lanes, int) and lanes >= 1):
+            raise errors.ConfigError(f"lanes must be a positive integer, not {lanes!r}")
+        if not (isinstance(batch, int) and 1 <= batch <= MAX_LEASE_JOBS):
+            raise errors.ConfigError(f"batch must be an integer from 1 to {MAX_LEASE_JOBS}, not {batch!r}")
+        if not (isinstance(lease_secs, int) and 1 <= lease_secs <= MAX_LEASE_SECS):
+            raise errors.ConfigError(f"lease_secs must be an integer from 1 to {MAX_LEASE_SECS}, not {lease_secs!r}")
+        if not (0 <= wait_secs <= MAX_WAIT_SECS):
+            raise errors.ConfigError(f"wait_secs must be from 0 to {MAX_WAIT_SECS}, not {wait_secs!r}")
+        self.transport = transport
+        self.queue = queue
+        self.registry = registry
+        self.lanes = lanes
+        self.batch = batch
+        self.lease_secs = lease_secs
+        self.wait_secs = wait_secs
+        self.worker_id = worker_id or default_worker_id()
+        self.on_event = on_event
+        #: Heartbeat period.
+        self.heartbeat_secs = lease_secs / 2
+        #: How long before the lease ends a job whose renewals fail is given
+        #: up: time left for the retryable fail to land.
+        self.abort_margin_secs = min(5.0, lease_secs * 0.2)
+
+        self._ran = False
+        self._stopping = False
+        self._cancelled = False
+        self._fatal: BaseException | None = None
+        self._root_scope: trio.CancelScope | None = None
+        self._lease_scope = trio.CancelScope()
+        self._held: dict[str, _Held] = {}
+        self._lanes_pool = _Lanes(lanes)
+        self._changed = trio.Event()
+        self._heartbeats: Batcher[HeartbeatItem, HeartbeatReply] | None = None
+        self._completes: Batcher[CompleteItem, ReportReply] | None = None
+        self._fails: Batcher[FailItem, ReportReply] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.worker_id} queue={self.queue!r} lanes={self.lanes}>"
+
+    # -- control -----------------------------------------------------------
+
+    def stop(self) -> None:
+        """Graceful stop: lease nothing more, finish the jobs held, then let
+        :meth:`run` return. An in-flight long-poll is abandoned (should the
+        server have claimed a job for it meanwhile, that job's lease expires
+        and it runs elsewhere). Idempotent."""
+        if self._stopping or self._cancelled:
+            return
+        self._stopping = True
+        self._emit(WorkerEvent(type="stopping", error=f"finishing {len(self._held)} held job(s)"))
+        self._lease_scope.cancel()
+
+    def cancel(self) -> None:
+        """Hard stop: cancel every handler now and report nothing. The jobs'
+        leases expire and other workers take them over. Idempotent."""
+        if self._cancelled:
+            return
+        if not self._stopping:
+            self._emit(WorkerEvent(type="stopping", error=f"cancelling {len(self._held)} held job(s)"))
+        self._stopping = self._cancelled = True
+        self._lease_scope.cancel()
+        if self._root_scope is not None:
+            self._root_scope.cancel()
+
+    def statistics(self) -> WorkerStatistics:
+        return WorkerStatistics(
+            held=len(self._held), running=self._lanes_pool.busy, lanes=self.lanes, stopping=self._stopping
+        )
+
+    # -- main --------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until stopped (:meth:`stop` or :meth:`cancel`) or cancelled.
+
+        ``await nursery.start(worker.run)`` returns the worker itself, the
+        handle with :meth:`stop` and :meth:`cancel`.
+
+        Raises:
+            Unauthorized, Forbidden: the server refused the worker's
+                credential; held jobs were abandoned.
+        """
+        if self._ran:
+            raise RuntimeError("a Worker runs once; make a new one")
+        self._ran = True
+        t = self.transport
+        self._heartbeats = Batcher(
+            t.heartbeat, linger=t.coalesce_secs, max_inflight=t.max_inflight, name="heartbeat"
+        )
+        self._completes = Batcher(t.complete, linger=t.coalesce_secs, max_inflight=t.max_inflight, name="complete")
+        self._fails = Batcher(t.fail, linger=t.coalesce_secs, max_inflight=t.max_inflight, name="fail")
+        log.info(
+            "worker %s on queue %r: lanes=%d batch=%d lease=%ds kinds=%s",
+            self.worker_id,
+            self.queue,
+            self.lanes,
+            self.batch,
+            self.lease_secs,
+            ",".join(self.registry.kinds) or "-",
+        )
+        with trio.CancelScope() as self._root_scope:
+            if self._cancelled:
+                self._root_scope.cancel()
+            async with trio.open_nursery() as reports:
+                for batcher in (self._heartbeats, self._completes, self._fails):
+                    await reports.start(batcher.run)
+                async with trio.open_nursery() as jobs:
+                    jobs.start_soon(self._lease_loop, jobs)
+                    task_status.started(self)
+                # Every job has reported (or given up): the batchers can go.
+                reports.cancel_scope.cancel()
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _die(self, exc: BaseException) -> None:
+        """Stop everything because of *exc*, which :meth:`run` raises."""
+        if self._fatal is None:
+            self._fatal = exc
+            log.error("worker %s stopping: %s", self.worker_id, exc)
+        self.cancel()
+
+    def _emit(self, event: WorkerEvent) -> None:
+        log.log(_LEVELS[event.type], "%s", event)
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:
+                log.exception("on_event callback failed")
+
+    def _job_event(self, type: EventType, held: _Held, **kw: Any) -> None:
+        job = held.job
+        self._emit(WorkerEvent(type=type, job_id=job.id, kind=job.kind, attempt=job.attempt, lane=held.ran_in, **kw))
+
+    def _notify_changed(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # -- leasing -----------------------------------------------------------
+
+    async def _lease_loop(self, jobs: trio.Nursery) -> None:
+        failures = 0
+        with self._lease_scope:
+            while not self._stopping:
+                # Lease only when a lane is free; a batch may overfill.
+                while len(self._held) >= self.lanes:
+                    await self._changed.wait()
+                sent_at = trio.current_time()
+                try:
+                    leases = await self.transport.lease(
+                        self.queue,
+                        max_jobs=self.batch,
+                        lease_secs=self.lease_secs,
+                        wait_secs=self.wait_secs,
+                        worker_id=self.worker_id,
+                    )
+                except errors.QftrioError as exc:
+                    if _is_fatal(exc):
+                        self._die(exc)
+                        return
+                    failures += 1
+                    delay = backoff(failures, *LEASE_BACKOFF)
+                    self._emit(WorkerEvent(type="waiting", error=str(exc), delay=delay))
+                    await trio.sleep(delay)
+                    continue
+                if failures:
+                    log.info("worker %s: the server answers again", self.worker_id)
+                    failures = 0
+                # No checkpoint from the lease's answer to here: a stop()
+                # cannot drop jobs we were handed.
+                for lease in leases:
+                    held = _Held(lease=lease, deadline=sent_at + self.lease_secs)
+                    self._held[lease.job.id] = held
+                    self._lanes_pool.enqueue(held)
+                    self._job_event("claimed", held)
+                    jobs.start_soon(self._hold, held, name=f"qftrio job {lease.job.id}")
+
+    # -- one job -----------------------------------------------------------
+
+    async def _hold(self, held: _Held) -> None:
+        try:
+            with held.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._heartbeat_loop, held)
+                    outcome = await self._execute(held)
+                    nursery.cancel_scope.cancel()  # stop heartbeating
+                await self._report(held, outcome)
+            if held.lost is not None:
+                self._job_event("lost", held, error=held.lost)
+        finally:
+            self._lanes_pool.leave(held)
+            del self._held[held.job.id]
+            self._notify_changed()
+
+    async def _heartbeat_loop(self, held: _Held) -> None:
+        assert self._heartbeats is not None
+        job = held.job
+        next_at = held.deadline - self.lease_secs + self.heartbeat_secs
+        failures = 0
+        while True:
+            with trio.move_on_at(held.deadline - self.abort_margin_secs):
+                await trio.sleep_until(next_at)
+                sent_at = trio.current_time()
+                try:
+                    reply = await self._heartbeats.call(HeartbeatItem(job.id, held.lease.lease_token, self.lease_secs))
+                except errors.QftrioError as exc:
+                    if _is_fatal(exc):
+                        self._die(exc)
+                        return
+                    failures += 1
+                    held.last_error = str(exc)
+                    log.debug("heartbeat of job %s failed (%s); retrying", job.id, exc)
+                    next_at = trio.current_time() + backoff(failures, *REPORT_BACKOFF)
+                    continue
+                if reply.code == 200 and reply.status == "running":
+                    held.deadline = sent_at + self.lease_secs
+                    failures = 0
+                    next_at = sent_at + self.heartbeat_secs
+                    continue
+                if reply.code == 200:
+                    held.lost = f"the job is {reply.status}"
+                elif reply.code == 409:
+                    held.lost = "lease lost (409): the job was taken back"
+                else:
+                    held.lost = f"heartbeat answered {reply.code}"
+                held.scope.cancel()
+                return
+            # Renewals kept failing and the lease is about to end: stop the
+            # handler while there is still time to say so.
+            held.expiring = True
+            held.handler_scope.cancel()
+            return
+
+    async def _execute(self, held: _Held) -> _Outcome:
+        job = held.job
+        try:
+            with held.handler_scope:
+                await held.lane_ready.wait()
+                handler = self.registry.get(job.kind)
+                if handler is None:
+                    known = ", ".join(self.registry.kinds) or "none"
+                    return _Outcome(
+                        error=f"no handler for kind {job.kind!r} on this worker (it handles: {known})",
+                        retryable=False,
+                    )
+                return await self._call(handler, job)
+            # Only the heartbeat loop cancels handler_scope.
+            reason = f": {held.last_error}" if held.last_error else ""
+            return _Outcome(error=f"lease about to expire: heartbeats failed{reason}", retryable=True)
+        finally:
+            # Free the lane for the next job now: the report need not hold it.
+            self._lanes_pool.leave(held)
+
+    async def _call(self, handler: Handler, job: Job) -> _Outcome:
+        timeout = handler.timeout if handler.timeout is not None else math.inf
+        with trio.move_on_after(timeout) as timer:
+            try:
+                if handler.is_async:
+                    result = await handler.fn(job)
+                else:
+                    # A thread cannot be interrupted: on cancel it is left to
+                    # finish on its own and its result is dropped.
+                    result = await trio.to_thread.run_sync(handler.fn, job, abandon_on_cancel=True)
+            except errors.PermanentError as exc:
+                return _Outcome(error=str(exc) or "PermanentError", retryable=False)
+            except BaseExceptionGroup as group:
+                if group.subgroup(trio.Cancelled) is not None:
+                    raise  # we are being cancelled; the scopes above sort it out
+                log.debug("handler of job %s raised", job.id, exc_info=True)
+                _, others = group.split(errors.PermanentError)
+                return _Outcome(error=_describe(group), retryable=others is not None)
+            except Exception as exc:
+                log.debug("handler of job %s raised", job.id, exc_info=True)
+                return _Outcome(error=_describe(exc), retryable=True)
+        if timer.cancelled_caught:
+            return _Outcome(error=f"handler timed out after {timeout:g} s", retryable=True)
+        if result is None:
+            result = {}
+        if not isinstance(result, dict):
+            return _Outcome(
+                error=f"handler returned {type(result).__name__}; expected a dict or None", retryable=False
+            )
+        try:
+            json.dumps(result)
+        except (TypeError, ValueError) as exc:
+            return _Outcome(error=f"handler result is not JSON: {exc}", retryable=False)
+        return _Outcome(result=result)
+
+    async def _report(self, held: _Held, outcome: _Outcome) -> None:
+        assert self._completes is not None and self._fails is not None
+        job, token = held.job, held.lease.lease_token
+        failures = 0
+        with trio.move_on_at(held.deadline):
+            while True:
+                try:
+                    if outcome.ok:
+                        reply = await self._completes.call(CompleteItem(job.id, token, outcome.result or {}))
+                    else:
+                        reply = await self._fails.call(
+                            FailItem(job.id, token, outcome.error or "failed", outcome.retryable)
+                        )
+                except errors.QftrioError as exc:
+                    if _is_fatal(exc):
+                        self._die(exc)
+                        return
+                    failures += 1
+                    held.last_error = str(exc)
+                    log.debug("report of job %s failed (%s); retrying", job.id, exc)
+                    await trio.sleep(backoff(failures, *REPORT_BACKOFF))
+                    continue
+                if reply.code == 204:
+                    if outcome.ok:
+                        self._job_event("completed", held)
+                    else:
+                        self._job_event("failed", held, error=outcome.error, retryable=outcome.retryable)
+                elif reply.code == 409:
+                    held.lost = "lease lost (409): the report was refused"
+                else:
+                    held.lost = f"report answered {reply.code}"
+                return
+        self._job_event("unreported", held, error=held.last_error or "the lease ran out before the report landed")
+
+
+@contextlib.asynccontextmanager
+async def open_worker(
+    transport: Transport,
+    queue: str,
+    registry: Registry,
+    **options: Any,
+) -> AsyncIterator[Worker]:
+    """Run a :class:`Worker` for the duration of an ``async with`` block.
+
+    Leaving the block normally stops it gracefully and waits for held jobs;
+    leaving it by an exception cancels it at once. The options are
+    :class:`Worker`'s.
+
+    ::
+
+        async with qftrio.open_worker(HttpTransport(client), "images", registry, lanes=8) as worker:
+            await trio.sleep_forever()
+    """
+    worker = Worker(transport, queue, registry, **options)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            try:
+                yield worker
+            except BaseException:
+                worker.cancel()
+                raise
+            worker.stop()
+    except BaseExceptionGroup as group:
+        # The nursery wraps what the block or run() raised; give the caller
+        # the one exception it would have seen without us.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
