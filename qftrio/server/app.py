@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any, TypeVar
 
 import pydantic
@@ -100,7 +101,7 @@ def _report_response(result: ReportResult) -> Response:
 
 def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int = 1 << 20) -> QuartTrio:
     """The quart-trio application serving *engine*."""
-    app = QuartTrio("qftrio")
+    app = QuartTrio(__name__, root_path=os.path.dirname(__file__))
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.config["JSON_SORT_KEYS"] = False
     QuartSchema(
