@@ -1,0 +1,364 @@
+"""asyncpg on Trio, through trio-asyncio.
+
+API is not stable. DO NOT USE outside :mod:`qftrio.server.store.postgres`.
+
+asyncpg is an asyncio library; trio-asyncio runs an asyncio loop on top of
+Trio, and :func:`trio_asyncio.aio_as_trio` runs an asyncio coroutine from a
+Trio task. Everything here must therefore run inside
+``async with trio_asyncio.open_loop():``. The loop is looked up once, when a
+:class:`Database` or :class:`Listener` is opened, and used explicitly from
+then on, so calls work from any Trio task of the program, whatever its
+contextvars say.
+
+Each database operation is one asyncio coroutine that acquires a pooled
+connection, optionally opens a transaction, runs an asyncio-flavoured
+function ``fn(conn, *args)`` and releases the connection: one hop between the
+two worlds per operation, not one per query.
+
+Failures of the database itself (refused or broken connections, a server
+shutting down or starting up, a read-only standby after a failover, a
+statement timeout) become :class:`~qftrio.errors.Unavailable`, so the HTTP
+layer answers 503; asyncpg's exceptions never leave this module.
+
+Timeouts and Trio's clock: trio-asyncio's loop reads Trio's clock, so asyncio
+timeouts are *Trio* timeouts. Under a virtual clock (``MockClock`` with
+autojump, as tests use) a client-side timeout around network I/O fires at
+once, because every task is blocked while PostgreSQL answers. Client-side
+timeouts are therefore one option, ``timeout``, which tests set to ``None``;
+statements are bounded on the server (``statement_timeout``), which keeps
+real time whatever clock the client runs on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import asyncpg
+import trio
+import trio_asyncio
+
+from ... import errors
+
+__all__ = ["Database", "Listener", "open_database", "open_listener", "translate_error", "running_loop"]
+
+log = logging.getLogger("qftrio.store.postgres")
+
+T = TypeVar("T")
+
+# Errors that mean "the database cannot serve us right now", not "the request
+# is wrong". OSError covers refused and reset connections and (Python >= 3.10)
+# TimeoutError. asyncpg's InterfaceError is mostly "connection is closed" or
+# "pool is closing"; the rest of it would be a bug of ours, logged below.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.exceptions.PostgresConnectionError,  # class 08
+    asyncpg.exceptions.OperatorInterventionError,  # class 57: shutdown, starting up, statement timeout
+    asyncpg.exceptions.InsufficientResourcesError,  # class 53: too many connections, disk full
+    asyncpg.exceptions.ReadOnlySQLTransactionError,  # a standby after a failover
+    asyncpg.exceptions.TransactionRollbackError,  # deadlock or serialization failure, after retries
+    asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
+    asyncpg.InterfaceError,
+)
+
+# Transient conflicts between transactions: safe to run the whole transaction again.
+_RETRY: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.SerializationError,
+)
+_RETRIES = 3
+
+
+def translate_error(exc: BaseException) -> errors.ApiError | None:
+    """The qftrio error for an exception raised by asyncpg, or None when it
+    is not a database failure (a bug, or an error of qftrio's own)."""
+    if isinstance(exc, errors.QftrioError):
+        return None
+    if isinstance(exc, asyncpg.exceptions.DataError):
+        # class 22, e.g. "\u0000" in a JSON string, which jsonb cannot store
+        return errors.InvalidInput(f"a value cannot be stored: {_first_line(exc)}", code="unstorable")
+    if isinstance(exc, _UNAVAILABLE):
+        if isinstance(exc, asyncpg.InterfaceError):
+            log.warning("database interface error", exc_info=exc)
+        return errors.Unavailable(f"the database is unavailable ({type(exc).__name__})")
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
+def running_loop() -> trio_asyncio.TrioEventLoop:
+    """The trio-asyncio loop of the current context; raise if there is none."""
+    loop = trio_asyncio.current_loop.get()
+    if loop is None:
+        raise errors.ConfigError(
+            "the PostgreSQL store needs an asyncio loop: run it inside `async with trio_asyncio.open_loop():`"
+        )
+    return loop
+
+
+def _dumps(value: Any) -> str:
+    # allow_nan=False: PostgreSQL's jsonb has no NaN; asyncpg reports the
+    # ValueError as a DataError, which becomes a 422.
+    return json.dumps(value, allow_nan=False, separators=(",", ":"))
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    # asyncio-flavoured: runs on every new pooled connection, reconnects included
+    await conn.set_type_codec("jsonb", encoder=_dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec("json", encoder=_dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def _run_on_pool(
+    pool: asyncpg.Pool,
+    acquire_timeout: float | None,
+    transaction: bool,
+    fn: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+) -> T:
+    # asyncio-flavoured
+    async with pool.acquire(timeout=acquire_timeout) as conn:
+        if transaction:
+            async with conn.transaction():
+                return await fn(conn, *args)
+        return await fn(conn, *args)
+
+
+class Database:
+    """A pool of asyncpg connections used from Trio. Open with
+    :func:`open_database`."""
+
+    def __init__(self, pool: asyncpg.Pool, loop: trio_asyncio.TrioEventLoop, *, timeout: float | None) -> None:
+        self._pool = pool
+        self._loop = loop
+        self._timeout = timeout
+        self._closed = False
+
+    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any, transaction: bool = True) -> T:
+        """Run the asyncio-flavoured ``fn(conn, *args)`` on a pooled connection,
+        inside a transaction unless *transaction* is False.
+
+        ``fn`` must not call Trio. A deadlock or serialization failure runs it
+        again (up to three tries); database failures raise
+        :class:`~qftrio.errors.Unavailable`.
+        """
+        if self._closed:
+            raise errors.Unavailable("the database pool is closed")
+        for attempt in range(_RETRIES):
+            try:
+                return await trio_asyncio.aio_as_trio(_run_on_pool, loop=self._loop)(
+                    self._pool, self._timeout, transaction, fn, args
+                )
+            except _RETRY as exc:
+                if attempt + 1 == _RETRIES:
+                    raise errors.Unavailable("the database is too busy (transaction conflicts)") from exc
+                log.info("transaction conflict (%s); running it again", type(exc).__name__)
+                await trio.sleep(0.01 * (attempt + 1) * (1 + random.random()))
+            except Exception as exc:
+                mapped = translate_error(exc)
+                if mapped is None:
+                    raise
+                raise mapped from exc
+        raise AssertionError("unreachable")
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        """One statement outside an explicit transaction (it is its own)."""
+
+        async def _fetch(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+            return await conn.fetch(query, *args)
+
+        return await self.run(_fetch, transaction=False)
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        async def _fetchval(conn: asyncpg.Connection) -> Any:
+            return await conn.fetchval(query, *args)
+
+        return await self.run(_fetchval, transaction=False)
+
+    async def aclose(self) -> None:
+        """Close every connection; idempotent. Shielded; with a timeout set,
+        connections still busy after it are cut."""
+        if self._closed:
+            return
+        self._closed = True
+        with trio.CancelScope(shield=True) as scope:
+            if self._timeout is not None:
+                scope.deadline = trio.current_time() + self._timeout
+            try:
+                await trio_asyncio.aio_as_trio(self._pool.close, loop=self._loop)()
+                return
+            except Exception as exc:  # closing a broken pool is not worth a traceback
+                log.debug("closing the pool: %r", exc)
+        # timed out or failed: cut the connections still open
+        self._pool.terminate()
+
+
+@asynccontextmanager
+async def open_database(
+    url: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    timeout: float | None = 10.0,
+    statement_timeout: float | None = 30.0,
+    application_name: str = "qftrio",
+) -> AsyncIterator[Database]:
+    """Open a connection pool on *url*.
+
+    Args:
+        url: ``postgresql://user:password@host:port/database``, or anything
+            asyncpg's ``dsn`` accepts.
+        min_size, max_size: the pool's bounds.
+        timeout: client-side bound, in seconds of Trio's clock, on connecting,
+            on waiting for a free pooled connection, and on closing; None
+            disables it (tests running on a virtual clock must).
+        statement_timeout: server-side bound on each statement.
+
+    Raises:
+        Unavailable: the database cannot be reached.
+    """
+    loop = running_loop()
+    settings = {"application_name": application_name}
+    if statement_timeout is not None:
+        settings["statement_timeout"] = str(int(statement_timeout * 1000))
+        settings["idle_in_transaction_session_timeout"] = str(int(statement_timeout * 2000))
+    try:
+        pool = await trio_asyncio.aio_as_trio(asyncpg.create_pool, loop=loop)(
+            dsn=url,
+            min_size=min(min_size, max_size),
+            max_size=max_size,
+            timeout=timeout,
+            init=_init_connection,
+            server_settings=settings,
+            # asyncio timers run on Trio's clock; keep them out of the I/O path
+            max_inactive_connection_lifetime=0,
+        )
+    except Exception as exc:
+        mapped = translate_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+    db = Database(pool, loop, timeout=timeout)
+    try:
+        yield db
+    finally:
+        await db.aclose()
+
+
+class Listener:
+    """A dedicated connection that LISTENs on one channel. Open with
+    :func:`open_listener`.
+
+    asyncpg calls back from the asyncio loop, which runs inside Trio on the
+    same thread, so its callbacks may set Trio events directly.
+    """
+
+    #: More distinct payloads than this between two receives collapse to "*".
+    MAX_PENDING = 1000
+
+    def __init__(self, conn: asyncpg.Connection, loop: trio_asyncio.TrioEventLoop, *, timeout: float | None) -> None:
+        self._conn = conn
+        self._loop = loop
+        self._timeout = timeout
+        self._pending: set[str] = set()
+        self._lost = False
+        self._wakeup = trio.Event()
+
+    @property
+    def backend_pid(self) -> int:
+        return self._conn.get_server_pid()
+
+    # asyncio callbacks ------------------------------------------------------
+
+    def _on_notification(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        if len(self._pending) >= self.MAX_PENDING:
+            self._pending = {"*"}
+        else:
+            self._pending.add(payload)
+        self._wakeup.set()
+
+    def _on_termination(self, conn: Any) -> None:
+        self._lost = True
+        self._wakeup.set()
+
+    # trio side ----------------------------------------------------------------
+
+    async def receive(self, *, keepalive_secs: float = 30.0) -> set[str]:
+        """Wait for notifications and return their payloads (deduplicated).
+
+        Every *keepalive_secs* without any, the connection is checked with a
+        query, so that a silently dead connection is noticed.
+
+        Raises:
+            Unavailable: the connection is lost.
+        """
+        while not self._pending:
+            if self._lost or self._conn.is_closed():
+                raise errors.Unavailable("the LISTEN connection was lost")
+            self._wakeup = trio.Event()
+            with trio.move_on_after(keepalive_secs):
+                await self._wakeup.wait()
+                continue
+            await self._ping()
+        pending, self._pending = self._pending, set()
+        return pending
+
+    async def _ping(self) -> None:
+        try:
+            await trio_asyncio.aio_as_trio(self._conn.fetchval, loop=self._loop)("SELECT 1", timeout=self._timeout)
+        except Exception as exc:
+            mapped = translate_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True) as scope:
+            if self._timeout is not None:
+                scope.deadline = trio.current_time() + self._timeout
+            if not self._conn.is_closed():
+                try:
+                    await trio_asyncio.aio_as_trio(self._conn.close, loop=self._loop)()
+                except Exception as exc:
+                    log.debug("closing the LISTEN connection: %r", exc)
+        if not self._conn.is_closed():
+            self._conn.terminate()
+
+
+@asynccontextmanager
+async def open_listener(
+    url: str, channel: str, *, timeout: float | None = 10.0, application_name: str = "qftrio-listener"
+) -> AsyncIterator[Listener]:
+    """Connect to *url* and LISTEN on *channel*.
+
+    Raises:
+        Unavailable: the database cannot be reached.
+    """
+    loop = running_loop()
+    try:
+        conn = await trio_asyncio.aio_as_trio(asyncpg.connect, loop=loop)(
+            dsn=url, timeout=timeout, server_settings={"application_name": application_name}
+        )
+    except Exception as exc:
+        mapped = translate_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+    listener = Listener(conn, loop, timeout=timeout)
+    try:
+        conn.add_termination_listener(listener._on_termination)
+        try:
+            await trio_asyncio.aio_as_trio(conn.add_listener, loop=loop)(channel, listener._on_notification)
+        except Exception as exc:
+            mapped = translate_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+        yield listener
+    finally:
+        await listener.aclose()

@@ -1,0 +1,856 @@
+"""The PostgreSQL store: several ``qftrio serve`` processes on one database.
+
+asyncpg runs through trio-asyncio (see :mod:`.pgasync`), so the whole program
+must run inside ``async with trio_asyncio.open_loop():``. Open the store with
+:func:`open_postgres_store`; apply the schema with :func:`migrate` (which
+``open_postgres_store`` does by default).
+
+How the rules of :mod:`.base` are kept with many servers at once:
+
+* Claims are one statement: candidates are picked with ``FOR UPDATE SKIP
+  LOCKED``, so concurrent claimers never wait on each other and never take the
+  same row; the partial index ``qftrio_jobs_claim_idx`` keeps a claim's cost
+  independent of how many finished jobs the table holds.
+* Heartbeats and completions are one statement per batch (``unnest`` arrays),
+  which locks the rows, checks each lease token and updates in one go.
+  Failures lock the rows (``SELECT ... FOR UPDATE``), ask the engine's
+  ``retry_at`` in Python, and update, in one transaction. Batches lock rows in
+  id order, so two batches never deadlock.
+* The janitor (``jobs_reap_expired``, ``jobs_prune``) skips rows another
+  server is working on (``SKIP LOCKED``), so janitors do not collide.
+* Whatever makes work ready (an insert, a retry, a fail with a retry, a reap)
+  sends ``NOTIFY qftrio_jobs, '<queue>'`` in its own transaction, so the
+  notification is delivered if and only if the change commits. Each server
+  holds one LISTEN connection (:meth:`PostgresStore.run_listener`).
+
+Times are ``double precision`` epoch seconds: the floats the interface passes,
+stored exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+import asyncpg
+import trio
+
+from ... import errors
+from ...models import ErrorEntry, Job, Lease, QueueStats, Status
+from . import pgasync
+from .base import (
+    LEASE_EXPIRED,
+    CompleteItem,
+    FailItem,
+    HeartbeatItem,
+    HeartbeatResult,
+    Inserted,
+    NewJob,
+    Outcome,
+    Reaped,
+    ReportResult,
+    RetryAt,
+    Store,
+)
+
+__all__ = ["PostgresStore", "open_postgres_store", "migrate", "pending_migrations", "CHANNEL", "ALL_QUEUES"]
+
+log = logging.getLogger("qftrio.store.postgres")
+
+#: The NOTIFY channel; the payload is a queue name.
+CHANNEL = "qftrio_jobs"
+
+#: What :meth:`PostgresStore.run_listener` passes to ``on_notify`` when it may
+#: have missed notifications (its connection was lost and came back): wake
+#: every queue.
+ALL_QUEUES = "*"
+
+#: ``pg_advisory_lock`` key held while migrating (any constant unique to qftrio).
+MIGRATION_LOCK_KEY = 0x71F7_0001
+
+_JOB_COLUMNS = (
+    "id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at, "
+    "updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step, context"
+)
+
+
+# -- helpers ------------------------------------------------------------------
+
+
+def _uuid(value: str | None) -> uuid.UUID | None:
+    """*value* as a UUID if it is one in canonical form, else None: ids and
+    tokens are compared as the strings qftrio issued."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = uuid.UUID(value)
+    except ValueError:
+        return None
+    return parsed if str(parsed) == value else None
+
+
+def _text(value: str) -> str:
+    # PostgreSQL text cannot hold NUL; an error message from a worker might.
+    return value.replace("\x00", "\ufffd")
+
+
+def _job(row: asyncpg.Record) -> Job:
+    workflow_id = row["workflow_id"]
+    return Job(
+        id=str(row["id"]),
+        tenant=row["tenant"],
+        queue=row["queue"],
+        kind=row["kind"],
+        payload=row["payload"],
+        status=Status(row["status"]),
+        priority=row["priority"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        scheduled_at=row["scheduled_at"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        locked_until=row["locked_until"],
+        worker_id=row["worker_id"],
+        result=row["result"],
+        error=row["error"],
+        errors=tuple(
+            ErrorEntry(attempt=int(e["attempt"]), error=str(e["error"]), at=float(e["at"])) for e in row["errors"] or ()
+        ),
+        workflow_id=None if workflow_id is None else str(workflow_id),
+        step=row["step"],
+        context=row["context"],
+    )
+
+
+async def _notify(conn: asyncpg.Connection, queues: Sequence[str] | set[str]) -> None:
+    # asyncio-flavoured; inside the caller's transaction, so it is delivered on commit only
+    if queues:
+        await conn.execute("SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q", CHANNEL, sorted(queues))
+
+
+# -- migrations -------------------------------------------------------------------
+
+
+def _migration_files() -> list[tuple[str, str, str]]:
+    """``(version, name, sql)`` of every migration shipped, in order."""
+    folder = resources.files(__package__).joinpath("migrations").joinpath("postgres")
+    out = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            stem = entry.name[: -len(".sql")]
+            version, _, name = stem.partition("_")
+            out.append((version, stem, entry.read_text(encoding="utf-8")))
+    out.sort()
+    return out
+
+
+async def _applied_versions(conn: asyncpg.Connection) -> set[str] | None:
+    exists = await conn.fetchval("SELECT to_regclass('qftrio_schema_migrations') IS NOT NULL")
+    if not exists:
+        return None
+    return {r["version"] for r in await conn.fetch("SELECT version FROM qftrio_schema_migrations")}
+
+
+async def _migrate_on(conn: asyncpg.Connection) -> list[str]:
+    # asyncio-flavoured. The advisory lock serialises concurrent migrators
+    # (several servers starting at once); the second one finds nothing to do.
+    await conn.execute("SET lock_timeout = '60s'")
+    await conn.execute("SET statement_timeout = 0")
+    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+    try:
+        await conn.execute(
+            """CREATE TABLE IF NOT EXISTS qftrio_schema_migrations (
+                version text PRIMARY KEY,
+                name text NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now()
+            )"""
+        )
+        applied = await _applied_versions(conn) or set()
+        done = []
+        known = set()
+        for version, name, sql in _migration_files():
+            known.add(version)
+            if version in applied:
+                continue
+            async with conn.transaction():
+                await conn.execute(sql)
+                await conn.execute("INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2)", version, name)
+            log.info("applied migration %s", name)
+            done.append(name)
+        unknown = applied - known
+        if unknown:
+            log.warning("the database has migrations this qftrio does not know: %s", ", ".join(sorted(unknown)))
+        return done
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+
+
+async def _pending_on(conn: asyncpg.Connection) -> list[str]:
+    applied = await _applied_versions(conn) or set()
+    return [name for version, name, _ in _migration_files() if version not in applied]
+
+
+async def migrate(url: str, *, timeout: float | None = 10.0) -> list[str]:
+    """Apply the migrations *url* lacks; return their names (e.g.
+    ``["0001_init"]``), empty when the schema is current.
+
+    Safe to run from several processes at once: a PostgreSQL advisory lock
+    makes them take turns.
+
+    Raises:
+        Unavailable: the database cannot be reached.
+    """
+    async with pgasync.open_database(url, min_size=1, max_size=1, timeout=timeout, statement_timeout=None) as db:
+        return await db.run(_migrate_on, transaction=False)
+
+
+async def pending_migrations(url: str, *, timeout: float | None = 10.0) -> list[str]:
+    """The names of the migrations *url* lacks."""
+    async with pgasync.open_database(url, min_size=1, max_size=1, timeout=timeout, statement_timeout=None) as db:
+        return await db.run(_pending_on, transaction=False)
+
+
+# -- the store ----------------------------------------------------------------------
+
+
+_CLAIM_SQL = f"""
+WITH ready AS (
+    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
+    WHERE queue = $1 AND status = 'pending' AND scheduled_at <= $2
+    ORDER BY priority DESC, scheduled_at, created_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
+    WHERE queue = $1 AND status = 'running' AND locked_until < $2 AND attempt < max_attempts
+    ORDER BY priority DESC, scheduled_at, created_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), chosen AS (
+    SELECT * FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) AS c
+    ORDER BY priority DESC, scheduled_at, created_at
+    LIMIT $3
+)
+UPDATE qftrio_jobs AS j SET
+    status = 'running',
+    attempt = j.attempt + 1,
+    locked_until = $2 + $4::float8,
+    lease_token = gen_random_uuid(),
+    worker_id = $5,
+    updated_at = $2,
+    error = CASE WHEN c.status = 'running' THEN $6 ELSE j.error END,
+    errors = CASE WHEN c.status = 'running'
+        THEN j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'error', $6::text, 'at', $2))
+        ELSE j.errors END
+FROM chosen AS c
+WHERE j.id = c.id
+RETURNING {", ".join("j." + c.strip() for c in _JOB_COLUMNS.split(","))}
+"""
+
+# One statement per batch: lock the rows (id order), extend those whose token
+# is current and that are running, and report every item's row as locked.
+_HEARTBEAT_SQL = """
+WITH items AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
+), locked AS (
+    SELECT id, status, lease_token FROM qftrio_jobs
+    WHERE id IN (SELECT id FROM items)
+    ORDER BY id
+    FOR UPDATE
+), extended AS (
+    UPDATE qftrio_jobs AS j SET locked_until = $4 + i.extend, updated_at = $4
+    FROM items AS i JOIN locked AS l ON l.id = i.id
+    WHERE j.id = i.id AND l.status = 'running' AND l.lease_token = i.token
+      AND j.status = 'running' AND j.lease_token = i.token
+    RETURNING j.id, j.locked_until
+)
+SELECT i.ord, l.status, coalesce(l.lease_token = i.token, false) AS current, e.locked_until
+FROM items AS i
+LEFT JOIN locked AS l ON l.id = i.id
+LEFT JOIN extended AS e ON e.id = i.id
+ORDER BY i.ord
+"""
+
+_COMPLETE_SQL = """
+WITH items AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
+), locked AS (
+    SELECT id, status, lease_token, queue FROM qftrio_jobs
+    WHERE id IN (SELECT id FROM items)
+    ORDER BY id
+    FOR UPDATE
+), completed AS (
+    UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
+    FROM items AS i JOIN locked AS l ON l.id = i.id
+    WHERE j.id = i.id AND l.status = 'running' AND l.lease_token = i.token
+      AND j.status = 'running' AND j.lease_token = i.token
+    RETURNING j.id, j.tenant, j.queue, j.workflow_id, j.step, j.result
+)
+SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token, false) AS current,
+       c.id IS NOT NULL AS applied, c.tenant, c.workflow_id, c.step, c.result
+FROM items AS i
+LEFT JOIN locked AS l ON l.id = i.id
+LEFT JOIN completed AS c ON c.id = i.id
+ORDER BY i.ord
+"""
+
+
+class PostgresStore(Store):
+    """See the module docstring. Open it with :func:`open_postgres_store`.
+
+    Args:
+        db: the connection pool.
+        url: the database, for the LISTEN connection.
+        timeout: client-side network timeout (connecting, waiting for a pooled
+            connection, closing); None disables it.
+        listener_keepalive_secs: how often an idle LISTEN connection is checked.
+    """
+
+    def __init__(
+        self,
+        db: pgasync.Database,
+        *,
+        url: str,
+        timeout: float | None = 10.0,
+        listener_keepalive_secs: float = 30.0,
+    ) -> None:
+        self._db = db
+        self._url = url
+        self._timeout = timeout
+        self._keepalive = listener_keepalive_secs
+        #: Backend pid of the current LISTEN connection (None when there is
+        #: none); for operators and tests.
+        self.listener_pid: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def aclose(self) -> None:
+        await self._db.aclose()
+
+    async def ping(self) -> None:
+        await self._db.fetchval("SELECT 1")
+
+    async def run_listener(
+        self,
+        on_notify: Callable[[str], None],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        min_backoff_secs: float = 0.1,
+        max_backoff_secs: float = 5.0,
+    ) -> None:
+        """Call ``on_notify(queue)`` for the queues other servers make work
+        ready on, through one dedicated LISTEN connection; runs until cancelled.
+
+        When the connection is lost (a restart, a failover,
+        ``pg_terminate_backend``) it reconnects by itself, with exponential
+        backoff and jitter. Whatever was notified meanwhile is lost, so after
+        every connection but a first one that succeeded at once it calls
+        ``on_notify(ALL_QUEUES)`` (``"*"``): wake every queue. Notifications
+        are coalesced while ``on_notify`` catches up; a flood of distinct
+        queues also collapses into ``"*"``.
+
+        ``task_status.started()`` is called once the first attempt to connect
+        is over, successful or not: a server can start while the database is
+        down, its long-polls falling back on their safety poll.
+        """
+        started = False
+        missed = False  # whether notifications may have been lost
+        backoff = min_backoff_secs
+        while True:
+            try:
+                async with pgasync.open_listener(self._url, CHANNEL, timeout=self._timeout) as listener:
+                    self.listener_pid = listener.backend_pid
+                    log.debug("listening on %s (backend %s)", CHANNEL, self.listener_pid)
+                    if not started:
+                        task_status.started()
+                        started = True
+                    if missed:
+                        on_notify(ALL_QUEUES)
+                    backoff = min_backoff_secs
+                    while True:
+                        for queue in sorted(await listener.receive(keepalive_secs=self._keepalive)):
+                            on_notify(queue)
+            except errors.Unavailable as exc:
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
+            finally:
+                self.listener_pid = None
+            missed = True
+            if not started:
+                task_status.started()
+                started = True
+            await trio.sleep(backoff * (0.5 + random.random() / 2))
+            backoff = min(max_backoff_secs, backoff * 2)
+
+    # -- application side --------------------------------------------------
+
+    async def jobs_insert(self, jobs: Sequence[NewJob], *, now: float) -> list[Inserted]:
+        if not jobs:
+            return []
+        # Within a batch, a repeated (tenant, key) stands for its first occurrence.
+        first_of: dict[tuple[str, str], int] = {}
+        alias: dict[int, int] = {}
+        fresh: list[int] = []
+        for i, new in enumerate(jobs):
+            if new.idempotency_key is not None:
+                key = (new.tenant, new.idempotency_key)
+                if key in first_of:
+                    alias[i] = first_of[key]
+                    continue
+                first_of[key] = i
+            fresh.append(i)
+        ids = [uuid.uuid4() for _ in fresh]
+        rows = [jobs[i] for i in fresh]
+        workflow_ids = []
+        for new in rows:
+            wf = None
+            if new.workflow_id is not None:
+                wf = _uuid(new.workflow_id)
+                if wf is None:
+                    raise errors.InvalidInput(f"workflow_id: not a UUID: {new.workflow_id!r}")
+            workflow_ids.append(wf)
+
+        async def insert(conn: asyncpg.Connection) -> list[Inserted]:
+            created_rows = await conn.fetch(
+                f"""INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
+                        scheduled_at, idempotency_key, workflow_id, step, context,
+                        status, attempt, created_at, updated_at)
+                SELECT u.*, 'pending', 0, $13::float8, $13::float8
+                FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int[], $7::int[],
+                            $8::float8[], $9::text[], $10::uuid[], $11::text[], $12::jsonb[]) AS u
+                ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                RETURNING {_JOB_COLUMNS}""",
+                ids,
+                [n.tenant for n in rows],
+                [n.queue for n in rows],
+                [n.kind for n in rows],
+                [n.payload for n in rows],
+                [n.priority for n in rows],
+                [n.max_attempts for n in rows],
+                [n.scheduled_at for n in rows],
+                [n.idempotency_key for n in rows],
+                workflow_ids,
+                [n.step for n in rows],
+                [n.context for n in rows],
+                now,
+            )
+            by_id = {row["id"]: _job(row) for row in created_rows}
+            existing: dict[tuple[str, str], Job] = {}
+            missing = [n for job_id, n in zip(ids, rows) if job_id not in by_id]
+            if missing:
+                # Their keys were taken (maybe by a transaction that committed
+                # while we waited on it): return those jobs.
+                found = await conn.fetch(
+                    f"""SELECT {_JOB_COLUMNS} FROM qftrio_jobs
+                    WHERE (tenant, idempotency_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))""",
+                    [n.tenant for n in missing],
+                    [n.idempotency_key for n in missing],
+                )
+                for row in found:
+                    existing[(row["tenant"], row["idempotency_key"])] = _job(row)
+                if len(existing) < len(missing):
+                    # the conflicting job vanished before we could read it (pruned)
+                    raise errors.Unavailable("an idempotency key changed hands during the insert; try again")
+            await _notify(conn, {job.queue for job in by_id.values()})
+            out_fresh: dict[int, Inserted] = {}
+            for i, job_id, new in zip(fresh, ids, rows):
+                if job_id in by_id:
+                    out_fresh[i] = Inserted(job=by_id[job_id], created=True)
+                else:
+                    assert new.idempotency_key is not None
+                    out_fresh[i] = Inserted(job=existing[(new.tenant, new.idempotency_key)], created=False)
+            return [
+                out_fresh[i] if i in out_fresh else Inserted(job=out_fresh[alias[i]].job, created=False)
+                for i in range(len(jobs))
+            ]
+
+        return await self._db.run(insert)
+
+    async def job_get(self, job_id: str, *, tenant: str | None = None) -> Job | None:
+        key = _uuid(job_id)
+        if key is None:
+            return None
+        if tenant is None:
+            rows = await self._db.fetch(f"SELECT {_JOB_COLUMNS} FROM qftrio_jobs WHERE id = $1", key)
+        else:
+            rows = await self._db.fetch(
+                f"SELECT {_JOB_COLUMNS} FROM qftrio_jobs WHERE id = $1 AND tenant = $2", key, tenant
+            )
+        return _job(rows[0]) if rows else None
+
+    async def jobs_list(
+        self,
+        *,
+        tenant: str,
+        queue: str | None = None,
+        status: Status | None = None,
+        kind: str | None = None,
+        limit: int = 50,
+        before: tuple[float, str] | None = None,
+    ) -> list[Job]:
+        where = ["tenant = $1"]
+        args: list[Any] = [tenant]
+
+        def arg(value: Any) -> str:
+            args.append(value)
+            return f"${len(args)}"
+
+        if queue is not None:
+            where.append(f"queue = {arg(queue)}")
+        if status is not None:
+            where.append(f"status = {arg(Status(status).value)}")
+        if kind is not None:
+            where.append(f"kind = {arg(kind)}")
+        if before is not None:
+            created_at, last_id = before
+            key = _uuid(last_id)
+            if key is None:
+                raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
+            where.append(f"(created_at, id) < ({arg(float(created_at))}::float8, {arg(key)}::uuid)")
+        sql = (
+            f"SELECT {_JOB_COLUMNS} FROM qftrio_jobs WHERE {' AND '.join(where)} "
+            f"ORDER BY created_at DESC, id DESC LIMIT {arg(limit)}"
+        )
+        return [_job(row) for row in await self._db.fetch(sql, *args)]
+
+    async def _owned_transition(
+        self, job_id: str, tenant: str, sql: str, args: tuple[Any, ...], allowed: tuple[Status, ...], verb: str
+    ) -> Job | None:
+        key = _uuid(job_id)
+        if key is None:
+            return None
+
+        async def transition(conn: asyncpg.Connection) -> Job | None:
+            row = await conn.fetchrow(
+                "SELECT status FROM qftrio_jobs WHERE id = $1 AND tenant = $2 FOR UPDATE", key, tenant
+            )
+            if row is None:
+                return None
+            if Status(row["status"]) not in allowed:
+                only = " or ".join(s.value for s in allowed)
+                raise errors.Conflict(f"job {job_id} is {row['status']}; only {only} jobs can be {verb}")
+            job = _job(await conn.fetchrow(sql, key, *args))
+            if job.status is Status.PENDING:
+                await _notify(conn, [job.queue])
+            return job
+
+        return await self._db.run(transition)
+
+    async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
+        # The lease token and locked_until stay: a late heartbeat of the
+        # running attempt must still be told "cancelled", not "conflict".
+        return await self._owned_transition(
+            job_id,
+            tenant,
+            f"""UPDATE qftrio_jobs SET status = 'cancelled', updated_at = $2
+            WHERE id = $1 RETURNING {_JOB_COLUMNS}""",
+            (now,),
+            (Status.PENDING, Status.RUNNING),
+            "cancelled",
+        )
+
+    async def job_retry(self, job_id: str, *, tenant: str, now: float) -> Job | None:
+        return await self._owned_transition(
+            job_id,
+            tenant,
+            f"""UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $2, updated_at = $2,
+                locked_until = NULL, lease_token = NULL, worker_id = NULL
+            WHERE id = $1 RETURNING {_JOB_COLUMNS}""",
+            (now,),
+            (Status.FAILED, Status.CANCELLED),
+            "retried",
+        )
+
+    async def queues_stats(self, *, tenant: str, now: float, queue: str | None = None) -> list[QueueStats]:
+        sql = """SELECT queue,
+                count(*) FILTER (WHERE status = 'pending') AS pending,
+                count(*) FILTER (WHERE status = 'running') AS running,
+                count(*) FILTER (WHERE status = 'completed') AS completed,
+                count(*) FILTER (WHERE status = 'failed') AS failed,
+                count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+                min(scheduled_at) FILTER (WHERE status = 'pending' AND scheduled_at <= $2) AS oldest_ready_at,
+                least(min(scheduled_at) FILTER (WHERE status = 'pending' AND scheduled_at > $2),
+                      min(locked_until) FILTER (WHERE status = 'running')) AS next_available_at
+            FROM qftrio_jobs WHERE tenant = $1 {} GROUP BY queue ORDER BY queue"""
+        if queue is None:
+            rows = await self._db.fetch(sql.format(""), tenant, now)
+        else:
+            rows = await self._db.fetch(sql.format("AND queue = $3"), tenant, now, queue)
+        out = [
+            QueueStats(
+                queue=row["queue"],
+                counts={s.value: row[s.value] for s in Status},
+                oldest_ready_at=row["oldest_ready_at"],
+                next_available_at=row["next_available_at"],
+            )
+            for row in rows
+        ]
+        if queue is not None and not out:
+            out = [QueueStats(queue=queue, counts={s.value: 0 for s in Status}, oldest_ready_at=None, next_available_at=None)]
+        return out
+
+    # -- worker side -------------------------------------------------------
+
+    async def jobs_claim(
+        self, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float
+    ) -> list[Lease]:
+        if limit <= 0:
+            return []
+        rows = await self._db.fetch(_CLAIM_SQL, queue, now, limit, float(lease_secs), worker_id, LEASE_EXPIRED)
+        leases = [Lease(job=_job(row), lease_token=str(row["lease_token"])) for row in rows]
+        leases.sort(key=lambda lease: (-lease.job.priority, lease.job.scheduled_at, lease.job.created_at))
+        return leases
+
+    async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
+        # A lease counts even if it already ran out: its job is claimable now.
+        return await self._db.fetchval(
+            """SELECT least(
+                (SELECT min(scheduled_at) FROM qftrio_jobs
+                 WHERE queue = $1 AND status = 'pending' AND scheduled_at > $2),
+                (SELECT min(locked_until) FROM qftrio_jobs
+                 WHERE queue = $1 AND status = 'running' AND attempt < max_attempts))""",
+            queue,
+            now,
+        )
+
+    async def jobs_heartbeat(self, items: Sequence[HeartbeatItem], *, now: float) -> list[HeartbeatResult]:
+        if not items:
+            return []
+        rows = await self._db.fetch(
+            _HEARTBEAT_SQL,
+            [_uuid(i.job_id) for i in items],
+            [_uuid(i.lease_token) for i in items],
+            [float(i.extend_secs) for i in items],
+            now,
+        )
+        out = []
+        for row in rows:
+            if row["status"] is None:
+                out.append(HeartbeatResult(outcome=Outcome.NOT_FOUND))
+            elif not row["current"]:
+                out.append(HeartbeatResult(outcome=Outcome.CONFLICT))
+            else:
+                out.append(
+                    HeartbeatResult(outcome=Outcome.OK, status=Status(row["status"]), locked_until=row["locked_until"])
+                )
+        return out
+
+    async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
+        if not items:
+            return []
+        # A (job, token) pair repeated in one batch is sent once; the repeats
+        # are replays of it.
+        first: dict[tuple[str, str], int] = {}
+        unique: list[CompleteItem] = []
+        slot: list[int] = []
+        for item in items:
+            pair = (item.job_id, item.lease_token)
+            if pair not in first:
+                first[pair] = len(unique)
+                unique.append(item)
+            slot.append(first[pair])
+
+        async def complete(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+            rows = await conn.fetch(
+                _COMPLETE_SQL,
+                [_uuid(i.job_id) for i in unique],
+                [_uuid(i.lease_token) for i in unique],
+                [i.result for i in unique],
+                now,
+            )
+            applied = [row for row in rows if row["applied"]]
+            if applied:
+                await self._after_complete(conn, applied, now=now)
+            return rows
+
+        rows = await self._db.run(complete)
+        results = []
+        for row in rows:
+            if row["status"] is None:
+                results.append(ReportResult(outcome=Outcome.NOT_FOUND))
+            elif not row["current"]:
+                results.append(ReportResult(outcome=Outcome.CONFLICT))
+            elif row["applied"]:
+                results.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=Status.COMPLETED, applied=True))
+            elif row["status"] == Status.COMPLETED.value:
+                results.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=Status.COMPLETED))
+            else:
+                results.append(ReportResult(outcome=Outcome.CONFLICT))
+        out = []
+        seen: set[int] = set()
+        for index in slot:
+            result = results[index]
+            if index in seen and result.applied:
+                result = ReportResult(outcome=Outcome.OK, queue=result.queue, status=result.status, applied=False)
+            seen.add(index)
+            out.append(result)
+        return out
+
+    async def _after_complete(self, conn: asyncpg.Connection, completed: list[asyncpg.Record], *, now: float) -> None:
+        """Hook, asyncio-flavoured, run in the completing transaction with the
+        rows just completed (columns ``id, tenant, queue, workflow_id, step,
+        result``). Workflow advancement belongs here."""
+
+    async def jobs_fail(self, items: Sequence[FailItem], *, now: float, retry_at: RetryAt) -> list[ReportResult]:
+        if not items:
+            return []
+        keys = [_uuid(i.job_id) for i in items]
+        tokens = [_uuid(i.lease_token) for i in items]
+
+        async def fail(conn: asyncpg.Connection) -> list[ReportResult]:
+            locked = await conn.fetch(
+                """SELECT id, status, lease_token, queue, attempt, max_attempts FROM qftrio_jobs
+                WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE""",
+                [k for k in keys if k is not None],
+            )
+            state = {row["id"]: dict(row) for row in locked}
+            out: list[ReportResult] = []
+            updates: dict[uuid.UUID, tuple[uuid.UUID, str, float | None, str]] = {}
+            for item, key, token in zip(items, keys, tokens):
+                row = state.get(key) if key is not None else None
+                if row is None:
+                    out.append(ReportResult(outcome=Outcome.NOT_FOUND))
+                elif token is None or row["lease_token"] != token:
+                    out.append(ReportResult(outcome=Outcome.CONFLICT))
+                elif row["status"] in (Status.PENDING.value, Status.FAILED.value):
+                    out.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=Status(row["status"])))
+                elif row["status"] != Status.RUNNING.value:
+                    out.append(ReportResult(outcome=Outcome.CONFLICT))
+                else:
+                    when = retry_at(row["attempt"], row["max_attempts"], item.retryable, now)
+                    status = Status.FAILED if when is None else Status.PENDING
+                    updates[key] = (token, status.value, when, _text(item.error))
+                    row["status"] = status.value  # a repeat later in this batch is a replay
+                    out.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=status, applied=True))
+            if updates:
+                ids = list(updates)
+                changed = await conn.fetch(
+                    """UPDATE qftrio_jobs AS j SET
+                        status = u.status,
+                        scheduled_at = coalesce(u.scheduled_at, j.scheduled_at),
+                        locked_until = NULL,
+                        error = u.error,
+                        errors = j.errors || jsonb_build_array(
+                            jsonb_build_object('attempt', j.attempt, 'error', u.error, 'at', $6::float8)),
+                        updated_at = $6
+                    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[])
+                        AS u(id, token, status, scheduled_at, error)
+                    WHERE j.id = u.id AND j.lease_token = u.token AND j.status = 'running'
+                    RETURNING j.id, j.queue, j.status""",
+                    ids,
+                    [updates[k][0] for k in ids],
+                    [updates[k][1] for k in ids],
+                    [updates[k][2] for k in ids],
+                    [updates[k][3] for k in ids],
+                    now,
+                )
+                # The rows are locked, so this cannot happen; if it did, the
+                # transaction must not commit half a batch.
+                if len(changed) != len(ids):
+                    raise RuntimeError("jobs_fail: a locked row changed under its lock")
+                await _notify(conn, {row["queue"] for row in changed if row["status"] == Status.PENDING.value})
+            return out
+
+        return await self._db.run(fail)
+
+    async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
+        async def reap(conn: asyncpg.Connection) -> list[Reaped]:
+            rows = await conn.fetch(
+                """WITH expired AS (
+                    SELECT id FROM qftrio_jobs
+                    WHERE status = 'running' AND locked_until < $1
+                    ORDER BY locked_until
+                    LIMIT $2
+                    FOR UPDATE SKIP LOCKED
+                )
+                UPDATE qftrio_jobs AS j SET
+                    status = CASE WHEN j.attempt < j.max_attempts THEN 'pending' ELSE 'failed' END,
+                    locked_until = NULL,
+                    lease_token = NULL,
+                    worker_id = NULL,
+                    error = $3,
+                    errors = j.errors || jsonb_build_array(
+                        jsonb_build_object('attempt', j.attempt, 'error', $3::text, 'at', $1::float8)),
+                    updated_at = $1
+                FROM expired AS e
+                WHERE j.id = e.id
+                RETURNING j.id, j.queue, j.status""",
+                now,
+                limit,
+                LEASE_EXPIRED,
+            )
+            await _notify(conn, {row["queue"] for row in rows if row["status"] == Status.PENDING.value})
+            return [Reaped(job_id=str(row["id"]), queue=row["queue"], status=Status(row["status"])) for row in rows]
+
+        return await self._db.run(reap)
+
+    async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
+        # Workflow steps stay until the workflows migration can tell finished
+        # workflows apart.
+        count = await self._db.fetchval(
+            """WITH doomed AS (
+                SELECT id FROM qftrio_jobs
+                WHERE status IN ('completed', 'cancelled') AND updated_at < $1 AND workflow_id IS NULL
+                ORDER BY updated_at
+                LIMIT $2
+                FOR UPDATE SKIP LOCKED
+            ), deleted AS (
+                DELETE FROM qftrio_jobs WHERE id IN (SELECT id FROM doomed) RETURNING 1
+            )
+            SELECT count(*) FROM deleted""",
+            before,
+            limit,
+        )
+        return int(count)
+
+
+@asynccontextmanager
+async def open_postgres_store(
+    url: str,
+    *,
+    pool_size: int = 10,
+    migrate: bool = True,
+    timeout: float | None = 10.0,
+    statement_timeout: float | None = 30.0,
+) -> AsyncIterator[PostgresStore]:
+    """Open the PostgreSQL store on *url*; must run inside
+    ``trio_asyncio.open_loop()``.
+
+    Args:
+        url: ``postgresql://user:password@host:port/database``.
+        pool_size: the most connections this store opens (the LISTEN
+            connection of :meth:`~PostgresStore.run_listener` comes on top).
+        migrate: apply missing migrations first (under an advisory lock, so
+            servers starting together are safe). With False, a schema that is
+            not current is a :class:`~qftrio.errors.ConfigError`.
+        timeout: client-side network timeout in seconds (connect, wait for a
+            pooled connection, close); None disables it, as tests on Trio's
+            virtual clock must (see :mod:`.pgasync`).
+        statement_timeout: server-side bound on each statement.
+
+    Raises:
+        Unavailable: the database cannot be reached.
+        ConfigError: no trio-asyncio loop, or an outdated schema with
+            ``migrate=False``.
+    """
+    pgasync.running_loop()
+    async with pgasync.open_database(
+        url, min_size=1, max_size=pool_size, timeout=timeout, statement_timeout=statement_timeout
+    ) as db:
+        if migrate:
+            await db.run(_migrate_on, transaction=False)
+        else:
+            missing = await db.run(_pending_on, transaction=False)
+            if missing:
+                raise errors.ConfigError(
+                    f"the database schema is not up to date (missing {', '.join(missing)}): run `qftrio migrate`"
+                )
+        store = PostgresStore(db, url=url, timeout=timeout)
+        try:
+            yield store
+        finally:
+            await store.aclose()
