@@ -691,3 +691,15 @@ async def test_batcher_spreads_a_batch_error_to_each_caller(autojump_clock: Any)
                 callers.start_soon(call, n)
         nursery.cancel_scope.cancel()
     assert len(raised) == 5 and len({id(e) for e in raised}) == 5
+
+
+async def test_lease_is_reckoned_from_the_claim_not_the_long_poll(server: FakeServer, autojump_clock: Any) -> None:
+    worker, rec = make_worker(server, echo_registry(), lease_secs=10, wait_secs=20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(15)  # the long poll has been waiting longer than a lease
+        job_id = server.add("echo", {"secs": 3})
+        await wait_for(lambda: server.rows[job_id].status is Status.COMPLETED)
+        worker.stop()
+    assert not rec.of("unreported") and not rec.of("lost")
+    assert server.reports(job_id) == ["complete"]

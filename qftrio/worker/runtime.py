@@ -46,7 +46,7 @@ from ..models import MAX_LEASE_JOBS, MAX_LEASE_SECS, MAX_WAIT_SECS, Job, Lease, 
 from .registry import Handler, Registry
 from .transport import Batcher, CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, ReportReply, Transport
 
-__all__ = ["Worker", "WorkerEvent", "WorkerStatistics", "open_worker", "default_worker_id"]
+__all__ = ["Worker", "validate_options", "WorkerEvent", "WorkerStatistics", "open_worker", "default_worker_id"]
 
 log = logging.getLogger("qftrio.worker")
 
@@ -67,6 +67,10 @@ _LEVELS = {
 # [0.5, 1] so that a fleet of workers does not retry in lockstep.
 LEASE_BACKOFF = (0.5, 15.0)
 REPORT_BACKOFF = (0.25, 5.0)
+
+#: Seconds allowed between the server claiming a job and the worker getting
+#: the answer; the worker reckons its lease from then.
+CLAIM_SLACK = 0.1
 
 
 def backoff(failures: int, base: float, cap: float, rand: Callable[[], float] = random.random) -> float:
@@ -208,6 +212,25 @@ def _is_fatal(exc: BaseException) -> bool:
     return isinstance(exc, (errors.Unauthorized, errors.Forbidden))
 
 
+def validate_options(
+    queue: str, registry: Registry, *, lanes: int, batch: int, lease_secs: int, wait_secs: float
+) -> None:
+    """Raise :class:`~qftrio.errors.ConfigError` for a :class:`Worker`
+    option out of range."""
+    if not valid_name(queue):
+        raise errors.ConfigError(f"queue {queue!r}: use 1-128 characters of A-Z a-z 0-9 _ . -")
+    if not isinstance(registry, Registry):
+        raise errors.ConfigError(f"registry: expected a qftrio Registry, not {type(registry).__name__}")
+    if not (isinstance(lanes, int) and lanes >= 1):
+        raise errors.ConfigError(f"lanes must be a positive integer, not {lanes!r}")
+    if not (isinstance(batch, int) and 1 <= batch <= MAX_LEASE_JOBS):
+        raise errors.ConfigError(f"batch must be an integer from 1 to {MAX_LEASE_JOBS}, not {batch!r}")
+    if not (isinstance(lease_secs, int) and 1 <= lease_secs <= MAX_LEASE_SECS):
+        raise errors.ConfigError(f"lease_secs must be an integer from 1 to {MAX_LEASE_SECS}, not {lease_secs!r}")
+    if not (0 <= wait_secs <= MAX_WAIT_SECS):
+        raise errors.ConfigError(f"wait_secs must be from 0 to {MAX_WAIT_SECS}, not {wait_secs!r}")
+
+
 class Worker:
     """Runs the handlers of *registry* for jobs leased from *queue*.
 
@@ -246,18 +269,7 @@ class Worker:
         worker_id: str | None = None,
         on_event: Callable[[WorkerEvent], object] | None = None,
     ) -> None:
-        if not valid_name(queue):
-            raise errors.ConfigError(f"queue {queue!r}: use 1-128 characters of A-Z a-z 0-9 _ . -")
-        if not isinstance(registry, Registry):
-            raise errors.ConfigError(f"registry: expected a qftrio Registry, not {type(registry).__name__}")
-        if not (isinstance(lanes, int) and lanes >= 1):
-            raise errors.ConfigError(f"lanes must be a positive integer, not {lanes!r}")
-        if not (isinstance(batch, int) and 1 <= batch <= MAX_LEASE_JOBS):
-            raise errors.ConfigError(f"batch must be an integer from 1 to {MAX_LEASE_JOBS}, not {batch!r}")
-        if not (isinstance(lease_secs, int) and 1 <= lease_secs <= MAX_LEASE_SECS):
-            raise errors.ConfigError(f"lease_secs must be an integer from 1 to {MAX_LEASE_SECS}, not {lease_secs!r}")
-        if not (0 <= wait_secs <= MAX_WAIT_SECS):
-            raise errors.ConfigError(f"wait_secs must be from 0 to {MAX_WAIT_SECS}, not {wait_secs!r}")
+        validate_options(queue, registry, lanes=lanes, batch=batch, lease_secs=lease_secs, wait_secs=wait_secs)
         self.transport = transport
         self.queue = queue
         self.registry = registry
@@ -418,8 +430,15 @@ class Worker:
                     failures = 0
                 # No checkpoint from the lease's answer to here: a stop()
                 # cannot drop jobs we were handed.
+                #
+                # When did the server claim them? A long poll may have waited
+                # long before anything came, so not when we asked; just before
+                # it answered, allowing CLAIM_SLACK for the answer's way back
+                # (never before we asked).
+                received_at = trio.current_time()
+                claimed_at = max(sent_at, received_at - CLAIM_SLACK)
                 for lease in leases:
-                    held = _Held(lease=lease, deadline=sent_at + self.lease_secs)
+                    held = _Held(lease=lease, deadline=claimed_at + self.lease_secs)
                     self._held[lease.job.id] = held
                     self._lanes_pool.enqueue(held)
                     self._job_event("claimed", held)

@@ -1,0 +1,105 @@
+"""A worker pool process: ``qftrio worker QUEUE module:registry``.
+
+Exit codes: 0 after a graceful stop (SIGINT/SIGTERM: finish held jobs), 130
+when a second signal cancelled everything, 2 when the setup cannot work (an
+unimportable registry, a refused credential, a bad option). Problems are one
+line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+import trio
+
+from .. import errors
+from ..client import Client
+from .registry import Registry, load_registry
+from .runtime import Worker, validate_options
+from .transport import HttpTransport
+
+__all__ = ["run_worker_process"]
+
+log = logging.getLogger("qftrio.worker")
+
+#: Exit status after a second signal: like a shell's for SIGINT.
+EXIT_CANCELLED = 130
+EXIT_CONFIG = 2
+
+
+def _say(message: str) -> None:
+    print(f"qftrio worker: {message}", file=sys.stderr, flush=True)
+
+
+def run_worker_process(
+    *,
+    url: str,
+    token: str,
+    queue: str,
+    registry_ref: str,
+    lanes: int = 4,
+    batch: int = 1,
+    lease_secs: int = 60,
+    wait_secs: float = 20,
+    worker_id: str | None = None,
+) -> int:
+    """Import the registry at *registry_ref* (``module:attr``) and run a
+    :class:`~qftrio.worker.runtime.Worker` on *queue* of the server at *url*
+    until a signal stops it. Returns the process's exit status."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        if not url.startswith(("http://", "https://")):
+            raise errors.ConfigError(f"--url must be an http:// or https:// URL, not {url!r}")
+        registry = load_registry(registry_ref)
+        validate_options(queue, registry, lanes=lanes, batch=batch, lease_secs=lease_secs, wait_secs=wait_secs)
+    except errors.ConfigError as exc:
+        _say(str(exc))
+        return EXIT_CONFIG
+    try:
+        return trio.run(
+            _main, url, token, queue, registry, dict(
+                lanes=lanes, batch=batch, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id
+            )
+        )
+    except KeyboardInterrupt:  # before the signal handlers were in place
+        return EXIT_CANCELLED
+
+
+async def _main(url: str, token: str, queue: str, registry: Registry, options: dict) -> int:
+    fatal: list[errors.ApiError] = []
+    cancelled = False
+    async with Client(url, token) as client:
+        worker = Worker(HttpTransport(client), queue, registry, **options)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def run() -> None:
+                    try:
+                        await worker.run()
+                    except (errors.Unauthorized, errors.Forbidden) as exc:
+                        fatal.append(exc)
+                    finally:
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(run)
+                log.info("worker %s: leasing from %r at %s", worker.worker_id, queue, url)
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if not worker.statistics().stopping:
+                        held = worker.statistics().held
+                        log.info("%s: finishing %d held job(s); send it again to quit now", name, held)
+                        worker.stop()
+                    else:
+                        log.warning("%s: cancelling held jobs; their leases will expire", name)
+                        cancelled = True
+                        worker.cancel()
+    if fatal:
+        exc = fatal[0]
+        what = "refused the worker token" if isinstance(exc, errors.Unauthorized) else "does not accept this token as a worker token"
+        _say(f"the server at {url} {what} ({exc.status_code}: {exc.message})")
+        return EXIT_CONFIG
+    return EXIT_CANCELLED if cancelled else 0
