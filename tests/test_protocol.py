@@ -230,3 +230,41 @@ async def test_protocol_bad_input(http, server) -> None:
     assert r.status_code == 422 and "error" in r.json()["error"]["message"]
     r = await http.post("/api/v1/jobs/x/complete", json={"lease_token": "t", "result": [1]}, headers=w)
     assert r.status_code == 422 and "result" in r.json()["error"]["message"]
+
+
+async def test_disconnected_long_poll_does_not_swallow_a_job(http, server) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=0.3) as impatient:
+        try:
+            await impatient.post("/api/v1/queues/images/lease", json={"wait_secs": 30}, headers=server.headers("worker"))
+        except httpx.ReadTimeout:
+            pass
+    await trio.sleep(0.1)
+    job = await enqueue(http, server)
+    (leased,) = await lease(http, server)
+    assert leased["job"]["id"] == job["id"] and leased["job"]["attempt"] == 1
+
+
+async def test_shutdown_releases_parked_long_polls(storage, nursery) -> None:
+    from qftrio.server.engine import Engine
+    from qftrio.server.serve import run_server
+
+    from .conftest import server_config
+
+    stop = trio.Event()
+    engine = Engine(storage)
+    (url,) = await nursery.start(lambda task_status: run_server(engine, server_config(), shutdown_trigger=stop.wait, task_status=task_status))
+    answers: list[httpx.Response] = []
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+
+        async def parked() -> None:
+            answers.append(
+                await client.post("/api/v1/queues/q/lease", json={"wait_secs": 30}, headers={"Authorization": "Bearer worker-secret"})
+            )
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(parked)
+            await trio.sleep(0.3)
+            stopped_at = trio.current_time()
+            stop.set()
+        assert trio.current_time() - stopped_at < 2
+    assert answers[0].status_code == 200 and answers[0].json() == {"jobs": []}
