@@ -1,1 +1,65 @@
-"""qftrio: a durable job server and a Trio worker runtime."""
+"""qftrio: a durable job server and a Trio worker runtime.
+
+The public surface: write handlers with :class:`Registry`, run them with
+:class:`Worker` / :func:`open_worker` (or ``qftrio worker``), talk to a server
+with :class:`Client`. Everything else lives in submodules whose API is not
+stable.
+"""
+
+from .client import Client as Client
+from .errors import (
+    ApiError as ApiError,
+    BadRequest as BadRequest,
+    ConfigError as ConfigError,
+    Conflict as Conflict,
+    Forbidden as Forbidden,
+    InvalidInput as InvalidInput,
+    NotFound as NotFound,
+    PayloadTooLarge as PayloadTooLarge,
+    PermanentError as PermanentError,
+    QftrioError as QftrioError,
+    TransportError as TransportError,
+    Unauthorized as Unauthorized,
+    Unavailable as Unavailable,
+)
+from .models import Job as Job, Lease as Lease, QueueStats as QueueStats, Status as Status
+from .worker.registry import Registry as Registry
+from .worker.runtime import Worker as Worker, WorkerEvent as WorkerEvent, open_worker as open_worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "ApiError",
+    "BadRequest",
+    "ConfigError",
+    "Conflict",
+    "Forbidden",
+    "InvalidInput",
+    "NotFound",
+    "PayloadTooLarge",
+    "PermanentError",
+    "QftrioError",
+    "TransportError",
+    "Unauthorized",
+    "Unavailable",
+    "Job",
+    "Lease",
+    "QueueStats",
+    "Status",
+    "Registry",
+    "Worker",
+    "WorkerEvent",
+    "open_worker",
+]
+
+# Show public names where users find them (``qftrio.Job``, not
+# ``qftrio.models.Job``) in reprs, tracebacks and docs, as trio does.
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("qftrio."):
+        try:
+            _obj.__module__ = "qftrio"
+        except (AttributeError, TypeError):
+            pass
+del _name, _obj

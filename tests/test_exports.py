@@ -1,0 +1,31 @@
+"""The public surface: every documented name is importable from ``qftrio``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import qftrio
+
+DOCUMENTED = [
+    "Registry", "Job", "Lease", "QueueStats", "Status", "Worker", "WorkerEvent", "open_worker", "Client",
+    "QftrioError", "ApiError", "PermanentError", "TransportError", "NotFound", "Conflict", "Unauthorized",
+    "Forbidden", "InvalidInput", "BadRequest", "PayloadTooLarge", "Unavailable", "ConfigError",
+]  # fmt: skip
+
+
+def test_documented_names_are_exported() -> None:
+    missing = [name for name in DOCUMENTED if not hasattr(qftrio, name)]
+    assert not missing
+    assert sorted(qftrio.__all__) == sorted(DOCUMENTED)
+
+
+def test_public_names_show_their_public_module() -> None:
+    assert qftrio.Job.__module__ == "qftrio"
+    assert qftrio.Registry.__module__ == "qftrio"
+
+
+def test_importing_qftrio_does_not_load_the_server() -> None:
+    code = "import sys, qftrio; print(any(m.startswith(('quart', 'qftrio.server.app', 'asyncpg')) for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
