@@ -1,0 +1,420 @@
+"""What only the PostgreSQL store has to prove: index use, many servers on one
+database, LISTEN/NOTIFY that survives a lost connection, concurrent
+migrations, and a database restart under an open store.
+
+The behaviour every store shares is in ``test_store.py``. These tests talk to
+a real PostgreSQL (``QFTRIO_TEST_DATABASE_URL``; ``scripts/test`` provides
+one) on Trio's real clock, each bounded by ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import random
+import shutil
+import socket
+import tempfile
+import urllib.parse
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+import trio
+import trio_asyncio
+
+from qftrio import errors
+from qftrio.models import Status
+from qftrio.server.engine import EnqueueSpec, Engine, RetryPolicy
+from qftrio.server.store.base import CompleteItem, FailItem, HeartbeatItem, NewJob, Outcome
+from qftrio.server.store.postgres import (
+    _CLAIM_SQL,
+    ALL_QUEUES,
+    PostgresStore,
+    migrate,
+    open_postgres_store,
+)
+
+from .pg import open_test_postgres_store, pg_url
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.skipif(pg_url() is None, reason="QFTRIO_TEST_DATABASE_URL is not set"),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+T0 = 1_800_000_000.0
+
+
+@pytest.fixture
+async def asyncio_loop() -> AsyncIterator[trio_asyncio.TrioEventLoop]:
+    # pytest-trio runs fixtures and the test in one contextvars context, so
+    # the loop opened here is the test's loop too.
+    async with trio_asyncio.open_loop() as loop:
+        yield loop
+
+
+async def sql(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    """Run one statement on a connection of its own."""
+
+    async def run() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            return await conn.fetch(query, *args)
+        finally:
+            await conn.close()
+
+    return await trio_asyncio.aio_as_trio(run)()
+
+
+def other_store(**options: Any) -> contextlib.AbstractAsyncContextManager[PostgresStore]:
+    """Another server's store on the test database (not emptied)."""
+    url = pg_url()
+    assert url is not None
+    options.setdefault("timeout", None)
+    return open_postgres_store(url, migrate=False, **options)
+
+
+def new(queue: str = "q", **kw: Any) -> NewJob:
+    return NewJob(tenant="t", queue=queue, kind="k", payload={}, scheduled_at=T0, **kw)
+
+
+# -- the claim query stays on its indexes ------------------------------------------
+
+
+async def test_claim_uses_the_partial_indexes(asyncio_loop: Any) -> None:
+    async with open_test_postgres_store() as store:
+        url = pg_url()
+        assert url is not None
+        # A table that looks like months of traffic: mostly finished jobs, a
+        # backlog spread over queues, some leases.
+        await sql(
+            url,
+            """INSERT INTO qftrio_jobs (id, tenant, queue, kind, status, attempt, max_attempts,
+                scheduled_at, created_at, updated_at, locked_until, lease_token)
+            SELECT gen_random_uuid(), 't', 'q' || (g % 20), 'k',
+                CASE (g / 20) % 50 WHEN 0 THEN 'pending' WHEN 1 THEN 'running' ELSE 'completed' END,
+                1, 5, $1 - g, $1 - g, $1 - g,
+                CASE WHEN (g / 20) % 50 = 1 THEN $1 + 60 - g % 120 END,
+                CASE WHEN (g / 20) % 50 = 1 THEN gen_random_uuid() END
+            FROM generate_series(1, 60000) AS g""",
+            T0,
+        )
+        await sql(url, "ANALYZE qftrio_jobs")
+        (plan,) = await sql(url, "EXPLAIN (FORMAT JSON) " + _CLAIM_SQL, "q7", T0, 10, 30.0, "w", "lease expired")
+        text = str(plan[0])
+        assert "Seq Scan" not in text, text
+        assert "qftrio_jobs_claim_idx" in text and "qftrio_jobs_running_idx" in text, text
+        plan = await sql(
+            url,
+            """EXPLAIN SELECT least(
+                (SELECT min(scheduled_at) FROM qftrio_jobs WHERE queue = $1 AND status = 'pending' AND scheduled_at > $2),
+                (SELECT min(locked_until) FROM qftrio_jobs WHERE queue = $1 AND status = 'running'
+                 AND attempt < max_attempts))""",
+            "q7",
+            T0,
+        )
+        assert "Seq Scan" not in "\n".join(r[0] for r in plan)
+        leases = await store.jobs_claim("q7", limit=10, lease_secs=30, worker_id="w", now=T0)
+        assert len(leases) == 10
+
+
+# -- NOTIFY reaches parked long-polls, even after the LISTEN connection died --------
+
+
+async def wait_for_new_listener(store: PostgresStore, old_pid: int | None) -> int:
+    with trio.fail_after(10):
+        while store.listener_pid is None or store.listener_pid == old_pid:
+            await trio.sleep(0.01)
+    assert store.listener_pid is not None
+    return store.listener_pid
+
+
+async def test_long_poll_wakes_after_the_listener_backend_is_killed(asyncio_loop: Any) -> None:
+    url = pg_url()
+    assert url is not None
+    with trio.fail_after(30):
+        async with open_test_postgres_store() as store_a, other_store() as store_b:
+            # Server A's safety poll is out of reach: only NOTIFY can wake it.
+            server_a = Engine(store_a, safety_poll_secs=120)
+            server_b = Engine(store_b)
+            woke: dict[str, Any] = {}
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server_a.run_listener)
+                first_pid = store_a.listener_pid
+
+                async def long_poll() -> None:
+                    woke["leases"] = await server_a.lease("q", wait_secs=30)
+                    woke["at"] = trio.current_time()
+
+                nursery.start_soon(long_poll)
+                await trio.sleep(0.3)  # parked by now
+                (killed,) = await sql(url, "SELECT pg_terminate_backend($1)", first_pid)
+                assert killed[0] is True
+                await wait_for_new_listener(store_a, first_pid)
+                assert "leases" not in woke
+                enqueued_at = trio.current_time()
+                (inserted,) = await server_b.enqueue("t", [EnqueueSpec(kind="k", payload={}, queue="q")])
+                with trio.fail_after(5):
+                    while "leases" not in woke:
+                        await trio.sleep(0.01)
+                assert [lease.job.id for lease in woke["leases"]] == [inserted.job.id]
+                assert woke["at"] - enqueued_at < 1.0
+                nursery.cancel_scope.cancel()
+
+
+async def test_listener_signals_all_queues_after_reconnecting(asyncio_loop: Any) -> None:
+    url = pg_url()
+    assert url is not None
+    calls: list[str] = []
+    with trio.fail_after(30):
+        async with open_test_postgres_store() as store, other_store() as other:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(store.run_listener, calls.append)
+                await other.jobs_insert([new("a"), new("b")], now=T0)
+                with trio.fail_after(5):
+                    while sorted(calls) != ["a", "b"]:
+                        await trio.sleep(0.01)
+                assert ALL_QUEUES not in calls
+                old = store.listener_pid
+                await sql(url, "SELECT pg_terminate_backend($1)", old)
+                await wait_for_new_listener(store, old)
+                assert calls[-1] == ALL_QUEUES
+                # fail-with-retry, retry and reap notify too
+                (job_id,) = [i.job.id for i in await other.jobs_insert([new("c", max_attempts=3)], now=T0)]
+                (lease,) = await other.jobs_claim("c", limit=1, lease_secs=10, worker_id="w", now=T0)
+                calls.clear()
+                await other.jobs_fail([FailItem(job_id, lease.lease_token, "x")], now=T0, retry_at=lambda *a: T0 + 1)
+                (lease,) = await other.jobs_claim("c", limit=1, lease_secs=10, worker_id="w", now=T0 + 1)
+                await other.jobs_reap_expired(now=T0 + 20)
+                with trio.fail_after(5):
+                    while calls != ["c", "c"]:
+                        await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
+
+
+# -- several servers on one database --------------------------------------------------
+
+
+async def test_many_servers_never_share_a_job(asyncio_loop: Any) -> None:
+    n_jobs, n_servers, n_workers = 300, 3, 6
+    with trio.fail_after(45):
+        async with contextlib.AsyncExitStack() as stack:
+            stores = [await stack.enter_async_context(open_test_postgres_store(pool_size=4))]
+            for _ in range(n_servers - 1):
+                stores.append(await stack.enter_async_context(other_store(pool_size=4)))
+            instant_retry = RetryPolicy(base_secs=0.0, cap_secs=0.0, jitter=0.0)
+            engines = [Engine(s, policy=instant_retry, safety_poll_secs=0.5) for s in stores]
+            specs = [EnqueueSpec(kind="k", payload={"i": i}, queue="q", max_attempts=20) for i in range(n_jobs)]
+            ids = {i.job.id for i in await engines[0].enqueue("t", specs)}
+            live: dict[str, str] = {}  # job id -> token of the lease that holds it
+            overlaps: list[str] = []
+            completions: collections.Counter[str] = collections.Counter()
+            failures = 0
+
+            async def worker(engine: Engine, name: str) -> None:
+                nonlocal failures
+                rnd = random.Random(name)
+                while len(completions) < n_jobs:
+                    leases = await engine.lease(
+                        "q", max_jobs=rnd.randint(1, 5), lease_secs=60, wait_secs=0.2, worker_id=name
+                    )
+                    for lease in leases:
+                        if lease.job.id in live:
+                            overlaps.append(lease.job.id)
+                        live[lease.job.id] = lease.lease_token
+                    if not leases:
+                        continue
+                    await trio.sleep(rnd.random() / 100)
+                    beats = await engine.heartbeat([HeartbeatItem(x.job.id, x.lease_token, 60) for x in leases])
+                    assert all(b.outcome is Outcome.OK and b.status is Status.RUNNING for b in beats)
+                    failing = [x for x in leases if rnd.random() < 0.2]
+                    done = [x for x in leases if x not in failing]
+                    # Given up before reporting: once the report commits,
+                    # another worker may rightly claim the job.
+                    for x in leases:
+                        del live[x.job.id]
+                    if failing:
+                        results = await engine.fail([FailItem(x.job.id, x.lease_token, "flaky") for x in failing])
+                        assert all(r.applied and r.status is Status.PENDING for r in results)
+                        failures += len(failing)
+                    if done:
+                        results = await engine.complete([CompleteItem(x.job.id, x.lease_token, {}) for x in done])
+                        assert all(r.applied for r in results)
+                        completions.update(x.job.id for x in done)
+
+            async with trio.open_nursery() as nursery:
+                for engine in engines:
+                    nursery.start_soon(engine.run_listener)
+                    nursery.start_soon(lambda e=engine: e.run_janitor(interval_secs=0.05))
+                async with trio.open_nursery() as workers:
+                    for s, engine in enumerate(engines):
+                        for w in range(n_workers):
+                            workers.start_soon(worker, engine, f"s{s}w{w}")
+                nursery.cancel_scope.cancel()
+
+            assert overlaps == []
+            assert set(completions) == ids and set(completions.values()) == {1}
+            assert failures > 0
+            (stats,) = await stores[0].queues_stats(tenant="t", now=T0, queue="q")
+            assert stats.counts["completed"] == n_jobs
+
+
+async def test_janitors_of_many_servers_do_not_collide(asyncio_loop: Any) -> None:
+    with trio.fail_after(20):
+        async with open_test_postgres_store() as first, other_store() as second, other_store() as third:
+            await first.jobs_insert([new(max_attempts=1 + i % 2) for i in range(200)], now=T0)
+            assert len(await first.jobs_claim("q", limit=200, lease_secs=10, worker_id="w", now=T0)) == 200
+            reaped: list[Any] = []
+
+            async def reap(store: PostgresStore) -> None:
+                while batch := await store.jobs_reap_expired(now=T0 + 11, limit=7):
+                    reaped.extend(batch)
+
+            async with trio.open_nursery() as nursery:
+                for store in (first, second, third):
+                    nursery.start_soon(reap, store)
+            assert len(reaped) == 200 and len({r.job_id for r in reaped}) == 200
+            assert collections.Counter(r.status for r in reaped) == {Status.PENDING: 100, Status.FAILED: 100}
+
+
+async def test_prune_goes_in_bounded_batches(asyncio_loop: Any) -> None:
+    async with open_test_postgres_store() as store:
+        jobs = await store.jobs_insert([new() for _ in range(25)], now=T0)
+        leases = await store.jobs_claim("q", limit=25, lease_secs=10, worker_id="w", now=T0)
+        await store.jobs_complete([CompleteItem(x.job.id, x.lease_token, {}) for x in leases], now=T0)
+        assert [await store.jobs_prune(before=T0 + 1, limit=10) for _ in range(4)] == [10, 10, 5, 0]
+        assert all([await store.job_get(i.job.id) is None for i in jobs])
+
+
+# -- values PostgreSQL cannot store are the caller's error, not a 500 --------------
+
+
+async def test_unstorable_values_are_invalid_input(asyncio_loop: Any) -> None:
+    async with open_test_postgres_store() as store:
+        with pytest.raises(errors.InvalidInput):
+            await store.jobs_insert([NewJob(tenant="t", queue="q", kind="k", payload={"s": "a\x00b"}, scheduled_at=T0)], now=T0)
+        with pytest.raises(errors.InvalidInput):
+            await store.jobs_insert([NewJob(tenant="t", queue="q", kind="k", payload={"x": float("nan")}, scheduled_at=T0)], now=T0)
+        assert await store.jobs_list(tenant="t") == []
+        (ins,) = await store.jobs_insert([new()], now=T0)
+        (lease,) = await store.jobs_claim("q", limit=1, lease_secs=10, worker_id="w", now=T0)
+        (res,) = await store.jobs_fail([FailItem(ins.job.id, lease.lease_token, "nul\x00byte")], now=T0, retry_at=lambda *a: None)
+        assert res.applied
+        assert (await store.job_get(ins.job.id)).error == "nul\ufffdbyte"
+
+
+# -- migrations ---------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def scratch_database() -> AsyncIterator[str]:
+    url = pg_url()
+    assert url is not None
+    name = f"qftrio_scratch_{uuid.uuid4().hex[:12]}"
+    await sql(url, f"CREATE DATABASE {name}")
+    try:
+        yield urllib.parse.urlsplit(url)._replace(path=f"/{name}").geturl()
+    finally:
+        with trio.CancelScope(shield=True):
+            await sql(url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+async def test_concurrent_migrations_apply_once(asyncio_loop: Any) -> None:
+    with trio.fail_after(30):
+        async with scratch_database() as url:
+            with pytest.raises(errors.ConfigError, match="qftrio migrate"):
+                async with open_postgres_store(url, migrate=False, timeout=None):
+                    pass
+            results: list[list[str]] = []
+
+            async def run() -> None:
+                results.append(await migrate(url, timeout=None))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(run)
+            assert sorted(results) == [[], [], ["0001_init"]]
+            rows = await sql(url, "SELECT version, name FROM qftrio_schema_migrations")
+            assert [(r["version"], r["name"]) for r in rows] == [("0001", "0001_init")]
+            assert await migrate(url, timeout=None) == []
+            async with open_postgres_store(url, migrate=False, timeout=None) as store:
+                await store.ping()
+
+
+# -- failures of the database itself --------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_unreachable_database_is_unavailable(asyncio_loop: Any) -> None:
+    with trio.fail_after(10), pytest.raises(errors.Unavailable):
+        async with open_postgres_store(f"postgresql://postgres@127.0.0.1:{free_port()}/x", timeout=5):
+            pass
+
+
+@pytest.fixture
+async def own_cluster() -> AsyncIterator[tuple[str, str, int]]:
+    """A PostgreSQL cluster of this test's own, which it may stop and start:
+    ``(url, data directory, port)``."""
+    script = str(ROOT / "scripts" / "pg-cluster")
+    data = tempfile.mkdtemp(prefix="qftrio-pg-restart-", dir="/tmp")
+    port = free_port()
+    try:
+        with trio.fail_after(60):
+            done = await trio.run_process([script, "start", data, str(port)], capture_stdout=True)
+        yield done.stdout.decode().strip(), data, port
+    finally:
+        with trio.move_on_after(30, shield=True):
+            await trio.run_process([script, "stop", data], check=False)
+        shutil.rmtree(data, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.remove(f"{data}.initdb.log")
+
+
+async def test_database_restart_under_an_open_store(asyncio_loop: Any, own_cluster: tuple[str, str, int]) -> None:
+    url, data, port = own_cluster
+    script = str(ROOT / "scripts" / "pg-cluster")
+    calls: list[str] = []
+    with trio.fail_after(45):
+        async with open_postgres_store(url, timeout=5) as store:
+            inserted = await store.jobs_insert([new() for _ in range(10)], now=T0)
+            leases = await store.jobs_claim("q", limit=4, lease_secs=600, worker_id="w", now=T0)
+            await store.jobs_complete([CompleteItem(x.job.id, x.lease_token, {"n": 1}) for x in leases[:2]], now=T0)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(store.run_listener, calls.append)
+                first_pid = store.listener_pid
+
+                await trio.run_process([script, "stop", data])
+                for call in (
+                    store.ping(),
+                    store.job_get(inserted[0].job.id),
+                    store.jobs_insert([new()], now=T0),
+                    store.jobs_claim("q", limit=1, lease_secs=10, worker_id="w", now=T0),
+                ):
+                    with pytest.raises(errors.Unavailable):
+                        await call
+
+                await trio.run_process([script, "start", data, str(port)], capture_stdout=True)
+                await store.ping()
+                jobs = {j.id: j for j in await store.jobs_list(tenant="t", limit=100)}
+                assert set(jobs) == {i.job.id for i in inserted}
+                assert collections.Counter(j.status for j in jobs.values()) == {
+                    Status.PENDING: 6,
+                    Status.RUNNING: 2,
+                    Status.COMPLETED: 2,
+                }
+                # the leases taken before the restart are still good
+                results = await store.jobs_complete([CompleteItem(x.job.id, x.lease_token, {}) for x in leases[2:]], now=T0)
+                assert [r.applied for r in results] == [True, True]
+                await wait_for_new_listener(store, first_pid)
+                assert ALL_QUEUES in calls
+                nursery.cancel_scope.cancel()
