@@ -1,0 +1,348 @@
+"""The worker end to end: in-process over real HTTP, in-process on the engine,
+and as real ``qftrio worker`` processes against a real ``qftrio serve``
+process (kill -9, cancellation, SIGINT, leases outlived by heartbeats)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from qftrio.client import Client
+from qftrio.models import Job, Status
+from qftrio.worker import EngineTransport, HttpTransport, Registry, WorkerEvent, open_worker
+from qftrio.worker.transport import CompleteItem, ReportReply
+
+from .conftest import RunningServer
+from .processes import QFTRIO, ROOT, free_port, spawn, stop
+
+WORKER_TOKEN = "e2e-worker"
+TENANT_TOKEN = "e2e-tenant"
+
+
+async def wait_until(predicate: Callable[[], Any], *, timeout: float = 15, every: float = 0.05) -> Any:
+    with trio.fail_after(timeout):
+        while True:
+            value = await predicate()
+            if value:
+                return value
+            await trio.sleep(every)
+
+
+# -- in-process, over HTTP and on the engine ---------------------------------------
+
+
+class CountingHttpTransport(HttpTransport):
+    def __init__(self, client: Client) -> None:
+        super().__init__(client)
+        self.complete_calls: list[int] = []
+
+    async def complete(self, items: Any) -> list[ReportReply]:
+        self.complete_calls.append(len(items))
+        return await super().complete(items)
+
+
+def quick_registry() -> Registry:
+    reg = Registry()
+
+    @reg.handler("quick")
+    async def quick(job: Job) -> dict[str, Any]:
+        await trio.sleep(0.01)
+        return {"n": job.payload["n"]}
+
+    @reg.handler("forever")
+    async def forever(job: Job) -> dict[str, Any]:
+        await trio.sleep_forever()
+        return {}
+
+    return reg
+
+
+async def test_http_worker_batches_its_reports(server: RunningServer) -> None:
+    async with Client(server.url, server.tenants["acme"]) as tenant, Client(server.url, server.worker_token) as wc:
+        jobs = await tenant.enqueue_many([{"kind": "quick", "payload": {"n": n}, "queue": "fast"} for n in range(60)])
+        transport = CountingHttpTransport(wc)
+        with trio.fail_after(20):
+            async with open_worker(transport, "fast", quick_registry(), lanes=20, batch=20, lease_secs=10, wait_secs=1):
+                await wait_until(lambda: _all_status(tenant, "fast", Status.COMPLETED, 60))
+        results = sorted([(await tenant.job_get(j.id)).result["n"] for j in jobs])  # type: ignore[index]
+    assert results == list(range(60))
+    assert sum(transport.complete_calls) == 60
+    assert len(transport.complete_calls) < 30, transport.complete_calls  # coalesced
+
+
+async def _all_status(client: Client, queue: str, status: Status, n: int) -> bool:
+    stats = await client.queue_stats(queue)
+    return stats.counts.get(status.value, 0) == n
+
+
+async def test_engine_worker_completes_and_obeys_cancel(server: RunningServer) -> None:
+    events: list[WorkerEvent] = []
+    async with Client(server.url, server.tenants["acme"]) as tenant:
+        done = await tenant.enqueue("quick", {"n": 7}, queue="inproc")
+        stuck = await tenant.enqueue("forever", queue="inproc")
+        with trio.fail_after(20):
+            async with open_worker(
+                EngineTransport(server.engine), "inproc", quick_registry(), lease_secs=2, wait_secs=1, on_event=events.append
+            ):
+                await wait_until(lambda: _status_is(tenant, stuck.id, Status.RUNNING))
+                await tenant.job_cancel(stuck.id)
+                t0 = trio.current_time()
+                await wait_until(lambda: _has_event(events, "lost"))
+                assert trio.current_time() - t0 <= 1.5
+        assert (await tenant.job_get(done.id)).result == {"n": 7}
+        assert (await tenant.job_get(stuck.id)).status is Status.CANCELLED
+    (lost,) = [e for e in events if e.type == "lost"]
+    assert lost.job_id == stuck.id and lost.error == "the job is cancelled"
+
+
+async def _status_is(client: Client, job_id: str, status: Status) -> bool:
+    return (await client.job_get(job_id)).status is status
+
+
+async def _has_event(events: list[WorkerEvent], type: str) -> bool:
+    return any(e.type == type for e in events)
+
+
+# -- real processes ----------------------------------------------------------------
+
+HANDLERS = textwrap.dedent(
+    '''
+    import os
+    import time
+
+    import trio
+
+    from qftrio.worker import Registry
+
+    registry = Registry()
+    MARKS = os.environ["E2E_MARKS"]
+
+
+    def mark(job, what):
+        with open(os.path.join(MARKS, f"{job.id}.{what}"), "w") as f:
+            f.write(repr(time.time()))
+
+
+    @registry.handler("sleep")
+    async def sleep(job):
+        mark(job, f"started-{job.attempt}")
+        try:
+            await trio.sleep(job.payload["secs"])
+        except BaseException:
+            mark(job, "cancelled")
+            raise
+        return {"attempt": job.attempt, "worker": job.worker_id}
+    '''
+)
+
+
+class Procs:
+    """A ``qftrio serve`` process, and ``qftrio worker`` processes started
+    on demand, all stopped at the end."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.marks = tmp / "marks"
+        self.marks.mkdir()
+        (tmp / "e2e_handlers.py").write_text(HANDLERS)
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.env = {"E2E_MARKS": str(self.marks), "QUEUEFLOW_WORKER_TOKEN": WORKER_TOKEN}
+        self.procs: list[subprocess.Popen] = []
+        self.server = self._spawn(
+            "serve",
+            ["serve", "--bind", self.url.removeprefix("http://"), "--db", str(tmp / "q.db"),
+             "--worker-token", WORKER_TOKEN, "--tenant", f"e2e={TENANT_TOKEN}"],
+        )
+        self._wait_healthy()
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        proc = spawn(args, env=self.env, cwd=self.tmp, log=self.tmp / f"{name}.log")
+        self.procs.append(proc)
+        return proc
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.server.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError("qftrio serve did not come up:\n" + (self.tmp / "serve.log").read_text())
+
+    def worker(self, name: str, queue: str, *, lease_secs: int = 2, lanes: int = 1, extra: list[str] = ()) -> subprocess.Popen:
+        return self._spawn(
+            name,
+            ["worker", queue, "e2e_handlers:registry", "--url", self.url, "--lease-secs", str(lease_secs),
+             "--wait-secs", "1", "--lanes", str(lanes), "--worker-id", name, *extra],
+        )
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text()
+
+    def marked(self, job_id: str, what: str) -> float | None:
+        path = self.marks / f"{job_id}.{what}"
+        return float(path.read_text()) if path.exists() and path.read_text() else None
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
+    p = Procs(tmp_path_factory.mktemp("e2e"))
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture
+async def api(procs: Procs) -> AsyncIterator[Client]:
+    async with Client(procs.url, TENANT_TOKEN, timeout=5) as client:
+        yield client
+
+
+async def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
+    with trio.fail_after(timeout):
+        while proc.poll() is None:
+            await trio.sleep(0.05)
+    return proc.returncode
+
+
+async def test_a_killed_workers_job_is_finished_by_another(procs: Procs, api: Client) -> None:
+    job = await api.enqueue("sleep", {"secs": 2}, queue="kill9")
+    alpha = procs.worker("alpha", "kill9")
+    await wait_until(lambda: _async(procs.marked(job.id, "started-1")))
+    alpha.send_signal(signal.SIGKILL)
+    await wait_exit(alpha, 5)
+    beta = procs.worker("beta", "kill9")
+    try:
+        done = await wait_until(lambda: _completed(api, job.id), timeout=20)
+    finally:
+        stop(beta)
+    assert done.attempt == 2 and done.result == {"attempt": 2, "worker": "beta"}
+    assert done.errors[0].error == "lease expired"
+
+
+async def test_a_job_longer_than_its_lease_completes_by_heartbeats(procs: Procs, api: Client) -> None:
+    job = await api.enqueue("sleep", {"secs": 3.5}, queue="long")
+    w = procs.worker("long", "long", lease_secs=1)
+    try:
+        done = await wait_until(lambda: _completed(api, job.id), timeout=20)
+    finally:
+        stop(w)
+    assert done.attempt == 1 and done.errors == ()
+
+
+async def test_a_cancelled_job_is_abandoned_within_a_heartbeat(procs: Procs, api: Client) -> None:
+    job = await api.enqueue("sleep", {"secs": 60}, queue="cancel")
+    w = procs.worker("canceller", "cancel", lease_secs=2)
+    try:
+        await wait_until(lambda: _async(procs.marked(job.id, "started-1")))
+        cancelled_at = time.time()
+        await api.job_cancel(job.id)
+        handler_stopped = await wait_until(lambda: _async(procs.marked(job.id, "cancelled")), timeout=5)
+    finally:
+        stop(w)
+    assert handler_stopped - cancelled_at <= 1.0 + 0.5  # one heartbeat interval (lease/2), plus slack
+    after = await api.job_get(job.id)
+    assert after.status is Status.CANCELLED and after.result is None
+    assert "lost" in procs.log("canceller")
+
+
+async def test_sigint_drains_and_exits_zero(procs: Procs, api: Client) -> None:
+    held = await api.enqueue("sleep", {"secs": 1.5}, queue="drain")
+    waiting = await api.enqueue("sleep", {"secs": 0.1}, queue="drain")
+    w = procs.worker("drainer", "drain", lease_secs=2, lanes=1)
+    await wait_until(lambda: _async(procs.marked(held.id, "started-1")))
+    w.send_signal(signal.SIGINT)
+    code = await wait_exit(w, 10)
+    assert code == 0, procs.log("drainer")
+    assert (await api.job_get(held.id)).status is Status.COMPLETED
+    assert (await api.job_get(waiting.id)).status is Status.PENDING
+    assert "Traceback" not in procs.log("drainer")
+
+
+async def test_second_signal_cancels_at_once_with_130(procs: Procs, api: Client) -> None:
+    job = await api.enqueue("sleep", {"secs": 60}, queue="twice")
+    w = procs.worker("impatient", "twice", lease_secs=2)
+    await wait_until(lambda: _async(procs.marked(job.id, "started-1")))
+    w.send_signal(signal.SIGINT)
+    await trio.sleep(0.2)
+    w.send_signal(signal.SIGTERM)
+    assert await wait_exit(w, 3) == 130
+    assert procs.marked(job.id, "cancelled") is not None
+    after = await api.job_get(job.id)
+    assert after.status is Status.RUNNING and after.result is None  # nothing reported; the lease will expire
+    await api.job_cancel(job.id)
+    assert "Traceback" not in procs.log("impatient")
+
+
+def _run_cli(procs: Procs, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*QFTRIO, *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT), **procs.env, **env},
+        cwd=procs.tmp,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+
+
+def test_a_refused_token_is_one_line_and_exit_2(procs: Procs) -> None:
+    res = _run_cli(procs, ["worker", "q", "e2e_handlers:registry", "--url", procs.url], QUEUEFLOW_WORKER_TOKEN="nope")
+    assert res.returncode == 2
+    lines = [line for line in res.stderr.splitlines() if line.startswith("qftrio")]
+    assert len(lines) == 1 and "refused the worker token" in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+    res = _run_cli(procs, ["worker", "q", "e2e_handlers:registry", "--url", procs.url], QUEUEFLOW_WORKER_TOKEN=TENANT_TOKEN)
+    assert res.returncode == 2 and "worker token" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_an_unimportable_registry_is_one_line_and_exit_2(procs: Procs) -> None:
+    for ref, words in [
+        ("no_such_module:registry", "no module named 'no_such_module'"),
+        ("e2e_handlers:nothing", "has no attribute 'nothing'"),
+        ("e2e_handlers:mark", "not a qftrio Registry"),
+        ("e2e_handlers", "expected module:attribute"),
+    ]:
+        res = _run_cli(procs, ["worker", "q", ref, "--url", procs.url])
+        assert res.returncode == 2, (ref, res.stderr)
+        assert words in res.stderr and "Traceback" not in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+async def _async(value: Any) -> Any:
+    return value
+
+
+async def _completed(api: Client, job_id: str) -> Job | None:
+    job = await api.job_get(job_id)
+    return job if job.status is Status.COMPLETED else None
+
+
+def test_handlers_example_imports() -> None:
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import handlers  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    assert {"resize-image", "checksum", "sleep"} <= set(handlers.registry.kinds)
