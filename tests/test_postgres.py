@@ -291,6 +291,25 @@ async def test_prune_goes_in_bounded_batches(asyncio_loop: Any) -> None:
         assert all([await store.job_get(i.job.id) is None for i in jobs])
 
 
+async def test_cancelled_calls_leave_the_pool_usable(asyncio_loop: Any) -> None:
+    # A client that disconnects cancels its request mid-query. The call ends
+    # promptly, its connection is cleaned up, and a claim that committed
+    # before the cancel arrived simply holds its jobs until the lease ends.
+    with trio.fail_after(20):
+        async with open_test_postgres_store(pool_size=2) as store:
+            await store.jobs_insert([new() for _ in range(1500)], now=T0)
+            claimed = cancelled = 0
+            for i in range(200):
+                with trio.move_on_after(0.0005 * (i % 8)) as scope:
+                    claimed += len(await store.jobs_claim("q", limit=5, lease_secs=60, worker_id="w", now=T0))
+                cancelled += scope.cancelled_caught
+            assert 0 < cancelled < 200
+            await store.ping()
+            (stats,) = await store.queues_stats(tenant="t", now=T0, queue="q")
+            assert stats.counts["running"] >= claimed
+            assert stats.counts["running"] + stats.counts["pending"] == 1500
+
+
 # -- values PostgreSQL cannot store are the caller's error, not a 500 --------------
 
 

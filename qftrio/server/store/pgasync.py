@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -106,6 +107,14 @@ def _dumps(value: Any) -> str:
     # allow_nan=False: PostgreSQL's jsonb has no NaN; asyncpg reports the
     # ValueError as a DataError, which becomes a 422.
     return json.dumps(value, allow_nan=False, separators=(",", ":"))
+
+
+def _defaults_unless_in_url(url: str, settings: dict[str, str]) -> dict[str, str]:
+    """*settings* minus those the URL's query sets: asyncpg passes unknown
+    query parameters (``?search_path=qftrio&statement_timeout=60000``) as
+    server settings, but lets explicit ``server_settings`` win over them."""
+    given = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query) if "://" in url else {}
+    return {k: v for k, v in settings.items() if k not in given}
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -202,7 +211,7 @@ class Database:
 async def open_database(
     url: str,
     *,
-    min_size: int = 1,
+    min_size: int = 0,
     max_size: int = 10,
     timeout: float | None = 10.0,
     statement_timeout: float | None = 30.0,
@@ -223,13 +232,22 @@ async def open_database(
         Unavailable: the database cannot be reached.
     """
     loop = running_loop()
-    settings = {"application_name": application_name}
-    if statement_timeout is not None:
-        settings["statement_timeout"] = str(int(statement_timeout * 1000))
-        settings["idle_in_transaction_session_timeout"] = str(int(statement_timeout * 2000))
+    settings = _defaults_unless_in_url(
+        url,
+        {"application_name": application_name}
+        if statement_timeout is None
+        else {
+            "application_name": application_name,
+            "statement_timeout": str(int(statement_timeout * 1000)),
+            "idle_in_transaction_session_timeout": str(int(statement_timeout * 2000)),
+        },
+    )
     try:
         pool = await trio_asyncio.aio_as_trio(asyncpg.create_pool, loop=loop)(
             dsn=url,
+            # No floor: asyncpg (>= 0.32) would restore it from a background
+            # task of its own that logs a traceback per attempt while the
+            # database is down. Idle connections are kept all the same.
             min_size=min(min_size, max_size),
             max_size=max_size,
             timeout=timeout,
@@ -342,7 +360,7 @@ async def open_listener(
     loop = running_loop()
     try:
         conn = await trio_asyncio.aio_as_trio(asyncpg.connect, loop=loop)(
-            dsn=url, timeout=timeout, server_settings={"application_name": application_name}
+            dsn=url, timeout=timeout, server_settings=_defaults_unless_in_url(url, {"application_name": application_name})
         )
     except Exception as exc:
         mapped = translate_error(exc)

@@ -205,13 +205,13 @@ async def migrate(url: str, *, timeout: float | None = 10.0) -> list[str]:
     Raises:
         Unavailable: the database cannot be reached.
     """
-    async with pgasync.open_database(url, min_size=1, max_size=1, timeout=timeout, statement_timeout=None) as db:
+    async with pgasync.open_database(url, max_size=1, timeout=timeout, statement_timeout=None) as db:
         return await db.run(_migrate_on, transaction=False)
 
 
 async def pending_migrations(url: str, *, timeout: float | None = 10.0) -> list[str]:
     """The names of the migrations *url* lacks."""
-    async with pgasync.open_database(url, min_size=1, max_size=1, timeout=timeout, statement_timeout=None) as db:
+    async with pgasync.open_database(url, max_size=1, timeout=timeout, statement_timeout=None) as db:
         return await db.run(_pending_on, transaction=False)
 
 
@@ -839,7 +839,7 @@ async def open_postgres_store(
     """
     pgasync.running_loop()
     async with pgasync.open_database(
-        url, min_size=1, max_size=pool_size, timeout=timeout, statement_timeout=statement_timeout
+        url, max_size=pool_size, timeout=timeout, statement_timeout=statement_timeout
     ) as db:
         if migrate:
             await db.run(_migrate_on, transaction=False)
