@@ -1,0 +1,36 @@
+"""Handlers for the benchmarks: ``qftrio worker QUEUE noop_handlers:registry``
+(with ``benchmarks/`` on ``PYTHONPATH``; the benchmarks set it).
+
+* ``noop``: returns ``{}`` at once.
+* ``stamp``: records when it started. With ``QFTRIO_BENCH_STAMPS=FILE``, appends
+  ``<job payload "t"> <time.time() at handler start>`` to FILE, one line per job
+  (the enqueuer puts its own ``time.time()`` just before sending in ``"t"``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+# Submodule imports on purpose: they work even where ``import qftrio`` resolves
+# to a namespace package (a stale editable install), see docs/performance.md.
+from qftrio.models import Job
+from qftrio.worker.registry import Registry
+
+registry = Registry()
+
+_STAMPS = os.environ.get("QFTRIO_BENCH_STAMPS")
+
+
+@registry.handler("noop")
+async def noop(job: Job) -> dict:
+    return {}
+
+
+@registry.handler("stamp")
+async def stamp(job: Job) -> dict:
+    started = time.time()
+    if _STAMPS:
+        with open(_STAMPS, "a") as f:
+            f.write(f"{job.payload.get('t', 0)!r} {started!r} {job.id}\n")
+    return {}
