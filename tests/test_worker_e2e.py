@@ -339,10 +339,43 @@ async def _completed(api: Client, job_id: str) -> Job | None:
     return job if job.status is Status.COMPLETED else None
 
 
-def test_handlers_example_imports() -> None:
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import handlers  # type: ignore[import-not-found]
-    finally:
-        sys.path.remove(str(ROOT / "examples"))
-    assert {"resize-image", "checksum", "sleep"} <= set(handlers.registry.kinds)
+def _example_handlers() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("example_handlers", ROOT / "examples" / "handlers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- qftrio.testing, on the example handlers ------------------------------------------
+
+
+async def test_testing_server_runs_jobs_end_to_end() -> None:
+    from qftrio.testing import open_test_server
+
+    registry = _example_handlers().registry
+    async with open_test_server() as srv:
+        job = await srv.run_job(registry, "resize-image", {"src": "a.png", "width": 64, "secs": 0}, queue="images")
+        assert job.status is Status.COMPLETED and job.result == {"output": "a-64w.png", "width": 64, "attempt": 1}
+        bad = await srv.run_job(registry, "resize-image", {"src": "a.gif"})
+        assert bad.status is Status.FAILED and "src must be an image" in (bad.error or "")
+        flaky = await srv.run_job(registry, "sleep", {"secs": 0, "fail_attempts": 1}, max_attempts=2)
+        assert flaky.status is Status.COMPLETED and flaky.attempt == 2
+        async with srv.client() as client:
+            assert (await client.health())["status"] == "ok"
+
+
+async def test_call_handler_without_a_server() -> None:
+    from qftrio.errors import PermanentError
+    from qftrio.testing import call_handler, make_job
+
+    registry = _example_handlers().registry
+    out = await call_handler(registry, "checksum", {"text": "hi"})
+    assert out == {"sha256": "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4"}
+    with pytest.raises(PermanentError):
+        await call_handler(registry, "resize-image", {"src": "a.gif"})
+    with pytest.raises(KeyError):
+        await call_handler(registry, "nope")
+    assert make_job("k", attempt=3).attempt == 3

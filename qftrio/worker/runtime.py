@@ -36,7 +36,7 @@ import math
 import os
 import random
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Literal
 
 import trio
@@ -609,7 +609,7 @@ async def open_worker(
             await trio.sleep_forever()
     """
     worker = Worker(transport, queue, registry, **options)
-    try:
+    with unwrap_single():
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
             try:
@@ -618,9 +618,16 @@ async def open_worker(
                 worker.cancel()
                 raise
             worker.stop()
+
+
+@contextlib.contextmanager
+def unwrap_single() -> Iterator[None]:
+    """A nursery held across a ``yield`` wraps what the caller's block
+    raised in an exception group; give the caller back the one exception it
+    would have seen without us."""
+    try:
+        yield
     except BaseExceptionGroup as group:
-        # The nursery wraps what the block or run() raised; give the caller
-        # the one exception it would have seen without us.
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from None
         raise
