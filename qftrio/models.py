@@ -27,6 +27,10 @@ __all__ = [
     "Lease",
     "QueueStats",
     "ErrorEntry",
+    "WorkflowStatus",
+    "StepStatus",
+    "WorkflowStep",
+    "Workflow",
     "format_time",
     "parse_time",
 ]
@@ -39,6 +43,11 @@ MAX_BATCH = 1000
 MAX_LEASE_JOBS = 100
 MAX_LEASE_SECS = 3600
 MAX_WAIT_SECS = 60
+#: A workflow has at most this many steps, and this many dependencies in all.
+MAX_WORKFLOW_STEPS = 1000
+MAX_WORKFLOW_DEPENDENCIES = 20_000
+#: ``GET /api/v1/workflows`` pages hold at most this many workflows.
+MAX_WORKFLOWS_PAGE = 100
 
 
 def valid_name(name: str) -> bool:
@@ -216,6 +225,123 @@ class QueueStats:
         )
 
 
+class WorkflowStatus(str, enum.Enum):
+    """The life cycle of a workflow (DESIGN §4)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class StepStatus(str, enum.Enum):
+    """A workflow step's status: its job's status once it has a job;
+    before that ``waiting`` (for its dependencies), or ``cancelled`` when its
+    workflow ended first."""
+
+    WAITING = "waiting"
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class WorkflowStep:
+    """One step of a workflow, with its job once it has one. ``job`` is
+    ``None`` in listings, which show ``status`` and ``job_id`` only."""
+
+    name: str
+    kind: str
+    payload: dict[str, Any]
+    depends_on: tuple[str, ...]
+    max_attempts: int
+    status: StepStatus
+    job_id: str | None = None
+    job: Job | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "kind": self.kind,
+            "payload": self.payload,
+            "depends_on": list(self.depends_on),
+            "max_attempts": self.max_attempts,
+            "status": self.status.value,
+            "job_id": self.job_id,
+        }
+        if self.job is not None:
+            out["job"] = self.job.to_wire()
+        return out
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> WorkflowStep:
+        job = data.get("job")
+        return cls(
+            name=data["name"],
+            kind=data["kind"],
+            payload=data.get("payload") or {},
+            depends_on=tuple(data.get("depends_on") or ()),
+            max_attempts=data.get("max_attempts", 5),
+            status=StepStatus(data["status"]),
+            job_id=data.get("job_id"),
+            job=Job.from_wire(job) if job else None,
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Workflow:
+    """A workflow as the API shows it: its steps in creation order."""
+
+    id: str
+    tenant: str
+    name: str
+    status: WorkflowStatus
+    context: dict[str, Any]
+    steps: tuple[WorkflowStep, ...]
+    created_at: float
+    updated_at: float
+
+    def step(self, name: str) -> WorkflowStep:
+        """The step called *name* (:class:`KeyError` if there is none)."""
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(name)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "name": self.name,
+            "status": self.status.value,
+            "context": self.context,
+            "steps": [s.to_wire() for s in self.steps],
+            "created_at": format_time(self.created_at),
+            "updated_at": format_time(self.updated_at),
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Workflow:
+        return cls(
+            id=data["id"],
+            tenant=data["tenant"],
+            name=data["name"],
+            status=WorkflowStatus(data["status"]),
+            context=data.get("context") or {},
+            steps=tuple(WorkflowStep.from_wire(s) for s in data.get("steps") or ()),
+            created_at=parse_time(data["created_at"]) or 0.0,
+            updated_at=parse_time(data["updated_at"]) or 0.0,
+        )
+
+
 # --------------------------------------------------------------------------
 # Request bodies (validated by the server, built by the client)
 
@@ -300,3 +426,20 @@ class CompleteManyRequest(_Body):
 
 class FailManyRequest(_Body):
     items: list[FailManyItem] = Field(max_length=MAX_BATCH)
+
+
+class WorkflowStepRequest(_Body):
+    name: Name
+    kind: Name
+    payload: dict[str, Any] = Field(default_factory=dict)
+    depends_on: list[Name] = Field(default_factory=list, max_length=MAX_WORKFLOW_STEPS)
+    max_attempts: int = Field(5, ge=1, le=1000)
+
+
+class WorkflowCreateRequest(_Body):
+    """``POST /api/v1/workflows``. The step graph itself (unique names, known
+    dependencies, no cycle) is checked by the server beyond this schema."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    context: dict[str, Any] = Field(default_factory=dict)
+    steps: list[WorkflowStepRequest] = Field(min_length=1, max_length=MAX_WORKFLOW_STEPS)

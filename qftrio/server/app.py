@@ -23,6 +23,7 @@ from werkzeug.exceptions import HTTPException
 from .. import errors
 from ..models import (
     MAX_BATCH,
+    MAX_WORKFLOWS_PAGE,
     NAME_PATTERN,
     CompleteManyRequest,
     CompleteRequest,
@@ -34,6 +35,8 @@ from ..models import (
     HeartbeatRequest,
     LeaseRequest,
     Status,
+    WorkflowCreateRequest,
+    WorkflowStatus,
     format_time,
     valid_name,
 )
@@ -212,6 +215,42 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
     @app.post("/api/v1/jobs/<job_id>/retry")
     async def job_retry(job_id: str) -> Response:
         return _json((await engine.job_retry(tenant(), job_id)).to_wire())
+
+    # -- workflows -----------------------------------------------------------
+
+    @app.post("/api/v1/workflows")
+    @document_request(WorkflowCreateRequest)
+    async def workflow_create() -> Response:
+        who = tenant()
+        body = await _body(WorkflowCreateRequest)
+        return _json((await engine.workflow_create(who, body)).to_wire(), 201)
+
+    @app.get("/api/v1/workflows/<workflow_id>")
+    async def workflow_get(workflow_id: str) -> Response:
+        return _json((await engine.workflow_get(tenant(), workflow_id)).to_wire())
+
+    @app.get("/api/v1/workflows")
+    async def workflows_list() -> Response:
+        who = tenant()
+        args = request.args
+        status_arg = args.get("status") or None
+        try:
+            status = WorkflowStatus(status_arg) if status_arg else None
+        except ValueError:
+            raise errors.InvalidInput(
+                f"status: must be one of {', '.join(s.value for s in WorkflowStatus)}"
+            ) from None
+        limit_arg = args.get("limit") or "50"
+        if not limit_arg.isdigit() or not 1 <= int(limit_arg) <= MAX_WORKFLOWS_PAGE:
+            raise errors.InvalidInput(f"limit: must be an integer from 1 to {MAX_WORKFLOWS_PAGE}")
+        workflows, cursor = await engine.workflows_list(
+            who, status=status, limit=int(limit_arg), cursor=args.get("cursor") or None
+        )
+        return _json({"workflows": [w.to_wire() for w in workflows], "next_cursor": cursor})
+
+    @app.post("/api/v1/workflows/<workflow_id>/cancel")
+    async def workflow_cancel(workflow_id: str) -> Response:
+        return _json((await engine.workflow_cancel(tenant(), workflow_id)).to_wire())
 
     @app.get("/api/v1/queues")
     async def queues() -> Response:

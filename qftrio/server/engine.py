@@ -7,7 +7,11 @@ transport calls the same methods. The engine owns
 * time: every store call gets ``now`` from :attr:`Engine.clock`;
 * long-poll leases: waiting tasks park on a per-queue :class:`Waker` that
   enqueues (and, on PostgreSQL, the store's LISTEN connection) ring;
-* metrics, and the janitor loop that reaps expired leases and prunes old jobs.
+* metrics, and the janitor loop that reaps expired leases and prunes old jobs;
+* workflows (DESIGN §4): the graph is checked here
+  (:mod:`qftrio.server.workflows`); advancing one happens inside the store's
+  job transactions, and the engine wakes the long-polls of the queue that
+  the unblocked steps landed on.
 
 Each state transition is one store call, so one transaction.
 """
@@ -27,7 +31,7 @@ from typing import Any
 import trio
 
 from .. import errors
-from ..models import Job, Lease, QueueStats, Status, parse_time
+from ..models import Job, Lease, QueueStats, Status, Workflow, WorkflowCreateRequest, WorkflowStatus, parse_time
 from . import metrics
 from .store.base import (
     CompleteItem,
@@ -40,6 +44,7 @@ from .store.base import (
     ReportResult,
     Store,
 )
+from .workflows import new_workflow
 
 __all__ = ["Engine", "RetryPolicy", "Waker", "EnqueueSpec"]
 
@@ -112,8 +117,8 @@ class Waker:
         return event
 
 
-def encode_cursor(job: Job) -> str:
-    raw = json.dumps([job.created_at, job.id]).encode()
+def encode_cursor(item: Job | Workflow) -> str:
+    raw = json.dumps([item.created_at, item.id]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -240,6 +245,43 @@ class Engine:
     async def queues_stats(self, tenant: str, queue: str | None = None) -> list[QueueStats]:
         return await self.store.queues_stats(tenant=tenant, now=self.clock(), queue=queue)
 
+    # -- workflows -----------------------------------------------------------
+
+    async def workflow_create(self, tenant: str, body: WorkflowCreateRequest) -> Workflow:
+        """Check the step graph (422 naming the problem, nothing stored),
+        then store the workflow and enqueue its first steps in one
+        transaction."""
+        workflow = await self.store.workflow_create(new_workflow(tenant, body), now=self.clock())
+        started = {s.job.queue for s in workflow.steps if s.job is not None}
+        metrics.ENQUEUED.inc(sum(1 for s in workflow.steps if s.job_id is not None))
+        for queue in started:
+            self.waker.notify(queue)
+        return workflow
+
+    async def workflow_get(self, tenant: str, workflow_id: str) -> Workflow:
+        workflow = await self.store.workflow_get(workflow_id, tenant=tenant)
+        if workflow is None:
+            raise errors.NotFound(f"workflow {workflow_id} not found")
+        return workflow
+
+    async def workflows_list(
+        self, tenant: str, *, status: WorkflowStatus | None = None, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[Workflow], str | None]:
+        """A page of workflows, newest first (steps without their jobs), and
+        the cursor of the next page (None on the last page)."""
+        before = decode_cursor(cursor) if cursor else None
+        workflows = await self.store.workflows_list(tenant=tenant, status=status, limit=limit + 1, before=before)
+        if len(workflows) > limit:
+            workflows = workflows[:limit]
+            return workflows, encode_cursor(workflows[-1])
+        return workflows, None
+
+    async def workflow_cancel(self, tenant: str, workflow_id: str) -> Workflow:
+        workflow = await self.store.workflow_cancel(workflow_id, tenant=tenant, now=self.clock())
+        if workflow is None:
+            raise errors.NotFound(f"workflow {workflow_id} not found")
+        return workflow
+
     # -- worker side -------------------------------------------------------
 
     async def lease(
@@ -290,6 +332,9 @@ class Engine:
         applied = sum(1 for r in results if r.applied)
         if applied:
             metrics.COMPLETED.inc(applied)
+        # workflow steps these completions unblocked
+        for queue in {q for r in results for q in r.ready_queues}:
+            self.waker.notify(queue)
         self._count_conflicts(results)
         return results
 
@@ -304,6 +349,8 @@ class Engine:
             elif r.queue is not None:
                 # a retry was scheduled: parked long-polls recompute their wait
                 self.waker.notify(r.queue)
+        for queue in {q for r in results for q in r.ready_queues}:
+            self.waker.notify(queue)
         self._count_conflicts(results)
         return results
 

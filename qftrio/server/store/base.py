@@ -27,6 +27,34 @@ pending (after fail)   CONFLICT           OK (replay)                 OK, status
 failed                 CONFLICT           OK (replay)                 OK, status only
 cancelled              CONFLICT           CONFLICT                    OK, status only
 =====================  =================  ==========================  ================
+
+Workflow rules (DESIGN §4; ``tests/test_store_workflows.py``). A workflow's
+steps become jobs on queue ``default`` (``workflow_id``, ``step`` and the
+workflow's ``context`` as it stands then set on the job, tenant the
+workflow's) once every dependency has completed; steps without dependencies
+in ``workflow_create`` itself. Inside the transaction of the job method that
+causes it:
+
+* ``jobs_complete`` of a step's job merges its ``result`` into the context
+  (top-level keys, later wins), counts the step done, enqueues the steps
+  whose last dependency it was (reported in ``ReportResult.ready_queues``),
+  and completes the workflow after its last step. Never a rescan of all
+  steps: a per-step count of unfinished dependencies and per-edge rows.
+* A step's job ending ``failed`` (``jobs_fail``, or ``jobs_reap_expired``)
+  fails the workflow; ``job_cancel`` of a step's job, and
+  ``workflow_cancel``, cancel it. Either way its unfinished steps are
+  cancelled: their pending and running jobs become ``cancelled``, steps
+  without a job are marked ``cancelled``.
+* ``job_retry`` of the failed step's job of a failed workflow resumes it:
+  the workflow runs again, the job is pending with a fresh budget, and every
+  step cancelled by the failure waits again (its job, if it had one, pending
+  again at once, since its dependencies are done). Jobs handed out again
+  carry the context as it stands at the retry. Retrying any other job of a
+  failed workflow, or any job of a cancelled one, is a CONFLICT: a
+  cancelled workflow is final.
+* Invariants: one job per step at most (never a duplicate); a running
+  workflow has no failed or cancelled step; ``jobs_prune`` never deletes a
+  workflow's job on its own, only whole completed or cancelled workflows.
 """
 
 from __future__ import annotations
@@ -39,7 +67,7 @@ from typing import Any
 
 import trio
 
-from ...models import Job, Lease, QueueStats, Status
+from ...models import Job, Lease, QueueStats, Status, Workflow, WorkflowStatus
 
 __all__ = [
     "NewJob",
@@ -52,6 +80,9 @@ __all__ = [
     "ReportResult",
     "Reaped",
     "RetryAt",
+    "NewStep",
+    "NewWorkflow",
+    "WORKFLOW_QUEUE",
     "Store",
 ]
 
@@ -137,6 +168,9 @@ class ReportResult:
     queue: str | None = None
     status: Status | None = None
     applied: bool = False
+    #: Queues on which this report made new jobs ready (workflow steps it
+    #: unblocked), so that the engine can wake their parked long-polls.
+    ready_queues: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -146,6 +180,33 @@ class Reaped:
     job_id: str
     queue: str
     status: Status  # PENDING (attempts left) or FAILED ("lease expired")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class NewStep:
+    """One step of a workflow to create."""
+
+    name: str
+    kind: str
+    payload: dict[str, Any]
+    depends_on: tuple[str, ...] = ()
+    max_attempts: int = 5
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class NewWorkflow:
+    """A workflow to create. The caller has checked the graph
+    (:func:`qftrio.server.workflows.check_graph`): unique names, known
+    dependencies, no cycle."""
+
+    tenant: str
+    name: str
+    context: dict[str, Any]
+    steps: tuple[NewStep, ...]
+
+
+#: The queue workflow steps run on.
+WORKFLOW_QUEUE = "default"
 
 
 class Store(abc.ABC):
@@ -202,13 +263,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
-        """Cancel a pending or running job. Returns None if unknown; raises
+        """Cancel a pending or running job (a workflow step's: the workflow
+        too, see the module docstring). Returns None if unknown; raises
         :class:`~qftrio.errors.Conflict` if the job is terminal."""
 
     @abc.abstractmethod
     async def job_retry(self, job_id: str, *, tenant: str, now: float) -> Job | None:
         """Put a failed or cancelled job back to pending, attempt 0, ready at
-        *now*, lease token cleared. Returns None if unknown; raises
+        *now*, lease token cleared (a workflow step's: see the module
+        docstring). Returns None if unknown; raises
         :class:`~qftrio.errors.Conflict` for any other status."""
 
     @abc.abstractmethod
@@ -260,5 +323,38 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
         """Delete up to *limit* completed or cancelled jobs last updated
-        before *before* (not workflow steps of unfinished workflows). Returns
-        how many went."""
+        before *before*, and completed or cancelled workflows last updated
+        before *before* with all their steps and jobs (a workflow's job is
+        never deleted on its own). Returns how many jobs went."""
+
+    # -- workflows ---------------------------------------------------------
+    # Not abstract yet: the PostgreSQL store gains them in its own change.
+
+    async def workflow_create(self, workflow: NewWorkflow, *, now: float) -> Workflow:
+        """Store *workflow* (status running, steps waiting) and enqueue, in
+        the same transaction, the jobs of its steps without dependencies.
+        Returns it as :meth:`workflow_get` would."""
+        raise NotImplementedError(f"{type(self).__name__} does not support workflows yet")
+
+    async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:
+        """The workflow with its steps in creation order, each with its job
+        (``jobs=False``: ``job`` left ``None``, status and ``job_id`` only);
+        None if unknown or another tenant's. *workflow_id* may be any string."""
+        raise NotImplementedError(f"{type(self).__name__} does not support workflows yet")
+
+    async def workflows_list(
+        self,
+        *,
+        tenant: str,
+        status: WorkflowStatus | None = None,
+        limit: int = 50,
+        before: tuple[float, str] | None = None,
+    ) -> list[Workflow]:
+        """Newest first by ``(created_at, id)``, steps without their jobs;
+        *before* is the key of the last workflow of the previous page."""
+        raise NotImplementedError(f"{type(self).__name__} does not support workflows yet")
+
+    async def workflow_cancel(self, workflow_id: str, *, tenant: str, now: float) -> Workflow | None:
+        """Cancel a running workflow and its unfinished steps. Returns None
+        if unknown; raises :class:`~qftrio.errors.Conflict` if it has ended."""
+        raise NotImplementedError(f"{type(self).__name__} does not support workflows yet")

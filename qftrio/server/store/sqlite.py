@@ -24,15 +24,27 @@ from typing import Any, TypeVar
 import trio
 
 from ... import errors
-from ...models import ErrorEntry, Job, Lease, QueueStats, Status
+from ...models import (
+    ErrorEntry,
+    Job,
+    Lease,
+    QueueStats,
+    Status,
+    StepStatus,
+    Workflow,
+    WorkflowStatus,
+    WorkflowStep,
+)
 from .base import (
     LEASE_EXPIRED,
+    WORKFLOW_QUEUE,
     CompleteItem,
     FailItem,
     HeartbeatItem,
     HeartbeatResult,
     Inserted,
     NewJob,
+    NewWorkflow,
     Outcome,
     Reaped,
     ReportResult,
@@ -79,6 +91,47 @@ _MIGRATIONS: list[str] = [
     CREATE INDEX jobs_by_tenant ON jobs (tenant, created_at DESC, id DESC);
     CREATE INDEX jobs_by_tenant_queue ON jobs (tenant, queue, status);
     CREATE INDEX jobs_finished ON jobs (updated_at) WHERE status IN ('completed', 'cancelled');
+    """,
+    # 2: workflows. A step's ``state`` is ``waiting`` until it has a job,
+    # ``enqueued`` after (the job's status is then the step's), or
+    # ``cancelled`` if its workflow ended before it had one. ``remaining``
+    # counts its dependencies not completed yet; ``workflow_edges`` lets a
+    # completion find the steps waiting for it without a scan.
+    """
+    CREATE TABLE workflows (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        status TEXT NOT NULL,
+        context TEXT NOT NULL,
+        steps_total INTEGER NOT NULL,
+        steps_completed INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX workflows_by_tenant ON workflows (tenant, created_at DESC, id DESC);
+    CREATE INDEX workflows_finished ON workflows (updated_at) WHERE status IN ('completed', 'cancelled');
+    CREATE TABLE workflow_steps (
+        workflow_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        position INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        depends_on TEXT NOT NULL,
+        max_attempts INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        remaining INTEGER NOT NULL,
+        job_id TEXT,
+        PRIMARY KEY (workflow_id, name)
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX workflow_steps_order ON workflow_steps (workflow_id, position);
+    CREATE TABLE workflow_edges (
+        workflow_id TEXT NOT NULL,
+        step TEXT NOT NULL,
+        dependent TEXT NOT NULL,
+        PRIMARY KEY (workflow_id, step, dependent)
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX jobs_workflow_step ON jobs (workflow_id, step) WHERE workflow_id IS NOT NULL;
     """,
 ]
 
@@ -129,6 +182,198 @@ def _append_error(errors_json: str, attempt: int, error: str, at: float) -> str:
     history = json.loads(errors_json)
     history.append({"attempt": attempt, "error": error, "at": at})
     return json.dumps(history, separators=(",", ":"))
+
+
+def _insert_job(conn: sqlite3.Connection, new: NewJob, now: float, job_id: str | None = None) -> Job:
+    row = conn.execute(
+        f"""INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt,
+            max_attempts, scheduled_at, created_at, updated_at, idempotency_key, workflow_id,
+            step, context)
+        VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)
+        RETURNING {_COLUMNS}""",
+        (
+            job_id or str(uuid.uuid4()), new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority,
+            new.max_attempts, new.scheduled_at, now, now, new.idempotency_key, new.workflow_id,
+            new.step, _dumps(new.context),
+        ),  # fmt: skip
+    ).fetchone()
+    return _row_to_job(row)
+
+
+# -- workflows ------------------------------------------------------------
+# Module-level helpers that run inside the caller's transaction.
+
+
+def _enqueue_step(
+    conn: sqlite3.Connection, workflow_id: str, tenant: str, step: str, context: dict[str, Any], now: float
+) -> None:
+    """Give a waiting step its job, carrying *context* as it stands."""
+    kind, payload, max_attempts = conn.execute(
+        "SELECT kind, payload, max_attempts FROM workflow_steps WHERE workflow_id = ? AND name = ?",
+        (workflow_id, step),
+    ).fetchone()
+    job_id = str(uuid.uuid4())
+    conn.execute(
+        """INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
+            scheduled_at, created_at, updated_at, workflow_id, step, context)
+        VALUES (?, ?, ?, ?, ?, 'pending', 0, 0, ?, ?, ?, ?, ?, ?, ?)""",
+        (job_id, tenant, WORKFLOW_QUEUE, kind, payload, max_attempts, now, now, now, workflow_id, step, _dumps(context)),
+    )
+    conn.execute(
+        "UPDATE workflow_steps SET state = 'enqueued', job_id = ? WHERE workflow_id = ? AND name = ?",
+        (job_id, workflow_id, step),
+    )
+
+
+def _step_completed(
+    conn: sqlite3.Connection, workflow_id: str, step: str, result: dict[str, Any], now: float
+) -> tuple[str, ...]:
+    """Record that *step*'s job completed with *result*: merge it into the
+    context, unblock the steps waiting for it, finish the workflow after its
+    last step. Returns the queues that got new jobs. Touches only the
+    steps that depend on *step*."""
+    row = conn.execute(
+        "SELECT tenant, status, context, steps_total, steps_completed FROM workflows WHERE id = ?", (workflow_id,)
+    ).fetchone()
+    if row is None:
+        return ()
+    tenant, status, context_json, total, completed = row
+    context = json.loads(context_json)
+    context.update(result)
+    completed += 1
+    unblocked = conn.execute(
+        """UPDATE workflow_steps SET remaining = remaining - 1
+        WHERE workflow_id = ? AND name IN (SELECT dependent FROM workflow_edges WHERE workflow_id = ? AND step = ?)
+        RETURNING name, position, remaining, state""",
+        (workflow_id, workflow_id, step),
+    ).fetchall()
+    running = status == WorkflowStatus.RUNNING.value
+    ready = sorted((pos, name) for name, pos, remaining, state in unblocked if remaining == 0 and state == "waiting")
+    if running:
+        # A step that is not running cannot complete (its job was cancelled
+        # with the workflow); were it to, its dependents wait for a resume.
+        for _, name in ready:
+            _enqueue_step(conn, workflow_id, tenant, name, context, now)
+        if completed >= total:
+            status = WorkflowStatus.COMPLETED.value
+    conn.execute(
+        "UPDATE workflows SET context = ?, steps_completed = ?, status = ?, updated_at = ? WHERE id = ?",
+        (_dumps(context), completed, status, now, workflow_id),
+    )
+    return (WORKFLOW_QUEUE,) if running and ready else ()
+
+
+def _end_workflow(conn: sqlite3.Connection, workflow_id: str, status: WorkflowStatus, now: float) -> None:
+    """Fail or cancel a running workflow with its unfinished steps (a no-op
+    if it is not running). A running step's worker learns it on its next
+    heartbeat, as for any cancelled job."""
+    cur = conn.execute(
+        "UPDATE workflows SET status = ?, updated_at = ? WHERE id = ? AND status = 'running'",
+        (status.value, now, workflow_id),
+    )
+    if cur.rowcount == 0:
+        return
+    conn.execute(
+        """UPDATE jobs SET status = 'cancelled', updated_at = ?
+        WHERE workflow_id = ? AND status IN ('pending', 'running')""",
+        (now, workflow_id),
+    )
+    conn.execute(
+        "UPDATE workflow_steps SET state = 'cancelled' WHERE workflow_id = ? AND state = 'waiting'", (workflow_id,)
+    )
+
+
+def _resume_workflow(conn: sqlite3.Connection, workflow_id: str, failed_job_id: str, now: float) -> None:
+    """Run a failed workflow again from its failed step (see
+    :meth:`SqliteStore.job_retry`)."""
+    tenant, context_json = conn.execute(
+        "SELECT tenant, context FROM workflows WHERE id = ?", (workflow_id,)
+    ).fetchone()
+    conn.execute("UPDATE workflows SET status = 'running', updated_at = ? WHERE id = ?", (now, workflow_id))
+    # The failed step and those cancelled by the failure: their
+    # dependencies had completed, so they are ready again at once.
+    conn.execute(
+        """UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?, updated_at = ?, context = ?,
+            locked_until = NULL, lease_token = NULL, worker_id = NULL
+        WHERE workflow_id = ? AND (status = 'cancelled' OR id = ?)""",
+        (now, now, context_json, workflow_id, failed_job_id),
+    )
+    waiting = conn.execute(
+        """UPDATE workflow_steps SET state = 'waiting' WHERE workflow_id = ? AND state = 'cancelled'
+        RETURNING name, position, remaining""",
+        (workflow_id,),
+    ).fetchall()
+    context = json.loads(context_json)
+    for _, name in sorted((pos, name) for name, pos, remaining in waiting if remaining == 0):
+        _enqueue_step(conn, workflow_id, tenant, name, context, now)
+
+
+def _load_workflow(conn: sqlite3.Connection, workflow_id: str, *, jobs: bool = True) -> Workflow | None:
+    row = conn.execute(
+        "SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows WHERE id = ?",
+        (workflow_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    return _build_workflows(conn, [row], jobs=jobs)[0]
+
+
+def _build_workflows(conn: sqlite3.Connection, rows: list[Any], *, jobs: bool) -> list[Workflow]:
+    """Workflows from their rows, with their steps (and jobs), in three
+    queries whatever the number of workflows."""
+    if not rows:
+        return []
+    ids = [r[0] for r in rows]
+    marks = ",".join("?" * len(ids))
+    steps: dict[str, list[tuple[Any, ...]]] = {i: [] for i in ids}
+    for step_row in conn.execute(
+        f"""SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
+        FROM workflow_steps WHERE workflow_id IN ({marks}) ORDER BY workflow_id, position""",
+        ids,
+    ):
+        steps[step_row[0]].append(step_row)
+    job_status: dict[str, Status] = {}
+    full: dict[str, Job] = {}
+    if jobs:
+        for job_row in conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE workflow_id IN ({marks})", ids):
+            job = _row_to_job(job_row)
+            full[job.id] = job
+            job_status[job.id] = job.status
+    else:
+        job_status = dict(conn.execute(f"SELECT id, status FROM jobs WHERE workflow_id IN ({marks})", ids).fetchall())
+    out = []
+    for id_, tenant, name, status, context, created_at, updated_at in rows:
+        built = []
+        for _, step, kind, payload, depends_on, max_attempts, state, job_id in steps[id_]:
+            if job_id is not None:
+                step_status = StepStatus(str(job_status.get(job_id, Status.PENDING)))
+            else:
+                step_status = StepStatus(state)
+            built.append(
+                WorkflowStep(
+                    name=step,
+                    kind=kind,
+                    payload=json.loads(payload),
+                    depends_on=tuple(json.loads(depends_on)),
+                    max_attempts=max_attempts,
+                    status=step_status,
+                    job_id=job_id,
+                    job=full.get(job_id) if job_id is not None else None,
+                )
+            )
+        out.append(
+            Workflow(
+                id=id_,
+                tenant=tenant,
+                name=name,
+                status=WorkflowStatus(status),
+                context=json.loads(context),
+                steps=tuple(built),
+                created_at=created_at,
+                updated_at=updated_at,
+            )
+        )
+    return out
 
 
 class SqliteStore(Store):
@@ -208,19 +453,7 @@ class SqliteStore(Store):
                     if row is not None:
                         out.append(Inserted(job=_row_to_job(row), created=False))
                         continue
-                row = conn.execute(
-                    f"""INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt,
-                        max_attempts, scheduled_at, created_at, updated_at, idempotency_key, workflow_id,
-                        step, context)
-                    VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)
-                    RETURNING {_COLUMNS}""",
-                    (
-                        str(uuid.uuid4()), new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority,
-                        new.max_attempts, new.scheduled_at, now, now, new.idempotency_key, new.workflow_id,
-                        new.step, _dumps(new.context),
-                    ),  # fmt: skip
-                ).fetchone()
-                out.append(Inserted(job=_row_to_job(row), created=True))
+                out.append(Inserted(job=_insert_job(conn, new, now), created=True))
             return out
 
         return await self._run(insert)
@@ -266,9 +499,10 @@ class SqliteStore(Store):
         args.append(limit)
         return await self._run(lambda conn: [_row_to_job(r) for r in conn.execute(sql, args)])
 
-    def _get_owned(self, conn: sqlite3.Connection, job_id: str, tenant: str) -> tuple[str, str] | None:
-        row = conn.execute("SELECT status, queue FROM jobs WHERE id = ? AND tenant = ?", (job_id, tenant)).fetchone()
-        return row
+    def _get_owned(self, conn: sqlite3.Connection, job_id: str, tenant: str) -> tuple[str, str, str | None] | None:
+        return conn.execute(
+            "SELECT status, queue, workflow_id FROM jobs WHERE id = ? AND tenant = ?", (job_id, tenant)
+        ).fetchone()
 
     async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
         def cancel(conn: sqlite3.Connection) -> Job | None:
@@ -281,7 +515,10 @@ class SqliteStore(Store):
                 f"UPDATE jobs SET status = 'cancelled', updated_at = ? WHERE id = ? RETURNING {_COLUMNS}",
                 (now, job_id),
             ).fetchone()
-            return _row_to_job(row)
+            job = _row_to_job(row)
+            if job.workflow_id is not None:  # a step cancelled by hand cancels its workflow
+                _end_workflow(conn, job.workflow_id, WorkflowStatus.CANCELLED, now)
+            return job
 
         return await self._run(cancel)
 
@@ -292,6 +529,26 @@ class SqliteStore(Store):
                 return None
             if Status(row[0]) not in (Status.FAILED, Status.CANCELLED):
                 raise errors.Conflict(f"job {job_id} is {row[0]}; only failed or cancelled jobs can be retried")
+            workflow_id = row[2]
+            if workflow_id is not None:
+                (wf_status,) = conn.execute("SELECT status FROM workflows WHERE id = ?", (workflow_id,)).fetchone()
+                if wf_status == WorkflowStatus.CANCELLED.value:
+                    raise errors.Conflict(
+                        f"job {job_id} is a step of workflow {workflow_id}, which was cancelled; "
+                        "a cancelled workflow does not resume"
+                    )
+                if wf_status == WorkflowStatus.FAILED.value:
+                    if row[0] != Status.FAILED.value:
+                        step, failed_id = conn.execute(
+                            "SELECT step, id FROM jobs WHERE workflow_id = ? AND status = 'failed' LIMIT 1",
+                            (workflow_id,),
+                        ).fetchone()
+                        raise errors.Conflict(
+                            f"workflow {workflow_id} failed at step {step!r}; "
+                            f"retry that step's job ({failed_id}) to resume it"
+                        )
+                    _resume_workflow(conn, workflow_id, job_id, now)
+                    return _row_to_job(conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone())
             row = conn.execute(
                 f"""UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?, updated_at = ?,
                     locked_until = NULL, lease_token = NULL, worker_id = NULL
@@ -429,12 +686,12 @@ class SqliteStore(Store):
             out = []
             for item in items:
                 row = conn.execute(
-                    "SELECT status, lease_token, queue FROM jobs WHERE id = ?", (item.job_id,)
+                    "SELECT status, lease_token, queue, workflow_id, step FROM jobs WHERE id = ?", (item.job_id,)
                 ).fetchone()
                 if row is None:
                     out.append(ReportResult(outcome=Outcome.NOT_FOUND))
                     continue
-                status, token, queue = row
+                status, token, queue, workflow_id, step = row
                 if token is None or token != item.lease_token:
                     out.append(ReportResult(outcome=Outcome.CONFLICT))
                 elif status == Status.COMPLETED.value:
@@ -447,7 +704,14 @@ class SqliteStore(Store):
                             updated_at = ? WHERE id = ?""",
                         (_dumps(item.result), now, item.job_id),
                     )
-                    out.append(ReportResult(outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True))
+                    ready: tuple[str, ...] = ()
+                    if workflow_id is not None:
+                        ready = _step_completed(conn, workflow_id, step, item.result, now)
+                    out.append(
+                        ReportResult(
+                            outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True, ready_queues=ready
+                        )
+                    )
             return out
 
         return await self._run(complete)
@@ -457,13 +721,14 @@ class SqliteStore(Store):
             out = []
             for item in items:
                 row = conn.execute(
-                    "SELECT status, lease_token, queue, attempt, max_attempts, errors FROM jobs WHERE id = ?",
+                    """SELECT status, lease_token, queue, attempt, max_attempts, errors, workflow_id
+                    FROM jobs WHERE id = ?""",
                     (item.job_id,),
                 ).fetchone()
                 if row is None:
                     out.append(ReportResult(outcome=Outcome.NOT_FOUND))
                     continue
-                status, token, queue, attempt, max_attempts, errors_json = row
+                status, token, queue, attempt, max_attempts, errors_json, workflow_id = row
                 if token is None or token != item.lease_token:
                     out.append(ReportResult(outcome=Outcome.CONFLICT))
                 elif status in (Status.PENDING.value, Status.FAILED.value):
@@ -481,6 +746,8 @@ class SqliteStore(Store):
                             _append_error(errors_json, attempt, item.error, now), now, item.job_id,
                         ),  # fmt: skip
                     )
+                    if new_status is Status.FAILED and workflow_id is not None:
+                        _end_workflow(conn, workflow_id, WorkflowStatus.FAILED, now)
                     out.append(ReportResult(outcome=Outcome.OK, queue=queue, status=new_status, applied=True))
             return out
 
@@ -489,21 +756,25 @@ class SqliteStore(Store):
     async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
         def reap(conn: sqlite3.Connection) -> list[Reaped]:
             rows = conn.execute(
-                """SELECT id, queue, attempt, max_attempts FROM jobs
+                """SELECT id, queue, attempt, max_attempts, workflow_id FROM jobs
                 WHERE status = 'running' AND locked_until < ? LIMIT ?""",
                 (now, limit),
             ).fetchall()
             out = []
-            for job_id, queue, attempt, max_attempts in rows:
+            for job_id, queue, attempt, max_attempts, workflow_id in rows:
                 status = Status.PENDING if attempt < max_attempts else Status.FAILED
-                conn.execute(
+                cur = conn.execute(
                     """UPDATE jobs SET status = ?, locked_until = NULL, lease_token = NULL, worker_id = NULL,
                         error = ?, errors = json_insert(errors, '$[#]',
                             json_object('attempt', attempt, 'error', ?, 'at', ?)),
                         updated_at = ?
-                    WHERE id = ?""",
+                    WHERE id = ? AND status = 'running'""",
                     (status.value, LEASE_EXPIRED, LEASE_EXPIRED, now, now, job_id),
                 )
+                if cur.rowcount == 0:  # cancelled with its workflow earlier in this round
+                    continue
+                if status is Status.FAILED and workflow_id is not None:
+                    _end_workflow(conn, workflow_id, WorkflowStatus.FAILED, now)
                 out.append(Reaped(job_id=job_id, queue=queue, status=status))
             return out
 
@@ -514,12 +785,124 @@ class SqliteStore(Store):
             cur = conn.execute(
                 """DELETE FROM jobs WHERE id IN (
                     SELECT id FROM jobs INDEXED BY jobs_finished
-                    WHERE status IN ('completed', 'cancelled') AND updated_at < ? LIMIT ?)""",
+                    WHERE status IN ('completed', 'cancelled') AND updated_at < ? AND workflow_id IS NULL
+                    LIMIT ?)""",
                 (before, limit),
             )
-            return cur.rowcount
+            deleted = cur.rowcount
+            # Workflows go whole, so that a workflow never shows a step whose
+            # job has vanished; failed ones stay, like dead-lettered jobs.
+            finished = conn.execute(
+                """SELECT id FROM workflows INDEXED BY workflows_finished
+                WHERE status IN ('completed', 'cancelled') AND updated_at < ? LIMIT 100""",
+                (before,),
+            ).fetchall()
+            for (workflow_id,) in finished:
+                if deleted >= limit:
+                    break
+                deleted += conn.execute("DELETE FROM jobs WHERE workflow_id = ?", (workflow_id,)).rowcount
+                conn.execute("DELETE FROM workflow_edges WHERE workflow_id = ?", (workflow_id,))
+                conn.execute("DELETE FROM workflow_steps WHERE workflow_id = ?", (workflow_id,))
+                conn.execute("DELETE FROM workflows WHERE id = ?", (workflow_id,))
+            return deleted
 
         return await self._run(prune)
+
+
+    # -- workflows ---------------------------------------------------------
+
+    async def workflow_create(self, workflow: NewWorkflow, *, now: float) -> Workflow:
+        def create(conn: sqlite3.Connection) -> Workflow:
+            workflow_id = str(uuid.uuid4())
+            context = _dumps(workflow.context)
+            conn.execute(
+                """INSERT INTO workflows (id, tenant, name, status, context, steps_total, steps_completed,
+                    created_at, updated_at)
+                VALUES (?, ?, ?, 'running', ?, ?, 0, ?, ?)""",
+                (workflow_id, workflow.tenant, workflow.name, context, len(workflow.steps), now, now),
+            )
+            roots = {s.name: str(uuid.uuid4()) for s in workflow.steps if not s.depends_on}
+            conn.executemany(
+                """INSERT INTO workflow_steps (workflow_id, name, position, kind, payload, depends_on,
+                    max_attempts, state, remaining, job_id)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                [
+                    (
+                        workflow_id, s.name, i, s.kind, _dumps(s.payload), _dumps(list(s.depends_on)),
+                        s.max_attempts, "enqueued" if s.name in roots else "waiting", len(s.depends_on),
+                        roots.get(s.name),
+                    )  # fmt: skip
+                    for i, s in enumerate(workflow.steps)
+                ],
+            )
+            conn.executemany(
+                "INSERT INTO workflow_edges (workflow_id, step, dependent) VALUES (?, ?, ?)",
+                [(workflow_id, dep, s.name) for s in workflow.steps for dep in s.depends_on],
+            )
+            conn.executemany(
+                """INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
+                    scheduled_at, created_at, updated_at, workflow_id, step, context)
+                VALUES (?, ?, ?, ?, ?, 'pending', 0, 0, ?, ?, ?, ?, ?, ?, ?)""",
+                [
+                    (
+                        roots[s.name], workflow.tenant, WORKFLOW_QUEUE, s.kind, _dumps(s.payload), s.max_attempts,
+                        now, now, now, workflow_id, s.name, context,
+                    )  # fmt: skip
+                    for s in workflow.steps
+                    if s.name in roots
+                ],
+            )
+            loaded = _load_workflow(conn, workflow_id)
+            assert loaded is not None
+            return loaded
+
+        return await self._run(create)
+
+    async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:
+        def get(conn: sqlite3.Connection) -> Workflow | None:
+            row = conn.execute("SELECT tenant FROM workflows WHERE id = ?", (workflow_id,)).fetchone()
+            if row is None or (tenant is not None and row[0] != tenant):
+                return None
+            return _load_workflow(conn, workflow_id, jobs=jobs)
+
+        return await self._run(get)
+
+    async def workflows_list(
+        self,
+        *,
+        tenant: str,
+        status: WorkflowStatus | None = None,
+        limit: int = 50,
+        before: tuple[float, str] | None = None,
+    ) -> list[Workflow]:
+        where = ["tenant = ?"]
+        args: list[Any] = [tenant]
+        if status is not None:
+            where.append("status = ?")
+            args.append(WorkflowStatus(status).value)
+        if before is not None:
+            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            args += [before[0], before[0], before[1]]
+        sql = (
+            "SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows "
+            f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT ?"
+        )
+        args.append(limit)
+        return await self._run(lambda conn: _build_workflows(conn, conn.execute(sql, args).fetchall(), jobs=False))
+
+    async def workflow_cancel(self, workflow_id: str, *, tenant: str, now: float) -> Workflow | None:
+        def cancel(conn: sqlite3.Connection) -> Workflow | None:
+            row = conn.execute(
+                "SELECT status FROM workflows WHERE id = ? AND tenant = ?", (workflow_id, tenant)
+            ).fetchone()
+            if row is None:
+                return None
+            if row[0] != WorkflowStatus.RUNNING.value:
+                raise errors.Conflict(f"workflow {workflow_id} is {row[0]}; only running workflows can be cancelled")
+            _end_workflow(conn, workflow_id, WorkflowStatus.CANCELLED, now)
+            return _load_workflow(conn, workflow_id)
+
+        return await self._run(cancel)
 
 
 @contextlib.asynccontextmanager
