@@ -72,7 +72,10 @@ def run_worker_process(
 async def _main(url: str, token: str, queue: str, registry: Registry, options: dict) -> int:
     fatal: list[errors.ApiError] = []
     cancelled = False
-    async with Client(url, token) as client:
+    # A call slower than half a lease is of no use to a heartbeat; long polls
+    # get their wait on top of this.
+    timeout = max(2.0, min(10.0, options["lease_secs"] / 2))
+    async with Client(url, token, timeout=timeout) as client:
         worker = Worker(HttpTransport(client), queue, registry, **options)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
