@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""The seed protocol used strictly, against the server's plain-request ceiling.
+
+A minimal worker written with httpx (not qftrio's runtime): each lane loops
+``POST /api/v1/queues/{q}/lease {"max_jobs": 1, "wait_secs": 0}`` then
+``POST /api/v1/jobs/{id}/complete``: one lease and one complete request per
+job, no batch routes, no heartbeats (the jobs are no-ops). The ceiling is the
+same load generator sending ``GET /healthz`` (which pings the store) with the
+same lanes and processes, in the same run, measured before and after the seed
+phase; a ``GET`` of an unknown route (404, no store access) is measured too,
+for reference. Each lane has its own HTTP connection (one httpx client per
+lane, so httpx's pool is not what is measured).
+
+Reported: seed jobs/s, seed requests/s (2 per job), the /healthz rate (mean
+of before/after), and the ratio jobs/s ÷ /healthz req/s... and, because a job
+costs two requests, also requests/s ÷ /healthz req/s.
+
+Example::
+
+    .venv/bin/python benchmarks/seed_strict.py --store sqlite --lanes 8 --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import uuid
+
+import _bench as b
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    p.add_argument("--lanes", type=int, default=8, help="concurrent lanes per load process (default 8)")
+    p.add_argument("--procs", type=int, default=1, help="load-generator processes (default 1)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per phase (default 10)")
+    p.add_argument("--jobs", type=int, default=30_000, help="jobs enqueued for the seed phase (default 30000); the phase ends early if they run out")
+    b.add_common(p)
+    # internal: a load-generator child
+    p.add_argument("--child", choices=["healthz", "notfound", "seed"], help=argparse.SUPPRESS)
+    p.add_argument("--url", help=argparse.SUPPRESS)
+    p.add_argument("--queue", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# -- the load generator (child process) ---------------------------------------------
+
+
+def child(args: argparse.Namespace) -> int:
+    import httpx
+    import trio
+
+    done = 0
+    errors = 0
+    last = 0.0
+
+    async def lane_plain(path: str, stop_at: float) -> None:
+        nonlocal done, errors, last
+        async with httpx.AsyncClient(base_url=args.url, limits=httpx.Limits(max_connections=1), timeout=30) as c:
+            while trio.current_time() < stop_at:
+                r = await c.get(path)
+                if r.status_code in (200, 404):
+                    done += 1
+                else:
+                    errors += 1
+                last = time.perf_counter()
+
+    async def lane_seed(stop_at: float) -> None:
+        nonlocal done, errors, last
+        async with httpx.AsyncClient(
+            base_url=args.url, headers=b.worker_headers(), limits=httpx.Limits(max_connections=1), timeout=30
+        ) as c:
+            while trio.current_time() < stop_at:
+                r = await c.post(f"/api/v1/queues/{args.queue}/lease", json={"max_jobs": 1, "lease_secs": 60, "wait_secs": 0})
+                if r.status_code != 200:
+                    errors += 1
+                    continue
+                jobs = r.json()["jobs"]
+                if not jobs:
+                    return  # ran out of work
+                lease = jobs[0]
+                r = await c.post(
+                    f"/api/v1/jobs/{lease['job']['id']}/complete",
+                    json={"lease_token": lease["lease_token"], "result": {}},
+                )
+                if r.status_code == 204:
+                    done += 1
+                    last = time.perf_counter()
+                else:
+                    errors += 1
+
+    async def main() -> float:
+        stop_at = trio.current_time() + args.duration
+        t0 = time.perf_counter()
+        async with trio.open_nursery() as n:
+            for _ in range(args.lanes):
+                if args.child == "seed":
+                    n.start_soon(lane_seed, stop_at)
+                else:
+                    n.start_soon(lane_plain, "/healthz" if args.child == "healthz" else "/bench-not-a-route", stop_at)
+        return t0
+
+    t0 = trio.run(main)
+    print(json.dumps({"done": done, "errors": errors, "elapsed": max(1e-9, last - t0)}), flush=True)
+    return 0
+
+
+def load(args: argparse.Namespace, kind: str, url: str, queue: str = "") -> dict:
+    """Run *kind* load from ``--procs`` child processes at once; sum them."""
+    argv = [sys.executable, __file__, "--child", kind, "--url", url, "--queue", queue or "-",
+            "--lanes", str(args.lanes), "--duration", str(args.duration)]  # fmt: skip
+    env = dict(**__import__("os").environ, PYTHONPATH=str(b.BENCH_DIR))
+    kids = [subprocess.Popen(argv, stdout=subprocess.PIPE, env=env) for _ in range(args.procs)]
+    outs = []
+    try:
+        for k in kids:
+            out, _ = k.communicate(timeout=args.duration + 120)
+            outs.append(json.loads(out.decode().strip().splitlines()[-1]))
+    finally:
+        for k in kids:
+            if k.poll() is None:
+                k.kill()
+                k.wait()
+    done = sum(o["done"] for o in outs)
+    errors = sum(o["errors"] for o in outs)
+    elapsed = max(o["elapsed"] for o in outs)
+    return {"done": done, "errors": errors, "elapsed": elapsed, "rate": done / elapsed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        return child(args)
+    b.arm_timeout(args.timeout)
+    b.sigterm_as_exit()
+    b.print_settings("seed protocol, strictly", args)
+    with b.workdir(args.keep) as wd, b.Procs(wd) as procs:
+        with b.pg_cluster(args.database_url if args.store == "postgres" else "unused") as base:
+            db_ctx = b.fresh_database(base) if args.store == "postgres" else None
+            url_db = db_ctx.__enter__() if db_ctx else None
+            try:
+                if url_db:
+                    b.say("postgresql:", b.pg_version(url_db))
+                server = b.start_server(procs, store=args.store, database_url=url_db)
+                queue = f"seed-{uuid.uuid4().hex[:8]}"
+                b.enqueue_noop(server.url, queue, args.jobs)
+                before = load(args, "healthz", server.url)
+                b.say(f"GET /healthz (before): {before['rate']:,.0f} req/s ({before['done']} in {before['elapsed']:.1f}s, {before['errors']} errors)")
+                nf = load(args, "notfound", server.url)
+                b.say(f"GET unknown route, 404 (no store): {nf['rate']:,.0f} req/s")
+                seed = load(args, "seed", server.url, queue)
+                b.say(
+                    f"seed strict: {seed['rate']:,.0f} jobs/s = {2 * seed['rate']:,.0f} req/s "
+                    f"({seed['done']} jobs in {seed['elapsed']:.1f}s, {seed['errors']} errors)"
+                )
+                after = load(args, "healthz", server.url)
+                b.say(f"GET /healthz (after): {after['rate']:,.0f} req/s")
+                procs.stop_all()
+            finally:
+                if db_ctx:
+                    db_ctx.__exit__(None, None, None)
+    ceiling = (before["rate"] + after["rate"]) / 2
+    b.say(
+        f"RESULT seed_strict store={args.store} lanes={args.lanes} procs={args.procs}: seed {seed['rate']:,.0f} jobs/s, "
+        f"/healthz {ceiling:,.0f} req/s, ratio jobs/s / healthz = {seed['rate'] / ceiling:.0%} "
+        f"(requests/s / healthz = {2 * seed['rate'] / ceiling:.0%}); target >= 40%"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
