@@ -147,6 +147,44 @@ def _jobs(args: argparse.Namespace) -> int:
     return _client_call(args, call)
 
 
+def _read_workflow(path: str) -> dict[str, Any]:
+    """A workflow definition from a JSON file, or stdin for ``-``."""
+    if path == "-":
+        text, what = sys.stdin.read(), "the workflow on stdin"
+    else:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise errors.ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise errors.ConfigError(f"cannot read {path}: not UTF-8 text") from None
+        what = path
+    spec = _json_object(text, what)
+    unknown = sorted(set(spec) - {"name", "context", "steps"})
+    if unknown:
+        raise errors.InvalidInput(f"{unknown[0]}: unknown field")
+    return spec
+
+
+def _workflows(args: argparse.Namespace) -> int:
+    spec = _read_workflow(args.file) if args.workflows_command == "create" else {}
+
+    async def call(client: Any) -> Any:
+        if args.workflows_command == "create":
+            steps = spec.get("steps")
+            if not isinstance(steps, list):
+                raise errors.InvalidInput("steps: must be a list of steps")
+            return (await client.workflow_create(spec.get("name"), steps, context=spec.get("context"))).to_wire()
+        if args.workflows_command == "list":
+            workflows, cursor = await client.workflows_list(status=args.status, limit=args.limit, cursor=args.cursor)
+            return {"workflows": [w.to_wire() for w in workflows], "next_cursor": cursor}
+        method = {"get": client.workflow_get, "cancel": client.workflow_cancel}[args.workflows_command]
+        return (await method(args.id)).to_wire()
+
+    return _client_call(args, call)
+
+
 def _stats(args: argparse.Namespace) -> int:
     async def call(client: Any) -> Any:
         if not args.watch:
@@ -264,6 +302,24 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--cursor")
     _add_client_options(q)
     q.set_defaults(func=_jobs)
+
+    p = sub.add_parser("workflows", help="create, inspect and cancel workflows")
+    workflows = p.add_subparsers(dest="workflows_command", required=True, parser_class=_Parser)
+    q = workflows.add_parser("create", help="create a workflow from a JSON file")
+    q.add_argument("file", metavar="FILE", help='{"name", "context", "steps": [...]} as JSON; - reads stdin')
+    _add_client_options(q)
+    q.set_defaults(func=_workflows)
+    for name, text in (("get", "show a workflow, its steps and their jobs"), ("cancel", "cancel a workflow")):
+        q = workflows.add_parser(name, help=text)
+        q.add_argument("id")
+        _add_client_options(q)
+        q.set_defaults(func=_workflows)
+    q = workflows.add_parser("list", help="list workflows, newest first")
+    q.add_argument("--status", choices=["running", "completed", "failed", "cancelled"])
+    q.add_argument("--limit", type=_positive_int, default=50)
+    q.add_argument("--cursor")
+    _add_client_options(q)
+    q.set_defaults(func=_workflows)
 
     p = sub.add_parser("stats", help="a queue's backlog")
     p.add_argument("queue")

@@ -30,6 +30,9 @@ from .models import (
     LeaseRequest,
     QueueStats,
     Status,
+    Workflow,
+    WorkflowCreateRequest,
+    WorkflowStatus,
     format_time,
     parse_time,
 )
@@ -403,3 +406,40 @@ class Client:
         data = await self._json("GET", "/healthz")
         return data if isinstance(data, dict) else {"status": data}
 
+    # -- workflows ---------------------------------------------------------
+
+    async def workflow_create(
+        self,
+        name: str,
+        steps: Iterable[Mapping[str, Any]],
+        *,
+        context: Mapping[str, Any] | None = None,
+    ) -> Workflow:
+        """Create a workflow (at most 1000 steps). Each step is ``{"name",
+        "kind", "payload", "depends_on", "max_attempts"}`` (the last three
+        optional). A bad graph (duplicate names, unknown dependencies, a
+        cycle) raises :class:`~qftrio.errors.InvalidInput` and stores
+        nothing."""
+        body = _build(WorkflowCreateRequest, name=name, context=dict(context or {}), steps=[dict(s) for s in steps])
+        return Workflow.from_wire(await self._json("POST", "/api/v1/workflows", json_body=body))
+
+    async def workflow_get(self, workflow_id: str) -> Workflow:
+        """The workflow, with every step and its job."""
+        return Workflow.from_wire(await self._json("GET", f"/api/v1/workflows/{workflow_id}"))
+
+    async def workflows_list(
+        self,
+        *,
+        status: WorkflowStatus | str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> tuple[list[Workflow], str | None]:
+        """One page of workflows, newest first (steps without their jobs),
+        and the cursor of the next page (``None`` on the last)."""
+        params = {"status": str(status) if status is not None else None, "limit": limit, "cursor": cursor}
+        data = await self._json("GET", "/api/v1/workflows", params=params)
+        return [Workflow.from_wire(w) for w in data["workflows"]], data.get("next_cursor")
+
+    async def workflow_cancel(self, workflow_id: str) -> Workflow:
+        """Cancel a running workflow and its unfinished steps."""
+        return Workflow.from_wire(await self._json("POST", f"/api/v1/workflows/{workflow_id}/cancel"))
