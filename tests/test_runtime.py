@@ -703,3 +703,20 @@ async def test_lease_is_reckoned_from_the_claim_not_the_long_poll(server: FakeSe
         worker.stop()
     assert not rec.of("unreported") and not rec.of("lost")
     assert server.reports(job_id) == ["complete"]
+
+
+async def test_empty_answers_that_did_not_wait_are_not_spun_on(
+    server: FakeServer, autojump_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def impatient_lease(queue: str, **kw: Any) -> list[Lease]:
+        server.calls.append((trio.current_time(), "lease", []))
+        await trio.sleep(LATENCY)
+        return []  # like a server shutting down: no wait
+
+    monkeypatch.setattr(server, "lease", impatient_lease)
+    worker, _ = make_worker(server, echo_registry(), wait_secs=20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(10)
+        worker.stop()
+    assert 10 <= len(server.times("lease")) <= 45

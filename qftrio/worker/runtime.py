@@ -428,6 +428,11 @@ class Worker:
                 if failures:
                     log.info("worker %s: the server answers again", self.worker_id)
                     failures = 0
+                if not leases and self.wait_secs > 0 and trio.current_time() - sent_at < min(self.wait_secs, 1.0) / 2:
+                    # An empty answer that did not wait: a server shutting
+                    # down answers long polls at once. Do not spin on it.
+                    await trio.sleep(backoff(1, *LEASE_BACKOFF))
+                    continue
                 # No checkpoint from the lease's answer to here: a stop()
                 # cannot drop jobs we were handed.
                 #
