@@ -414,3 +414,68 @@ def sigterm_as_exit() -> None:
         raise SystemExit(143)
 
     signal.signal(signal.SIGTERM, fire)
+
+
+# -- bulk loading pending jobs (directly, not through the API) -------------------
+
+
+def sqlite_init(path: Path, procs: Procs) -> None:
+    """Create and migrate the embedded store at *path* by starting and stopping
+    a real server on it."""
+    server = start_server(procs, store="sqlite", sqlite_path=path, name="init")
+    procs.stop(server.proc)
+
+
+def sqlite_bulk_pending(path: Path, queue: str, n: int, *, tenant: str = TENANT, chunk: int = 50_000) -> float:
+    """Insert *n* pending no-op jobs into the embedded store's file (the server
+    must not be running); returns seconds taken."""
+    import sqlite3
+
+    t0 = time.perf_counter()
+    conn = sqlite3.connect(str(path), isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    now = time.time()
+    done = 0
+    while done < n:
+        k = min(chunk, n - done)
+        rows = [
+            (str(uuid.uuid4()), tenant, queue, "noop", "{}", "pending", 0, 0, 5, now - 3600 + (done + i) * 1e-6,
+             now - 3600 + (done + i) * 1e-6, now)
+            for i in range(k)
+        ]  # fmt: skip
+        conn.execute("BEGIN")
+        conn.executemany(
+            """INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
+                scheduled_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+            rows,
+        )
+        conn.execute("COMMIT")
+        done += k
+    conn.execute("ANALYZE")
+    conn.close()
+    return time.perf_counter() - t0
+
+
+def pg_bulk_pending(url: str, queue: str, n: int, *, tenant: str = TENANT, chunk: int = 200_000) -> float:
+    """Insert *n* pending no-op jobs with SQL (the schema must exist: a server
+    started on *url* migrates it); returns seconds taken."""
+    now = time.time()
+
+    async def load(conn: Any) -> None:
+        done = 0
+        while done < n:
+            k = min(chunk, n - done)
+            await conn.execute(
+                """INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt,
+                    max_attempts, scheduled_at, created_at, updated_at)
+                SELECT gen_random_uuid(), $1, $2, 'noop', '{}'::jsonb, 'pending', 0, 0, 5,
+                    $3 - 3600 + (i * 1e-6), $3 - 3600 + (i * 1e-6), $3
+                FROM generate_series($4::bigint, $5::bigint) AS i""",
+                tenant, queue, now, done, done + k - 1,
+            )  # fmt: skip
+            done += k
+        await conn.execute("VACUUM ANALYZE qftrio_jobs")
+
+    t0 = time.perf_counter()
+    pg_run(url, load)
+    return time.perf_counter() - t0

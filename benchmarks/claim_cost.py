@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Claim cost against the backlog: milliseconds per lease call of 1 job and of
+25 jobs with 10k, 100k and 1M pending rows, on both stores.
+
+Rows are bulk-loaded straight into the database (SQLite file / SQL), growing
+the same queue from one size to the next; at each size a real ``qftrio serve``
+answers sequential ``POST /api/v1/queues/{q}/lease`` calls (``wait_secs`` 0)
+from one client, and the median and mean wall time per call are reported. On
+PostgreSQL the claim statement's ``EXPLAIN (ANALYZE, BUFFERS)`` is printed at
+each size too (inside a transaction that is rolled back), and the statement's
+own execution time is reported.
+
+Example::
+
+    .venv/bin/python benchmarks/claim_cost.py --stores sqlite,postgres --sizes 10000,100000,1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+import httpx
+
+import _bench as b
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stores", default="sqlite,postgres", help="comma-separated: sqlite, postgres (default both)")
+    p.add_argument("--sizes", default="10000,100000,1000000", help="pending rows, comma-separated, ascending (default 10000,100000,1000000)")
+    p.add_argument("--calls", type=int, default=200, help="lease calls of 1 job per size (default 200)")
+    p.add_argument("--calls25", type=int, default=100, help="lease calls of 25 jobs per size (default 100)")
+    p.add_argument("--no-explain", action="store_true", help="skip EXPLAIN on PostgreSQL")
+    b.add_common(p)
+    return p.parse_args(argv)
+
+
+QUEUE = "claim"
+
+
+def time_calls(url: str, max_jobs: int, calls: int) -> dict[str, float]:
+    out = []
+    with httpx.Client(base_url=url, headers=b.worker_headers(), timeout=60) as c:
+        body = {"max_jobs": max_jobs, "lease_secs": 3600, "wait_secs": 0}
+        for i in range(calls + 5):
+            t0 = time.perf_counter()
+            r = c.post(f"/api/v1/queues/{QUEUE}/lease", json=body)
+            dt = time.perf_counter() - t0
+            if r.status_code != 200 or len(r.json()["jobs"]) != max_jobs:
+                raise RuntimeError(f"lease answered {r.status_code} with {r.text[:200]}")
+            if i >= 5:  # warm-up
+                out.append(dt * 1000)
+    return {"median_ms": statistics.median(out), "mean_ms": statistics.fmean(out), "p90_ms": b.percentile(out, 90)}
+
+
+def pg_explain(url: str, max_jobs: int) -> tuple[str, float]:
+    from qftrio.server.store.postgres import LEASE_EXPIRED, _CLAIM_SQL  # the statement the server runs
+
+    async def q(conn: Any) -> tuple[str, float]:
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            rows = await conn.fetch(
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING ON) " + _CLAIM_SQL,
+                QUEUE, time.time(), max_jobs, 3600.0, "explain", LEASE_EXPIRED,
+            )  # fmt: skip
+        finally:
+            await tr.rollback()
+        text = "\n".join(r[0] for r in rows)
+        exec_ms = float("nan")
+        for r in rows:
+            if r[0].startswith("Execution Time:"):
+                exec_ms = float(r[0].split()[2])
+        return text, exec_ms
+
+    return b.pg_run(url, q)
+
+
+def run_store(store: str, args: argparse.Namespace, procs: b.Procs, sizes: list[int], db_url: str | None) -> list[dict]:
+    results = []
+    loaded = 0
+    path = procs.workdir / f"claim-{store}.db"
+    if store == "sqlite":
+        b.sqlite_init(path, procs)
+    else:
+        init = b.start_server(procs, store="postgres", database_url=db_url, name="init")
+        procs.stop(init.proc)
+    claimed = 0
+    for size in sizes:
+        # top up to `size` pending (what earlier sizes' calls claimed is running now)
+        extra = size - (loaded - claimed)
+        t_load = (
+            b.sqlite_bulk_pending(path, QUEUE, extra) if store == "sqlite" else b.pg_bulk_pending(db_url, QUEUE, extra)
+        )
+        loaded += extra
+        b.say(f"[{store}] {size:,} pending rows (loaded {extra:,} in {t_load:.1f}s)")
+        server = b.start_server(procs, store=store, database_url=db_url, sqlite_path=path, name=f"{store}-{size}")
+        one = time_calls(server.url, 1, args.calls)
+        many = time_calls(server.url, 25, args.calls25)
+        claimed += (args.calls + 5) + 25 * (args.calls25 + 5)
+        procs.stop(server.proc)
+        row = {"store": store, "pending": size, "lease1": one, "lease25": many}
+        b.say(
+            f"[{store}] {size:>9,} pending: lease 1 job median {one['median_ms']:.2f} ms (mean {one['mean_ms']:.2f}, p90 {one['p90_ms']:.2f}); "
+            f"lease 25 jobs median {many['median_ms']:.2f} ms (mean {many['mean_ms']:.2f}, p90 {many['p90_ms']:.2f})"
+        )
+        if store == "postgres" and not args.no_explain:
+            plan1, exec1 = pg_explain(db_url, 1)
+            plan25, exec25 = pg_explain(db_url, 25)
+            row["sql_exec_ms"] = (exec1, exec25)
+            b.say(f"[postgres] {size:,} pending: claim statement execution {exec1:.3f} ms (1 job), {exec25:.3f} ms (25 jobs)")
+            b.say(f"EXPLAIN (ANALYZE, BUFFERS) claim of 1 job at {size:,} pending:\n" + plan1)
+        results.append(row)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    b.arm_timeout(args.timeout)
+    b.sigterm_as_exit()
+    b.print_settings("claim cost vs backlog", args)
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    results = []
+    with b.workdir(args.keep) as wd, b.Procs(wd) as procs:
+        if "sqlite" in stores:
+            results += run_store("sqlite", args, procs, sizes, None)
+        if "postgres" in stores:
+            with b.pg_cluster(args.database_url) as base, b.fresh_database(base) as url:
+                b.say("postgresql:", b.pg_version(url))
+                results += run_store("postgres", args, procs, sizes, url)
+        procs.stop_all()
+    for store in stores:
+        rows = [r for r in results if r["store"] == store]
+        if len(rows) < 2:
+            continue
+        lo, hi = rows[0], rows[-1]
+        for key, label in (("lease1", "1 job"), ("lease25", "25 jobs")):
+            ratio = hi[key]["median_ms"] / lo[key]["median_ms"]
+            b.say(
+                f"RESULT claim_cost store={store} lease {label}: {lo[key]['median_ms']:.2f} ms at {lo['pending']:,} -> "
+                f"{hi[key]['median_ms']:.2f} ms at {hi['pending']:,} pending = {ratio:.2f}x (target <= 1.5x)"
+            )
+        if "sql_exec_ms" in lo:
+            b.say(
+                f"RESULT claim_cost store={store} claim statement alone (EXPLAIN ANALYZE): 1 job {lo['sql_exec_ms'][0]:.3f} -> "
+                f"{hi['sql_exec_ms'][0]:.3f} ms, 25 jobs {lo['sql_exec_ms'][1]:.3f} -> {hi['sql_exec_ms'][1]:.3f} ms"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
