@@ -444,7 +444,7 @@ class Worker:
                 claimed_at = max(sent_at, received_at - CLAIM_SLACK)
                 for lease in leases:
                     held = _Held(lease=lease, deadline=claimed_at + self.lease_secs)
-                    self._held[lease.job.id] = held
+                    self._held[lease.lease_token] = held
                     self._lanes_pool.enqueue(held)
                     self._job_event("claimed", held)
                     jobs.start_soon(self._hold, held, name=f"qftrio job {lease.job.id}")
@@ -463,7 +463,7 @@ class Worker:
                 self._job_event("lost", held, error=held.lost)
         finally:
             self._lanes_pool.leave(held)
-            del self._held[held.job.id]
+            del self._held[held.lease.lease_token]
             self._notify_changed()
 
     async def _heartbeat_loop(self, held: _Held) -> None:
