@@ -19,11 +19,10 @@ from typing import Any
 
 import trio
 
-from qftrio.errors import PermanentError
-from qftrio.models import Job
-from qftrio.worker import Registry
+import qftrio
+from qftrio import Job, PermanentError
 
-registry = Registry()
+registry = qftrio.Registry()
 
 _FORMATS = {"png", "jpg", "jpeg", "webp"}
 
