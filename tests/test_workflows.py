@@ -15,7 +15,7 @@ import trio
 from qftrio import errors
 from qftrio.cli import main
 from qftrio.client import Client
-from qftrio.models import MAX_WORKFLOW_STEPS, StepStatus, WorkflowStatus
+from qftrio.models import MAX_WORKFLOW_DEPENDENCIES, MAX_WORKFLOW_STEPS, StepStatus, WorkflowStatus
 
 from .conftest import RunningServer
 
@@ -258,6 +258,13 @@ async def test_validation_is_a_422_that_stores_nothing(http, server) -> None:
         ({"name": "w", "steps": [{"name": "a", "kind": k, "queue": "q"}]}, "steps.0.queue"),
         ({"name": "", "steps": [{"name": "a", "kind": k}]}, "name"),
         ({"name": "w", "steps": [{"name": f"s{i}", "kind": k} for i in range(MAX_WORKFLOW_STEPS + 1)]}, "steps"),
+        (
+            {"name": "w", "steps": [
+                {"name": f"s{i}", "kind": k, "depends_on": [f"s{j}" for j in range(max(0, i - 21), i)]}
+                for i in range(MAX_WORKFLOW_STEPS)
+            ]},
+            f"at most {MAX_WORKFLOW_DEPENDENCIES} dependencies",
+        ),  # fmt: skip
     ]
     for body, needle in cases:
         r = await http.post("/api/v1/workflows", json=body, headers=h)
@@ -268,6 +275,8 @@ async def test_validation_is_a_422_that_stores_nothing(http, server) -> None:
     assert r.status_code == 400 and r.json()["error"]["code"] == "malformed_json"
     assert (await http.get("/api/v1/workflows", headers=h)).json() == {"workflows": [], "next_cursor": None}
     assert (await http.get("/api/v1/jobs", headers=h)).json()["jobs"] == []
+    spec = (await http.get("/openapi.json")).json()
+    assert "/api/v1/workflows" in spec["paths"] and "/api/v1/workflows/{workflow_id}/cancel" in spec["paths"]
 
 
 async def test_tenant_scoping_and_credentials(http, server) -> None:
