@@ -479,3 +479,23 @@ def pg_bulk_pending(url: str, queue: str, n: int, *, tenant: str = TENANT, chunk
     t0 = time.perf_counter()
     pg_run(url, load)
     return time.perf_counter() - t0
+
+
+def start_pyspy(procs: Procs, path: str, pid: int, rate: int = 200) -> subprocess.Popen[bytes]:
+    """``py-spy record`` of *pid* into *path* until stopped (SIGTERM makes it
+    write the file): an SVG flame graph, or raw collapsed stacks for a
+    ``.txt`` path (see ``profile_summary.py``)."""
+    argv = [str(VENV_BIN / "py-spy"), "record", "-o", path, "--pid", str(pid), "--rate", str(rate), "--nonblocking"]
+    if path.endswith(".txt"):
+        argv += ["--format", "raw"]
+    return procs.spawn(f"py-spy-{pid}", argv)
+
+
+def stop_pyspy(procs: Procs, spy: subprocess.Popen[bytes], grace: float = 60.0) -> None:
+    """Stop a ``py-spy record`` the way that makes it write its file (SIGINT)."""
+    if spy.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            spy.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spy.wait(grace)
+    procs.stop(spy)

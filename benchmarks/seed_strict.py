@@ -12,8 +12,8 @@ for reference. Each lane has its own HTTP connection (one httpx client per
 lane, so httpx's pool is not what is measured).
 
 Reported: seed jobs/s, seed requests/s (2 per job), the /healthz rate (mean
-of before/after), and the ratio jobs/s ÷ /healthz req/s... and, because a job
-costs two requests, also requests/s ÷ /healthz req/s.
+of before and after), the ratio jobs/s ÷ /healthz req/s (the target's), and,
+since a job costs two requests, requests/s ÷ /healthz req/s as well.
 
 Example::
 
@@ -39,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--procs", type=int, default=1, help="load-generator processes (default 1)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per phase (default 10)")
     p.add_argument("--jobs", type=int, default=30_000, help="jobs enqueued for the seed phase (default 30000); the phase ends early if they run out")
+    p.add_argument("--profile-server", metavar="FILE", help="py-spy record the server during the seed phase (.svg, or .txt for raw stacks)")
     b.add_common(p)
     # internal: a load-generator child
     p.add_argument("--child", choices=["healthz", "notfound", "seed"], help=argparse.SUPPRESS)
@@ -152,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
                 b.say(f"GET /healthz (before): {before['rate']:,.0f} req/s ({before['done']} in {before['elapsed']:.1f}s, {before['errors']} errors)")
                 nf = load(args, "notfound", server.url)
                 b.say(f"GET unknown route, 404 (no store): {nf['rate']:,.0f} req/s")
+                spy = b.start_pyspy(procs, args.profile_server, server.pid) if args.profile_server else None
                 seed = load(args, "seed", server.url, queue)
+                if spy is not None:
+                    b.stop_pyspy(procs, spy)
                 b.say(
                     f"seed strict: {seed['rate']:,.0f} jobs/s = {2 * seed['rate']:,.0f} req/s "
                     f"({seed['done']} jobs in {seed['elapsed']:.1f}s, {seed['errors']} errors)"

@@ -40,8 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--servers", "-k", type=int, default=1, help="qftrio serve processes (PostgreSQL only; default 1)")
     p.add_argument("--pool-size", type=int, default=None, help="--pool-size of each server (PostgreSQL)")
     p.add_argument("--worker-log-level", default="WARNING", help="--log-level of the workers (default WARNING; the CLI's own default is INFO)")
-    p.add_argument("--profile-server", metavar="SVG", help="record the (first) server with py-spy during run 1")
-    p.add_argument("--profile-worker", metavar="SVG", help="record the first worker with py-spy during run 1")
+    p.add_argument("--profile-server", metavar="SVG", help="record the (first) server with py-spy during run 1 (.svg flame graph, or .txt for raw collapsed stacks)")
+    p.add_argument("--profile-worker", metavar="SVG", help="record the first worker with py-spy during run 1 (.svg or .txt)")
     b.add_common(p)
     args = p.parse_args(argv)
     if args.store == "sqlite" and args.servers != 1:
@@ -62,7 +62,7 @@ def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_ur
     if run == 1:
         for path, pid in ((args.profile_server, servers[0].pid), (args.profile_worker, workers[0].pid)):
             if path:
-                spies.append(procs.spawn("py-spy", [str(b.VENV_BIN / "py-spy"), "record", "-o", path, "--pid", str(pid), "--rate", "200", "--nonblocking"]))
+                spies.append(b.start_pyspy(procs, path, pid))
     deadline = time.monotonic() + max(60.0, args.jobs / 100)
     while True:
         counts = b.queue_counts(servers[0].url, queue)
@@ -76,7 +76,7 @@ def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_ur
         time.sleep(0.2)
     wall = time.perf_counter() - started
     for spy in spies:  # py-spy writes its file on SIGINT/SIGTERM
-        procs.stop(spy, grace=30)
+        b.stop_pyspy(procs, spy)
     procs.stop_many(workers)
     n, first, last = b.completed_span(args.store, queue, database_url=database_url, sqlite_path=procs.workdir / "qftrio.db")
     return {
