@@ -348,3 +348,30 @@ async def test_prune_removes_only_old_finished_jobs(storage: Store) -> None:
     assert await storage.jobs_prune(before=T0 + 50) == 2
     assert await storage.job_get(done) is None and await storage.job_get(cancelled) is None
     assert await storage.job_get(pending) is not None and await storage.job_get(fresh) is not None
+
+
+async def test_concurrent_calls_succeed_or_fail_on_their_own(storage: Store) -> None:
+    (done,) = await insert(storage, new(queue="d"))
+    lease = await claim_one(storage, queue="d")
+    await storage.jobs_complete([CompleteItem(done, lease.lease_token, {})], now=T0 + 2)
+    conflicts: list[Exception] = []
+    inserted: list[str] = []
+
+    async def refused_cancel() -> None:
+        try:
+            await storage.job_cancel(done, tenant="t1", now=T0 + 3)
+        except errors.Conflict as exc:
+            conflicts.append(exc)
+
+    async def enqueue(i: int) -> None:
+        inserted.extend(await insert(storage, new(kind=f"k{i}")))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(20):
+            nursery.start_soon(refused_cancel)
+            nursery.start_soon(enqueue, i)
+    assert len(conflicts) == 20
+    assert len(inserted) == 20
+    for job_id in inserted:
+        assert (await storage.job_get(job_id)).status is Status.PENDING
+    assert (await storage.job_get(done)).status is Status.COMPLETED

@@ -14,6 +14,7 @@ supported (use PostgreSQL to scale out).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sqlite3
@@ -376,6 +377,22 @@ def _build_workflows(conn: sqlite3.Connection, rows: list[Any], *, jobs: bool) -
     return out
 
 
+@dataclasses.dataclass(eq=False, slots=True)
+class _Call:
+    """One store call waiting for (or done by) a group commit."""
+
+    fn: Callable[[sqlite3.Connection], Any]
+    taken: bool = False
+    value: Any = None
+    error: BaseException | None = None
+
+
+def _database_error(exc: Exception) -> Exception:
+    if isinstance(exc, errors.QftrioError):
+        return exc
+    return errors.Unavailable(f"the database failed: {exc}")
+
+
 class SqliteStore(Store):
     """See the module docstring. Build it with :func:`open_sqlite_store`.
 
@@ -390,6 +407,7 @@ class SqliteStore(Store):
         self.path = path
         self._threaded = threaded
         self._lock = trio.Lock()
+        self._waiting: list[_Call] = []
         self._conn: sqlite3.Connection | None = sqlite3.connect(
             path, isolation_level=None, check_same_thread=False
         )
@@ -410,25 +428,65 @@ class SqliteStore(Store):
         return self._conn
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run *fn* in one transaction, one call at a time."""
+        """Run *fn* in a transaction of its own, atomically.
 
-        def transaction() -> T:
+        Group commit: calls that arrive while a commit is under way wait,
+        and the next of them to get the connection runs every waiting call
+        in one transaction, each inside a savepoint of its own (a call that
+        raises rolls back only itself). One commit, so one sync to disk, then
+        serves the whole group; each call still applies fully or not at all,
+        and none returns before its commit is on disk.
+        """
+        call = _Call(fn)
+        self._waiting.append(call)
+        try:
+            async with self._lock:
+                if not call.taken:
+                    batch, self._waiting = self._waiting, []
+                    for taken in batch:
+                        taken.taken = True
+                    if self._threaded:
+                        # Not abandoned on cancel: a transaction that started
+                        # finishes, so no request leaves half a change behind.
+                        await trio.to_thread.run_sync(self._execute, batch)
+                    else:
+                        self._execute(batch)
+        except BaseException:
+            if not call.taken:
+                self._waiting.remove(call)
+            raise
+        if call.error is not None:
+            raise call.error
+        return call.value  # type: ignore[return-value]
+
+    def _execute(self, batch: list[_Call]) -> None:
+        try:
             conn = self._require()
             conn.execute("BEGIN IMMEDIATE")
-            try:
-                value = fn(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+        except Exception as exc:
+            for call in batch:
+                call.error = _database_error(exc)
+            return
+        try:
+            if len(batch) == 1:
+                batch[0].value = batch[0].fn(conn)
+            else:
+                for call in batch:
+                    conn.execute("SAVEPOINT call")
+                    try:
+                        call.value = call.fn(conn)
+                    except Exception as exc:
+                        conn.execute("ROLLBACK TO call")
+                        call.error = exc
+                    conn.execute("RELEASE call")
             conn.execute("COMMIT")
-            return value
-
-        async with self._lock:
-            if not self._threaded:
-                return transaction()
-            # Not abandoned on cancel: a transaction that started finishes, so
-            # a cancelled request never leaves half a change behind.
-            return await trio.to_thread.run_sync(transaction)
+        except Exception as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            for call in batch:
+                if len(batch) == 1 or call.error is None:
+                    call.error = exc if len(batch) == 1 else _database_error(exc)
+                    call.value = None
 
     async def aclose(self) -> None:
         async with self._lock:
