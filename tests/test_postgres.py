@@ -83,6 +83,10 @@ def new(queue: str = "q", **kw: Any) -> NewJob:
     return NewJob(tenant="t", queue=queue, kind="k", payload={}, scheduled_at=T0, **kw)
 
 
+def with_payload(payload: dict[str, Any]) -> NewJob:
+    return NewJob(tenant="t", queue="q", kind="k", payload=payload, scheduled_at=T0)
+
+
 # -- the claim query stays on its indexes ------------------------------------------
 
 
@@ -112,7 +116,8 @@ async def test_claim_uses_the_partial_indexes(asyncio_loop: Any) -> None:
         plan = await sql(
             url,
             """EXPLAIN SELECT least(
-                (SELECT min(scheduled_at) FROM qftrio_jobs WHERE queue = $1 AND status = 'pending' AND scheduled_at > $2),
+                (SELECT min(scheduled_at) FROM qftrio_jobs
+                 WHERE queue = $1 AND status = 'pending' AND scheduled_at > $2),
                 (SELECT min(locked_until) FROM qftrio_jobs WHERE queue = $1 AND status = 'running'
                  AND attempt < max_attempts))""",
             "q7",
@@ -316,13 +321,14 @@ async def test_cancelled_calls_leave_the_pool_usable(asyncio_loop: Any) -> None:
 async def test_unstorable_values_are_invalid_input(asyncio_loop: Any) -> None:
     async with open_test_postgres_store() as store:
         with pytest.raises(errors.InvalidInput):
-            await store.jobs_insert([NewJob(tenant="t", queue="q", kind="k", payload={"s": "a\x00b"}, scheduled_at=T0)], now=T0)
+            await store.jobs_insert([with_payload({"s": "a\x00b"})], now=T0)
         with pytest.raises(errors.InvalidInput):
-            await store.jobs_insert([NewJob(tenant="t", queue="q", kind="k", payload={"x": float("nan")}, scheduled_at=T0)], now=T0)
+            await store.jobs_insert([with_payload({"x": float("nan")})], now=T0)
         assert await store.jobs_list(tenant="t") == []
         (ins,) = await store.jobs_insert([new()], now=T0)
         (lease,) = await store.jobs_claim("q", limit=1, lease_secs=10, worker_id="w", now=T0)
-        (res,) = await store.jobs_fail([FailItem(ins.job.id, lease.lease_token, "nul\x00byte")], now=T0, retry_at=lambda *a: None)
+        item = FailItem(ins.job.id, lease.lease_token, "nul\x00byte")
+        (res,) = await store.jobs_fail([item], now=T0, retry_at=lambda *a: None)
         assert res.applied
         assert (await store.job_get(ins.job.id)).error == "nul\ufffdbyte"
 
@@ -432,7 +438,8 @@ async def test_database_restart_under_an_open_store(asyncio_loop: Any, own_clust
                     Status.COMPLETED: 2,
                 }
                 # the leases taken before the restart are still good
-                results = await store.jobs_complete([CompleteItem(x.job.id, x.lease_token, {}) for x in leases[2:]], now=T0)
+                items = [CompleteItem(x.job.id, x.lease_token, {}) for x in leases[2:]]
+                results = await store.jobs_complete(items, now=T0)
                 assert [r.applied for r in results] == [True, True]
                 await wait_for_new_listener(store, first_pid)
                 assert ALL_QUEUES in calls

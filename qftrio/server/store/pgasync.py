@@ -155,9 +155,27 @@ class Database:
         ``fn`` must not call Trio. A deadlock or serialization failure runs it
         again (up to three tries); database failures raise
         :class:`~qftrio.errors.Unavailable`.
+
+        Cancellation waits for the operation to finish: a transaction that
+        started commits or rolls back as it would have, and the caller sees
+        :class:`trio.Cancelled` afterwards. Interrupting asyncpg mid-query
+        makes it send a CancelRequest over an extra connection, and under
+        trio-asyncio that path can wait forever for its socket (seen with
+        trio-asyncio 0.16 and asyncpg 0.32 when queries are cancelled in
+        quick succession; compare python-trio/trio-asyncio#153). The wait is
+        bounded by ``statement_timeout`` on the server and, with a client
+        timeout set, by asyncpg's ``command_timeout``.
         """
         if self._closed:
             raise errors.Unavailable("the database pool is closed")
+        try:
+            with trio.CancelScope(shield=True):
+                return await self._run_retrying(fn, args, transaction)
+        finally:
+            # deliver a cancellation that arrived meanwhile (no-op otherwise)
+            await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def _run_retrying(self, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], transaction: bool) -> T:
         for attempt in range(_RETRIES):
             try:
                 return await trio_asyncio.aio_as_trio(_run_on_pool, loop=self._loop)(
@@ -232,6 +250,9 @@ async def open_database(
         Unavailable: the database cannot be reached.
     """
     loop = running_loop()
+    # Client-side bound on each query: past the server's own, so that it only
+    # fires when the server cannot answer at all (a dead network path).
+    command_timeout = None if timeout is None else (statement_timeout or 30.0) + timeout
     settings = _defaults_unless_in_url(
         url,
         {"application_name": application_name}
@@ -251,6 +272,7 @@ async def open_database(
             min_size=min(min_size, max_size),
             max_size=max_size,
             timeout=timeout,
+            command_timeout=command_timeout,
             init=_init_connection,
             server_settings=settings,
             # asyncio timers run on Trio's clock; keep them out of the I/O path
@@ -328,7 +350,9 @@ class Listener:
 
     async def _ping(self) -> None:
         try:
-            await trio_asyncio.aio_as_trio(self._conn.fetchval, loop=self._loop)("SELECT 1", timeout=self._timeout)
+            # shielded, as Database.run explains
+            with trio.CancelScope(shield=True):
+                await trio_asyncio.aio_as_trio(self._conn.fetchval, loop=self._loop)("SELECT 1", timeout=self._timeout)
         except Exception as exc:
             mapped = translate_error(exc)
             if mapped is None:
@@ -360,7 +384,9 @@ async def open_listener(
     loop = running_loop()
     try:
         conn = await trio_asyncio.aio_as_trio(asyncpg.connect, loop=loop)(
-            dsn=url, timeout=timeout, server_settings=_defaults_unless_in_url(url, {"application_name": application_name})
+            dsn=url,
+            timeout=timeout,
+            server_settings=_defaults_unless_in_url(url, {"application_name": application_name}),
         )
     except Exception as exc:
         mapped = translate_error(exc)

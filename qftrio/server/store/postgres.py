@@ -75,7 +75,8 @@ MIGRATION_LOCK_KEY = 0x71F7_0001
 
 _JOB_COLUMNS = (
     "id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at, "
-    "updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step, context"
+    "updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step, "
+    "context"
 )
 
 
@@ -179,7 +180,9 @@ async def _migrate_on(conn: asyncpg.Connection) -> list[str]:
                 continue
             async with conn.transaction():
                 await conn.execute(sql)
-                await conn.execute("INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2)", version, name)
+                await conn.execute(
+                    "INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2)", version, name
+                )
             log.info("applied migration %s", name)
             done.append(name)
         unknown = applied - known
@@ -575,7 +578,8 @@ class PostgresStore(Store):
                 min(scheduled_at) FILTER (WHERE status = 'pending' AND scheduled_at <= $2) AS oldest_ready_at,
                 least(min(scheduled_at) FILTER (WHERE status = 'pending' AND scheduled_at > $2),
                       min(locked_until) FILTER (WHERE status = 'running')) AS next_available_at
-            FROM qftrio_jobs WHERE tenant = $1 {} GROUP BY queue ORDER BY queue"""
+            FROM qftrio_jobs WHERE tenant = $1 {} GROUP BY queue ORDER BY queue COLLATE "C"
+        """
         if queue is None:
             rows = await self._db.fetch(sql.format(""), tenant, now)
         else:
@@ -590,7 +594,8 @@ class PostgresStore(Store):
             for row in rows
         ]
         if queue is not None and not out:
-            out = [QueueStats(queue=queue, counts={s.value: 0 for s in Status}, oldest_ready_at=None, next_available_at=None)]
+            zero = {s.value: 0 for s in Status}
+            out = [QueueStats(queue=queue, counts=zero, oldest_ready_at=None, next_available_at=None)]
         return out
 
     # -- worker side -------------------------------------------------------
@@ -675,7 +680,9 @@ class PostgresStore(Store):
             elif not row["current"]:
                 results.append(ReportResult(outcome=Outcome.CONFLICT))
             elif row["applied"]:
-                results.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=Status.COMPLETED, applied=True))
+                results.append(
+                    ReportResult(outcome=Outcome.OK, queue=row["queue"], status=Status.COMPLETED, applied=True)
+                )
             elif row["status"] == Status.COMPLETED.value:
                 results.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=Status.COMPLETED))
             else:
