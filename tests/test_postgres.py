@@ -297,9 +297,11 @@ async def test_prune_goes_in_bounded_batches(asyncio_loop: Any) -> None:
 
 
 async def test_cancelled_calls_leave_the_pool_usable(asyncio_loop: Any) -> None:
-    # A client that disconnects cancels its request mid-query. The call ends
-    # promptly, its connection is cleaned up, and a claim that committed
-    # before the cancel arrived simply holds its jobs until the lease ends.
+    # A client that disconnects cancels its request mid-query. The statement
+    # finishes (interrupting asyncpg mid-query can hang under trio-asyncio,
+    # see pgasync.Database.run), then the call raises Cancelled; the pool
+    # stays usable, and a claim that committed simply holds its jobs until
+    # the lease ends.
     with trio.fail_after(20):
         async with open_test_postgres_store(pool_size=2) as store:
             await store.jobs_insert([new() for _ in range(1500)], now=T0)
