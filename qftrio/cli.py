@@ -31,6 +31,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+_LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+class _LoggingParser(_Parser):
+    """A subcommand's parser: takes ``--log-level`` too, after the command."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--log-level", choices=_LOG_LEVELS, default=argparse.SUPPRESS, help="default INFO")
+
+
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
 
@@ -244,8 +255,8 @@ def _non_negative(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="qftrio", description="A durable job server and a Trio worker runtime.")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.add_argument("--log-level", default="INFO", choices=_LOG_LEVELS, help="default INFO")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_LoggingParser)
 
     p = sub.add_parser("serve", help="run the job server")
     p.add_argument("--database-url", help="postgresql://... (QUEUEFLOW_DATABASE_URL); default: the embedded store")
@@ -288,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_enqueue)
 
     p = sub.add_parser("jobs", help="inspect and manage jobs")
-    jobs = p.add_subparsers(dest="jobs_command", required=True, parser_class=_Parser)
+    jobs = p.add_subparsers(dest="jobs_command", required=True, parser_class=_LoggingParser)
     for name, text in (("get", "show a job"), ("cancel", "cancel a job"), ("retry", "retry a failed or cancelled job")):
         q = jobs.add_parser(name, help=text)
         q.add_argument("id")
@@ -304,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=_jobs)
 
     p = sub.add_parser("workflows", help="create, inspect and cancel workflows")
-    workflows = p.add_subparsers(dest="workflows_command", required=True, parser_class=_Parser)
+    workflows = p.add_subparsers(dest="workflows_command", required=True, parser_class=_LoggingParser)
     q = workflows.add_parser("create", help="create a workflow from a JSON file")
     q.add_argument("file", metavar="FILE", help='{"name", "context", "steps": [...]} as JSON; - reads stdin')
     _add_client_options(q)

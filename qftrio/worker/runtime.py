@@ -161,6 +161,7 @@ class _Held:
     lane_ready: trio.Event = dataclasses.field(default_factory=trio.Event)
     lost: str | None = None  # why the server took it back
     expiring: bool = False  # renewals failed and the lease is about to end
+    finished: bool = False  # the handler is done: the job holds no lane
     last_error: str | None = None
 
     @property
@@ -292,6 +293,7 @@ class Worker:
         self._root_scope: trio.CancelScope | None = None
         self._lease_scope = trio.CancelScope()
         self._held: dict[str, _Held] = {}
+        self._unfinished = 0  # held jobs whose handler has not finished
         self._lanes_pool = _Lanes(lanes)
         self._changed = trio.Event()
         self._heartbeats: Batcher[HeartbeatItem, HeartbeatReply] | None = None
@@ -404,8 +406,12 @@ class Worker:
         failures = 0
         with self._lease_scope:
             while not self._stopping:
-                # Lease only when a lane is free; a batch may overfill.
-                while len(self._held) >= self.lanes:
+                # Lease when a lane is free (a batch may overfill), counting
+                # jobs whose handler finished as gone: their reports travel
+                # in the background, and waiting for them would idle the
+                # lanes for a round trip per batch. The second bound keeps
+                # reports that lag from piling up without end.
+                while self._unfinished >= self.lanes or len(self._held) >= self.lanes + 2 * self.batch:
                     await self._changed.wait()
                 sent_at = trio.current_time()
                 try:
@@ -445,6 +451,7 @@ class Worker:
                 for lease in leases:
                     held = _Held(lease=lease, deadline=claimed_at + self.lease_secs)
                     self._held[lease.lease_token] = held
+                    self._unfinished += 1
                     self._lanes_pool.enqueue(held)
                     self._job_event("claimed", held)
                     jobs.start_soon(self._hold, held, name=f"qftrio job {lease.job.id}")
@@ -462,9 +469,16 @@ class Worker:
             if held.lost is not None:
                 self._job_event("lost", held, error=held.lost)
         finally:
-            self._lanes_pool.leave(held)
+            self._finished(held)
             del self._held[held.lease.lease_token]
             self._notify_changed()
+
+    def _finished(self, held: _Held) -> None:
+        """*held*'s handler is done (or will never run): free its lane."""
+        if not held.finished:
+            held.finished = True
+            self._unfinished -= 1
+            self._lanes_pool.leave(held)
 
     async def _heartbeat_loop(self, held: _Held) -> None:
         assert self._heartbeats is not None
@@ -523,7 +537,8 @@ class Worker:
             return _Outcome(error=f"lease about to expire: heartbeats failed{reason}", retryable=True)
         finally:
             # Free the lane for the next job now: the report need not hold it.
-            self._lanes_pool.leave(held)
+            self._finished(held)
+            self._notify_changed()
 
     async def _call(self, handler: Handler, job: Job) -> _Outcome:
         timeout = handler.timeout if handler.timeout is not None else math.inf
