@@ -34,6 +34,7 @@ from .. import errors
 from ..models import Job, Lease, QueueStats, Status, Workflow, WorkflowCreateRequest, WorkflowStatus, parse_time
 from . import metrics
 from .store.base import (
+    ALL_QUEUES,
     CompleteItem,
     FailItem,
     HeartbeatItem,
@@ -388,13 +389,22 @@ class Engine:
                 await self.reap_expired()
                 if retention_secs is not None:
                     await self.store.jobs_prune(before=self.clock() - retention_secs)
+            except errors.Unavailable as exc:
+                log.warning("janitor round failed: %s; retrying", exc)
             except Exception:
                 log.warning("janitor round failed; retrying", exc_info=True)
             await trio.sleep(interval_secs)
 
     async def run_listener(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Forward the store's cross-process wake-ups to parked long-polls."""
-        await self.store.run_listener(self.waker.notify, task_status=task_status)
+
+        def on_notify(queue: str) -> None:
+            if queue == ALL_QUEUES:
+                self.waker.notify_all()
+            else:
+                self.waker.notify(queue)
+
+        await self.store.run_listener(on_notify, task_status=task_status)
 
 
 def spec_from_request(body: Any) -> EnqueueSpec:

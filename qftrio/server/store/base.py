@@ -90,6 +90,9 @@ __all__ = [
 #: runs again, or ``None`` to dead-letter the job. Supplied by the engine.
 RetryAt = Callable[[int, int, bool, float], "float | None"]
 
+#: ``run_listener``'s "wake every queue" (never a valid queue name).
+ALL_QUEUES = "*"
+
 #: The error recorded when a lease runs out with no attempts left.
 LEASE_EXPIRED = "lease expired"
 
@@ -229,8 +232,10 @@ class Store(abc.ABC):
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Call ``on_notify(queue)`` whenever another process makes work
-        ready on ``queue``; runs until cancelled. Backends that serve a single
-        process (SQLite) have nothing to listen to."""
+        ready on ``queue``, or ``on_notify(ALL_QUEUES)`` when notifications
+        may have been missed (a reconnect): every queue should look again.
+        Runs until cancelled. Backends that serve a single process (SQLite)
+        have nothing to listen to."""
         task_status.started()
         await trio.sleep_forever()
 

@@ -44,6 +44,7 @@ from ... import errors
 from ...models import ErrorEntry, Job, Lease, QueueStats, Status
 from . import pgasync
 from .base import (
+    ALL_QUEUES,
     LEASE_EXPIRED,
     CompleteItem,
     FailItem,
@@ -68,7 +69,6 @@ CHANNEL = "qftrio_jobs"
 #: What :meth:`PostgresStore.run_listener` passes to ``on_notify`` when it may
 #: have missed notifications (its connection was lost and came back): wake
 #: every queue.
-ALL_QUEUES = "*"
 
 #: ``pg_advisory_lock`` key held while migrating (any constant unique to qftrio).
 MIGRATION_LOCK_KEY = 0x71F7_0001
