@@ -369,3 +369,21 @@ async def test_a_thousand_step_chain(storage: Store) -> None:
         await complete(storage, lease_, {"last": i}, now=T0 + i)
     wf = await storage.workflow_get(wf.id)
     assert wf.status is WorkflowStatus.COMPLETED and wf.context == {"last": 999}
+
+
+async def test_batch_fail_of_two_steps_fails_the_workflow_once(storage: Store) -> None:
+    wf = await storage.workflow_create(
+        NewWorkflow(tenant="t1", name="w", context={}, steps=(step("a", max_attempts=1), step("b", max_attempts=1))),
+        now=T0,
+    )
+    leases = await claim_all(storage)
+    items = [FailItem(leases[n].job.id, leases[n].lease_token, f"{n} broke") for n in ("a", "b")]
+    first, second = await storage.jobs_fail(items, now=T0 + 2, retry_at=ALWAYS_RETRY)
+    assert (first.outcome, first.status) == (Outcome.OK, Status.FAILED)
+    # b was cancelled with the workflow before its own report was applied
+    assert second.outcome is Outcome.CONFLICT
+    wf = await storage.workflow_get(wf.id)
+    assert wf.status is WorkflowStatus.FAILED and statuses(wf) == {"a": "failed", "b": "cancelled"}
+    job = await storage.job_retry(leases["a"].job.id, tenant="t1", now=T0 + 3)
+    assert job.status is Status.PENDING
+    assert statuses(await storage.workflow_get(wf.id)) == {"a": "pending", "b": "pending"}

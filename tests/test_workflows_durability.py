@@ -1,7 +1,8 @@
 """A workflow survives ``kill -9`` of the server: no step lost, none doubled.
 
 Workers complete steps over HTTP while the server process is killed three
-times mid-stream and restarted on the same SQLite file. A completion and the
+times mid-stream and restarted on the same database (a SQLite file, or
+PostgreSQL when ``QFTRIO_TEST_DATABASE_URL`` is set). A completion and the
 steps it unblocks are one transaction, so after every crash either both are
 there or neither is; workers replay what they could not report, and expired
 leases come back through the janitor.
@@ -32,11 +33,26 @@ WORKER = {"Authorization": "Bearer worker-secret"}
 LAYERS, WIDTH = 6, 8
 
 
-def serve_args(db: Path, port: int) -> list[str]:
+def serve_args(database: list[str], port: int) -> list[str]:
     return [
-        "serve", "--db", str(db), "--bind", f"127.0.0.1:{port}",
+        "serve", *database, "--bind", f"127.0.0.1:{port}",
         "--worker-token", "worker-secret", "--tenant", "acme=acme-secret",
     ]  # fmt: skip
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def database(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
+    """``qftrio serve`` options naming an empty database of each backend."""
+    if request.param == "sqlite":
+        return ["--db", str(tmp_path / "wf.db")]
+    from .pg import maybe_asyncio_loop, pg_url, reset_database
+
+    url = pg_url()
+    if url is None:
+        pytest.skip("QFTRIO_TEST_DATABASE_URL is not set")
+    async with maybe_asyncio_loop():
+        await reset_database(url)
+    return ["--database-url", url]
 
 
 def layered_steps() -> list[dict]:
@@ -49,8 +65,8 @@ def layered_steps() -> list[dict]:
 
 
 class Server:
-    def __init__(self, tmp_path: Path) -> None:
-        self.db = tmp_path / "wf.db"
+    def __init__(self, database: list[str], tmp_path: Path) -> None:
+        self.database = database
         self.log = tmp_path / "server.log"
         self.proc: subprocess.Popen | None = None
         self.url = ""
@@ -58,7 +74,7 @@ class Server:
     async def start(self) -> None:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = spawn(serve_args(self.db, port), log=self.log)
+        self.proc = spawn(serve_args(self.database, port), log=self.log)
         await wait_healthy(self.url)
 
     async def kill(self) -> None:
@@ -68,8 +84,8 @@ class Server:
         assert self.proc.returncode == -signal.SIGKILL
 
 
-async def test_kill_9_mid_workflow_neither_loses_nor_doubles_a_step(tmp_path: Path) -> None:
-    server = Server(tmp_path)
+async def test_kill_9_mid_workflow_neither_loses_nor_doubles_a_step(database: list[str], tmp_path: Path) -> None:
+    server = Server(database, tmp_path)
     await server.start()
     seen: dict[str, list[dict]] = {}  # step -> the contexts its job was leased with
     completed: list[str] = []

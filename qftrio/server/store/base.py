@@ -333,20 +333,20 @@ class Store(abc.ABC):
         never deleted on its own). Returns how many jobs went."""
 
     # -- workflows ---------------------------------------------------------
-    # Not abstract yet: the PostgreSQL store gains them in its own change.
 
+    @abc.abstractmethod
     async def workflow_create(self, workflow: NewWorkflow, *, now: float) -> Workflow:
         """Store *workflow* (status running, steps waiting) and enqueue, in
         the same transaction, the jobs of its steps without dependencies.
         Returns it as :meth:`workflow_get` would."""
-        raise NotImplementedError(f"{type(self).__name__} does not support workflows yet")
 
+    @abc.abstractmethod
     async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:
         """The workflow with its steps in creation order, each with its job
         (``jobs=False``: ``job`` left ``None``, status and ``job_id`` only);
         None if unknown or another tenant's. *workflow_id* may be any string."""
-        raise NotImplementedError(f"{type(self).__name__} does not support workflows yet")
 
+    @abc.abstractmethod
     async def workflows_list(
         self,
         *,
@@ -357,9 +357,8 @@ class Store(abc.ABC):
     ) -> list[Workflow]:
         """Newest first by ``(created_at, id)``, steps without their jobs;
         *before* is the key of the last workflow of the previous page."""
-        raise NotImplementedError(f"{type(self).__name__} does not support workflows yet")
 
+    @abc.abstractmethod
     async def workflow_cancel(self, workflow_id: str, *, tenant: str, now: float) -> Workflow | None:
         """Cancel a running workflow and its unfinished steps. Returns None
         if unknown; raises :class:`~qftrio.errors.Conflict` if it has ended."""
-        raise NotImplementedError(f"{type(self).__name__} does not support workflows yet")

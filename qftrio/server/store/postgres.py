@@ -18,8 +18,14 @@ How the rules of :mod:`.base` are kept with many servers at once:
   id order, so two batches never deadlock.
 * The janitor (``jobs_reap_expired``, ``jobs_prune``) skips rows another
   server is working on (``SKIP LOCKED``), so janitors do not collide.
-* Whatever makes work ready (an insert, a retry, a fail with a retry, a reap)
-  sends ``NOTIFY qftrio_jobs, '<queue>'`` in its own transaction, so the
+* Workflows (migration 0002) advance inside the job transactions that cause
+  it, as :mod:`.base` requires. A transaction that touches a workflow locks
+  its row (``FOR UPDATE``, in id order) *before* any of its jobs; heartbeats
+  and claims lock jobs only and never wait for a workflow, so no cycle of
+  waits can form. Concurrent completions of one workflow's steps thus take
+  turns on its row, which keeps the context merge and the counts exact.
+* Whatever makes work ready (an insert, a retry, a fail with a retry, a reap,
+  a workflow step unblocked) sends ``NOTIFY qftrio_jobs, '<queue>'`` in its own transaction, so the
   notification is delivered if and only if the change commits. Each server
   holds one LISTEN connection (:meth:`PostgresStore.run_listener`).
 
@@ -32,7 +38,7 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
@@ -40,18 +46,20 @@ from typing import Any
 import asyncpg
 import trio
 
-from ... import errors
-from ...models import ErrorEntry, Job, Lease, QueueStats, Status
+from ... import _json, errors
+from ...models import ErrorEntry, Job, Lease, QueueStats, Status, StepStatus, Workflow, WorkflowStatus, WorkflowStep
 from . import pgasync
 from .base import (
     ALL_QUEUES,
     LEASE_EXPIRED,
+    WORKFLOW_QUEUE,
     CompleteItem,
     FailItem,
     HeartbeatItem,
     HeartbeatResult,
     Inserted,
     NewJob,
+    NewWorkflow,
     Outcome,
     Reaped,
     ReportResult,
@@ -303,6 +311,224 @@ ORDER BY i.ord
 """
 
 
+# -- workflows ----------------------------------------------------------------------
+# asyncio-flavoured helpers that run inside the caller's transaction. Lock
+# order: a workflow's row (FOR UPDATE, in id order) before any of its jobs.
+
+_WORKFLOW_COLUMNS = "id, tenant, name, status, context, created_at, updated_at"
+
+#: ``rule(conn, job id, workflow id, job status)``, asyncio-flavoured: what a
+#: job transition does to the job's workflow (:meth:`PostgresStore._owned_transition`).
+_StepRule = Callable[[asyncpg.Connection, uuid.UUID, uuid.UUID, Status], Awaitable["Job | None"]]
+
+_LOCK_WORKFLOWS_OF_JOBS_SQL = """
+SELECT id FROM qftrio_workflows
+WHERE id IN (SELECT workflow_id FROM qftrio_jobs WHERE id = ANY($1::uuid[]) AND workflow_id IS NOT NULL)
+ORDER BY id
+FOR UPDATE
+"""
+
+
+async def _lock_workflows_of_jobs(conn: asyncpg.Connection, job_ids: Sequence[uuid.UUID | None]) -> None:
+    """Lock the workflows of *job_ids* before the jobs themselves are locked
+    (a job's workflow never changes, so reading it unlocked is safe)."""
+    keys = [k for k in job_ids if k is not None]
+    if keys:
+        await conn.execute(_LOCK_WORKFLOWS_OF_JOBS_SQL, keys)
+
+
+async def _enqueue_steps(
+    conn: asyncpg.Connection, workflow_id: uuid.UUID, tenant: str, names: Sequence[str], context: Any, now: float
+) -> None:
+    """Give the waiting steps *names* their jobs, carrying *context*."""
+    if not names:
+        return
+    # a CTE with a volatile function is materialised once: both statements
+    # see the same new ids
+    await conn.execute(
+        """WITH ready AS (
+            SELECT s.name, s.kind, s.payload, s.max_attempts, s.position, gen_random_uuid() AS job_id
+            FROM qftrio_workflow_steps AS s
+            WHERE s.workflow_id = $1 AND s.name = ANY($2::text[]) AND s.state = 'waiting'
+        ), inserted AS (
+            INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
+                scheduled_at, created_at, updated_at, workflow_id, step, context)
+            SELECT job_id, $3, $4, kind, payload, 'pending', 0, 0, max_attempts, $5, $5, $5, $1, name, $6::jsonb
+            FROM ready ORDER BY position
+            RETURNING 1
+        )
+        UPDATE qftrio_workflow_steps AS s SET state = 'enqueued', job_id = r.job_id
+        FROM ready AS r
+        WHERE s.workflow_id = $1 AND s.name = r.name""",
+        workflow_id,
+        list(names),
+        tenant,
+        WORKFLOW_QUEUE,
+        now,
+        context,
+    )
+
+
+async def _step_completed(
+    conn: asyncpg.Connection, workflow_id: uuid.UUID, step: str, result: Any, now: float
+) -> bool:
+    """Record that *step*'s job completed with *result* (the workflow row is
+    locked): merge it into the context, unblock the steps waiting for it,
+    finish the workflow after its last step. Touches only the steps that
+    depend on *step*. Returns whether it enqueued any job."""
+    row = await conn.fetchrow(
+        """UPDATE qftrio_workflows SET context = context || $2::jsonb, steps_completed = steps_completed + 1,
+            updated_at = $3
+        WHERE id = $1
+        RETURNING tenant, status, context, steps_total, steps_completed""",
+        workflow_id,
+        result if isinstance(result, dict) else {},
+        now,
+    )
+    if row is None:
+        return False
+    unblocked = await conn.fetch(
+        """UPDATE qftrio_workflow_steps SET remaining = remaining - 1
+        WHERE workflow_id = $1
+          AND name IN (SELECT dependent FROM qftrio_workflow_edges WHERE workflow_id = $1 AND step = $2)
+        RETURNING name, remaining, state""",
+        workflow_id,
+        step,
+    )
+    if row["status"] != WorkflowStatus.RUNNING.value:
+        # A step of a workflow that is not running cannot complete (its job
+        # was cancelled with it); were it to, its dependents wait for a resume.
+        return False
+    ready = [r["name"] for r in unblocked if r["remaining"] == 0 and r["state"] == "waiting"]
+    await _enqueue_steps(conn, workflow_id, row["tenant"], ready, row["context"], now)
+    if row["steps_completed"] >= row["steps_total"]:
+        await conn.execute("UPDATE qftrio_workflows SET status = 'completed' WHERE id = $1", workflow_id)
+    return bool(ready)
+
+
+async def _end_workflow(conn: asyncpg.Connection, workflow_id: uuid.UUID, status: WorkflowStatus, now: float) -> None:
+    """Fail or cancel a running workflow with its unfinished steps (a no-op if
+    it is not running; the workflow row is locked)."""
+    ended = await conn.fetchval(
+        "UPDATE qftrio_workflows SET status = $2, updated_at = $3 WHERE id = $1 AND status = 'running' RETURNING 1",
+        workflow_id,
+        status.value,
+        now,
+    )
+    if ended is None:
+        return
+    # The lease token and locked_until stay, as for any cancel: a late
+    # heartbeat of a running step is told "cancelled".
+    await conn.execute(
+        """UPDATE qftrio_jobs SET status = 'cancelled', updated_at = $2
+        WHERE workflow_id = $1 AND status IN ('pending', 'running')""",
+        workflow_id,
+        now,
+    )
+    await conn.execute(
+        "UPDATE qftrio_workflow_steps SET state = 'cancelled' WHERE workflow_id = $1 AND state = 'waiting'",
+        workflow_id,
+    )
+
+
+async def _resume_workflow(conn: asyncpg.Connection, workflow_id: uuid.UUID, failed_job: uuid.UUID, now: float) -> None:
+    """Run a failed workflow again from its failed step (the workflow row is
+    locked): see :meth:`PostgresStore.job_retry`."""
+    row = await conn.fetchrow(
+        "UPDATE qftrio_workflows SET status = 'running', updated_at = $2 WHERE id = $1 RETURNING tenant, context",
+        workflow_id,
+        now,
+    )
+    # The failed step and those cancelled by the failure: their dependencies
+    # had completed, so they are ready again at once.
+    await conn.execute(
+        """UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $3, updated_at = $3,
+            context = $4::jsonb, locked_until = NULL, lease_token = NULL, worker_id = NULL
+        WHERE workflow_id = $1 AND (status = 'cancelled' OR id = $2)""",
+        workflow_id,
+        failed_job,
+        now,
+        row["context"],
+    )
+    waiting = await conn.fetch(
+        """UPDATE qftrio_workflow_steps SET state = 'waiting' WHERE workflow_id = $1 AND state = 'cancelled'
+        RETURNING name, remaining""",
+        workflow_id,
+    )
+    ready = [r["name"] for r in waiting if r["remaining"] == 0]
+    await _enqueue_steps(conn, workflow_id, row["tenant"], ready, row["context"], now)
+    await _notify(conn, [WORKFLOW_QUEUE])
+
+
+async def _build_workflows(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record], *, jobs: bool) -> list[Workflow]:
+    """Workflows from their rows, with their steps (and jobs), in three
+    statements whatever the number of workflows."""
+    if not rows:
+        return []
+    ids = [r["id"] for r in rows]
+    steps: dict[uuid.UUID, list[asyncpg.Record]] = {i: [] for i in ids}
+    for step_row in await conn.fetch(
+        """SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
+        FROM qftrio_workflow_steps WHERE workflow_id = ANY($1::uuid[]) ORDER BY workflow_id, position""",
+        ids,
+    ):
+        steps[step_row["workflow_id"]].append(step_row)
+    full: dict[uuid.UUID, Job] = {}
+    job_status: dict[uuid.UUID, str] = {}
+    if jobs:
+        for job_row in await conn.fetch(
+            f"SELECT {_JOB_COLUMNS} FROM qftrio_jobs WHERE workflow_id = ANY($1::uuid[])", ids
+        ):
+            full[job_row["id"]] = _job(job_row)
+            job_status[job_row["id"]] = job_row["status"]
+    else:
+        for job_row in await conn.fetch(
+            "SELECT id, status FROM qftrio_jobs WHERE workflow_id = ANY($1::uuid[])", ids
+        ):
+            job_status[job_row["id"]] = job_row["status"]
+    out = []
+    for row in rows:
+        built = []
+        for s in steps[row["id"]]:
+            job_id = s["job_id"]
+            if job_id is not None:
+                status = StepStatus(job_status.get(job_id, Status.PENDING.value))
+            else:
+                status = StepStatus(s["state"])
+            built.append(
+                WorkflowStep(
+                    name=s["name"],
+                    kind=s["kind"],
+                    payload=s["payload"],
+                    depends_on=tuple(s["depends_on"]),
+                    max_attempts=s["max_attempts"],
+                    status=status,
+                    job_id=None if job_id is None else str(job_id),
+                    job=full.get(job_id) if job_id is not None else None,
+                )
+            )
+        out.append(
+            Workflow(
+                id=str(row["id"]),
+                tenant=row["tenant"],
+                name=row["name"],
+                status=WorkflowStatus(row["status"]),
+                context=row["context"],
+                steps=tuple(built),
+                created_at=row["created_at"],
+                updated_at=row["updated_at"],
+            )
+        )
+    return out
+
+
+async def _load_workflow(conn: asyncpg.Connection, workflow_id: uuid.UUID, *, jobs: bool = True) -> Workflow | None:
+    row = await conn.fetchrow(f"SELECT {_WORKFLOW_COLUMNS} FROM qftrio_workflows WHERE id = $1", workflow_id)
+    if row is None:
+        return None
+    return (await _build_workflows(conn, [row], jobs=jobs))[0]
+
+
 class PostgresStore(Store):
     """See the module docstring. Open it with :func:`open_postgres_store`.
 
@@ -521,22 +747,48 @@ class PostgresStore(Store):
         return [_job(row) for row in await self._db.fetch(sql, *args)]
 
     async def _owned_transition(
-        self, job_id: str, tenant: str, sql: str, args: tuple[Any, ...], allowed: tuple[Status, ...], verb: str
+        self,
+        job_id: str,
+        tenant: str,
+        sql: str,
+        args: tuple[Any, ...],
+        allowed: tuple[Status, ...],
+        verb: str,
+        *,
+        before: _StepRule | None = None,
+        after: _StepRule | None = None,
     ) -> Job | None:
+        """Lock the job, check its status, apply *sql*. For a workflow step,
+        its workflow is locked first, and ``before(conn, job id, workflow id,
+        status)`` may take over (returning the job) while ``after`` runs once
+        *sql* has."""
         key = _uuid(job_id)
         if key is None:
             return None
 
         async def transition(conn: asyncpg.Connection) -> Job | None:
+            # a step's workflow never changes: reading it unlocked is safe
+            workflow_id = await conn.fetchval(
+                "SELECT workflow_id FROM qftrio_jobs WHERE id = $1 AND tenant = $2", key, tenant
+            )
+            if workflow_id is not None:
+                await conn.execute("SELECT 1 FROM qftrio_workflows WHERE id = $1 FOR UPDATE", workflow_id)
             row = await conn.fetchrow(
                 "SELECT status FROM qftrio_jobs WHERE id = $1 AND tenant = $2 FOR UPDATE", key, tenant
             )
             if row is None:
                 return None
-            if Status(row["status"]) not in allowed:
+            status = Status(row["status"])
+            if status not in allowed:
                 only = " or ".join(s.value for s in allowed)
                 raise errors.Conflict(f"job {job_id} is {row['status']}; only {only} jobs can be {verb}")
+            if workflow_id is not None and before is not None:
+                taken = await before(conn, key, workflow_id, status)
+                if taken is not None:
+                    return taken
             job = _job(await conn.fetchrow(sql, key, *args))
+            if workflow_id is not None and after is not None:
+                await after(conn, key, workflow_id, status)
             if job.status is Status.PENDING:
                 await _notify(conn, [job.queue])
             return job
@@ -554,9 +806,34 @@ class PostgresStore(Store):
             (now,),
             (Status.PENDING, Status.RUNNING),
             "cancelled",
+            # a step cancelled by hand cancels its workflow
+            after=lambda conn, key, workflow_id, status: _end_workflow(
+                conn, workflow_id, WorkflowStatus.CANCELLED, now
+            ),
         )
 
     async def job_retry(self, job_id: str, *, tenant: str, now: float) -> Job | None:
+        async def resume(conn: asyncpg.Connection, key: uuid.UUID, workflow_id: uuid.UUID, status: Status) -> Job | None:
+            workflow_status = await conn.fetchval("SELECT status FROM qftrio_workflows WHERE id = $1", workflow_id)
+            if workflow_status == WorkflowStatus.CANCELLED.value:
+                raise errors.Conflict(
+                    f"job {job_id} is a step of workflow {workflow_id}, which was cancelled; "
+                    "a cancelled workflow does not resume"
+                )
+            if workflow_status != WorkflowStatus.FAILED.value:
+                return None
+            if status is not Status.FAILED:
+                failed = await conn.fetchrow(
+                    "SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' LIMIT 1",
+                    workflow_id,
+                )
+                raise errors.Conflict(
+                    f"workflow {workflow_id} failed at step {failed['step']!r}; "
+                    f"retry that step's job ({failed['id']}) to resume it"
+                )
+            await _resume_workflow(conn, workflow_id, key, now)
+            return _job(await conn.fetchrow(f"SELECT {_JOB_COLUMNS} FROM qftrio_jobs WHERE id = $1", key))
+
         return await self._owned_transition(
             job_id,
             tenant,
@@ -566,6 +843,7 @@ class PostgresStore(Store):
             (now,),
             (Status.FAILED, Status.CANCELLED),
             "retried",
+            before=resume,
         )
 
     async def queues_stats(self, *, tenant: str, now: float, queue: str | None = None) -> list[QueueStats]:
@@ -659,20 +937,23 @@ class PostgresStore(Store):
                 unique.append(item)
             slot.append(first[pair])
 
-        async def complete(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+        async def complete(conn: asyncpg.Connection) -> tuple[list[asyncpg.Record], set[int]]:
+            keys = [_uuid(i.job_id) for i in unique]
+            await _lock_workflows_of_jobs(conn, keys)
             rows = await conn.fetch(
                 _COMPLETE_SQL,
-                [_uuid(i.job_id) for i in unique],
+                keys,
                 [_uuid(i.lease_token) for i in unique],
                 [i.result for i in unique],
                 now,
             )
             applied = [row for row in rows if row["applied"]]
+            unblocked: set[int] = set()
             if applied:
-                await self._after_complete(conn, applied, now=now)
-            return rows
+                unblocked = await self._after_complete(conn, applied, now=now)
+            return rows, unblocked
 
-        rows = await self._db.run(complete)
+        rows, unblocked = await self._db.run(complete)
         results = []
         for row in rows:
             if row["status"] is None:
@@ -681,7 +962,13 @@ class PostgresStore(Store):
                 results.append(ReportResult(outcome=Outcome.CONFLICT))
             elif row["applied"]:
                 results.append(
-                    ReportResult(outcome=Outcome.OK, queue=row["queue"], status=Status.COMPLETED, applied=True)
+                    ReportResult(
+                        outcome=Outcome.OK,
+                        queue=row["queue"],
+                        status=Status.COMPLETED,
+                        applied=True,
+                        ready_queues=(WORKFLOW_QUEUE,) if row["ord"] in unblocked else (),
+                    )
                 )
             elif row["status"] == Status.COMPLETED.value:
                 results.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=Status.COMPLETED))
@@ -697,10 +984,22 @@ class PostgresStore(Store):
             out.append(result)
         return out
 
-    async def _after_complete(self, conn: asyncpg.Connection, completed: list[asyncpg.Record], *, now: float) -> None:
-        """Hook, asyncio-flavoured, run in the completing transaction with the
-        rows just completed (columns ``id, tenant, queue, workflow_id, step,
-        result``). Workflow advancement belongs here."""
+    async def _after_complete(
+        self, conn: asyncpg.Connection, completed: list[asyncpg.Record], *, now: float
+    ) -> set[int]:
+        """Asyncio-flavoured, run in the completing transaction (the steps'
+        workflows already locked) with the rows just completed (columns
+        ``ord, workflow_id, step, result``, in batch order): advance their
+        workflows. Returns the ``ord`` of the completions that enqueued
+        steps."""
+        unblocked = set()
+        for row in completed:
+            if row["workflow_id"] is not None:
+                if await _step_completed(conn, row["workflow_id"], row["step"], row["result"], now):
+                    unblocked.add(row["ord"])
+        if unblocked:
+            await _notify(conn, [WORKFLOW_QUEUE])
+        return unblocked
 
     async def jobs_fail(self, items: Sequence[FailItem], *, now: float, retry_at: RetryAt) -> list[ReportResult]:
         if not items:
@@ -709,19 +1008,27 @@ class PostgresStore(Store):
         tokens = [_uuid(i.lease_token) for i in items]
 
         async def fail(conn: asyncpg.Connection) -> list[ReportResult]:
+            await _lock_workflows_of_jobs(conn, keys)
             locked = await conn.fetch(
-                """SELECT id, status, lease_token, queue, attempt, max_attempts FROM qftrio_jobs
+                """SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id FROM qftrio_jobs
                 WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE""",
                 [k for k in keys if k is not None],
             )
             state = {row["id"]: dict(row) for row in locked}
             out: list[ReportResult] = []
             updates: dict[uuid.UUID, tuple[uuid.UUID, str, float | None, str]] = {}
+            # Workflows a dead-lettered step fails, in batch order. A later
+            # item of one of them finds its job cancelled with the workflow,
+            # exactly as if the items had come one call at a time.
+            failing: dict[uuid.UUID, None] = {}
             for item, key, token in zip(items, keys, tokens):
                 row = state.get(key) if key is not None else None
                 if row is None:
                     out.append(ReportResult(outcome=Outcome.NOT_FOUND))
                 elif token is None or row["lease_token"] != token:
+                    out.append(ReportResult(outcome=Outcome.CONFLICT))
+                elif row["status"] == Status.RUNNING.value and row["workflow_id"] in failing:
+                    row["status"] = Status.CANCELLED.value
                     out.append(ReportResult(outcome=Outcome.CONFLICT))
                 elif row["status"] in (Status.PENDING.value, Status.FAILED.value):
                     out.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=Status(row["status"])))
@@ -732,6 +1039,8 @@ class PostgresStore(Store):
                     status = Status.FAILED if when is None else Status.PENDING
                     updates[key] = (token, status.value, when, _text(item.error))
                     row["status"] = status.value  # a repeat later in this batch is a replay
+                    if status is Status.FAILED and row["workflow_id"] is not None:
+                        failing[row["workflow_id"]] = None
                     out.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=status, applied=True))
             if updates:
                 ids = list(updates)
@@ -760,16 +1069,35 @@ class PostgresStore(Store):
                 if len(changed) != len(ids):
                     raise RuntimeError("jobs_fail: a locked row changed under its lock")
                 await _notify(conn, {row["queue"] for row in changed if row["status"] == Status.PENDING.value})
+            for workflow_id in failing:
+                await _end_workflow(conn, workflow_id, WorkflowStatus.FAILED, now)
             return out
 
         return await self._db.run(fail)
 
     async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
         async def reap(conn: asyncpg.Connection) -> list[Reaped]:
+            # A step dead-lettered here fails its workflow, whose row must be
+            # locked before the step's (the lock order): lock the workflows
+            # first, skipping those busy elsewhere; their steps wait for the
+            # next round.
+            workflows = [
+                row["id"]
+                for row in await conn.fetch(
+                    """SELECT id FROM qftrio_workflows
+                    WHERE id IN (SELECT workflow_id FROM qftrio_jobs
+                                 WHERE status = 'running' AND locked_until < $1 AND attempt >= max_attempts
+                                   AND workflow_id IS NOT NULL)
+                    ORDER BY id
+                    FOR UPDATE SKIP LOCKED""",
+                    now,
+                )
+            ]
             rows = await conn.fetch(
                 """WITH expired AS (
                     SELECT id FROM qftrio_jobs
                     WHERE status = 'running' AND locked_until < $1
+                      AND (workflow_id IS NULL OR attempt < max_attempts OR workflow_id = ANY($4::uuid[]))
                     ORDER BY locked_until
                     LIMIT $2
                     FOR UPDATE SKIP LOCKED
@@ -785,19 +1113,34 @@ class PostgresStore(Store):
                     updated_at = $1
                 FROM expired AS e
                 WHERE j.id = e.id
-                RETURNING j.id, j.queue, j.status""",
+                RETURNING j.id, j.queue, j.status, j.workflow_id""",
                 now,
                 limit,
                 LEASE_EXPIRED,
+                workflows,
             )
             await _notify(conn, {row["queue"] for row in rows if row["status"] == Status.PENDING.value})
-            return [Reaped(job_id=str(row["id"]), queue=row["queue"], status=Status(row["status"])) for row in rows]
+            # One failed step per workflow, as if reaped one at a time: the
+            # first fails it, the others (running too) are cancelled with it.
+            failing: dict[uuid.UUID, None] = {}
+            out = []
+            for row in sorted(rows, key=lambda r: r["id"]):
+                if row["status"] == Status.FAILED.value and row["workflow_id"] is not None:
+                    if row["workflow_id"] in failing:
+                        await conn.execute("UPDATE qftrio_jobs SET status = 'cancelled' WHERE id = $1", row["id"])
+                        continue
+                    failing[row["workflow_id"]] = None
+                out.append(Reaped(job_id=str(row["id"]), queue=row["queue"], status=Status(row["status"])))
+            for workflow_id in failing:
+                await _end_workflow(conn, workflow_id, WorkflowStatus.FAILED, now)
+            return out
 
         return await self._db.run(reap)
 
     async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
-        # Workflow steps stay until the workflows migration can tell finished
-        # workflows apart.
+        # A workflow's jobs go only with the whole workflow (completed or
+        # cancelled; failed ones stay, like dead letters), so that a
+        # workflow never shows a step whose job has vanished.
         count = await self._db.fetchval(
             """WITH doomed AS (
                 SELECT id FROM qftrio_jobs
@@ -812,7 +1155,177 @@ class PostgresStore(Store):
             before,
             limit,
         )
-        return int(count)
+        deleted = int(count)
+        if deleted >= limit:
+            return deleted
+
+        async def prune_workflows(conn: asyncpg.Connection) -> int:
+            done = 0
+            finished = await conn.fetch(
+                """SELECT id FROM qftrio_workflows
+                WHERE status IN ('completed', 'cancelled') AND updated_at < $1
+                ORDER BY updated_at
+                LIMIT 100
+                FOR UPDATE SKIP LOCKED""",
+                before,
+            )
+            for row in finished:
+                if deleted + done >= limit:
+                    break
+                jobs = await conn.fetchval(
+                    """WITH gone AS (DELETE FROM qftrio_jobs WHERE workflow_id = $1 RETURNING 1)
+                    SELECT count(*) FROM gone""",
+                    row["id"],
+                )
+                # its steps and edges go with it (ON DELETE CASCADE)
+                await conn.execute("DELETE FROM qftrio_workflows WHERE id = $1", row["id"])
+                done += int(jobs)
+            return done
+
+        return deleted + await self._db.run(prune_workflows)
+
+
+    # -- workflows ---------------------------------------------------------
+
+
+    async def workflow_create(self, workflow: NewWorkflow, *, now: float) -> Workflow:
+        workflow_id = uuid.uuid4()
+        roots = {s.name: uuid.uuid4() for s in workflow.steps if not s.depends_on}
+        steps = workflow.steps
+
+        async def create(conn: asyncpg.Connection) -> Workflow:
+            await conn.execute(
+                """INSERT INTO qftrio_workflows (id, tenant, name, status, context, steps_total, steps_completed,
+                    created_at, updated_at)
+                VALUES ($1, $2, $3, 'running', $4::jsonb, $5, 0, $6, $6)""",
+                workflow_id,
+                workflow.tenant,
+                workflow.name,
+                workflow.context,
+                len(steps),
+                now,
+            )
+            await conn.execute(
+                """INSERT INTO qftrio_workflow_steps (workflow_id, name, position, kind, payload, depends_on,
+                    max_attempts, state, remaining, job_id)
+                SELECT $1, u.name, u.position, u.kind, u.payload, u.depends_on::jsonb, u.max_attempts, u.state,
+                       u.remaining, u.job_id
+                FROM unnest($2::text[], $3::int[], $4::text[], $5::jsonb[], $6::text[], $7::int[], $8::text[],
+                            $9::int[], $10::uuid[])
+                    AS u(name, position, kind, payload, depends_on, max_attempts, state, remaining, job_id)""",
+                workflow_id,
+                [s.name for s in steps],
+                list(range(len(steps))),
+                [s.kind for s in steps],
+                [s.payload for s in steps],
+                # JSON text: asyncpg would take a list of lists for a 2-D array
+                [_json.dumps_str(list(s.depends_on)) for s in steps],
+                [s.max_attempts for s in steps],
+                ["enqueued" if s.name in roots else "waiting" for s in steps],
+                [len(s.depends_on) for s in steps],
+                [roots.get(s.name) for s in steps],
+            )
+            edges = [(dep, s.name) for s in steps for dep in s.depends_on]
+            if edges:
+                await conn.execute(
+                    """INSERT INTO qftrio_workflow_edges (workflow_id, step, dependent)
+                    SELECT $1, u.step, u.dependent FROM unnest($2::text[], $3::text[]) AS u(step, dependent)""",
+                    workflow_id,
+                    [e[0] for e in edges],
+                    [e[1] for e in edges],
+                )
+            first = [s for s in steps if s.name in roots]
+            await conn.execute(
+                """INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt,
+                    max_attempts, scheduled_at, created_at, updated_at, workflow_id, step, context)
+                SELECT u.id, $2, $3, u.kind, u.payload, 'pending', 0, 0, u.max_attempts, $4, $4, $4, $1, u.step,
+                       $5::jsonb
+                FROM unnest($6::uuid[], $7::text[], $8::jsonb[], $9::int[], $10::text[])
+                    AS u(id, kind, payload, max_attempts, step)""",
+                workflow_id,
+                workflow.tenant,
+                WORKFLOW_QUEUE,
+                now,
+                workflow.context,
+                [roots[s.name] for s in first],
+                [s.kind for s in first],
+                [s.payload for s in first],
+                [s.max_attempts for s in first],
+                [s.name for s in first],
+            )
+            await _notify(conn, [WORKFLOW_QUEUE])
+            loaded = await _load_workflow(conn, workflow_id)
+            assert loaded is not None
+            return loaded
+
+        return await self._db.run(create)
+
+    async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:
+        key = _uuid(workflow_id)
+        if key is None:
+            return None
+
+        async def get(conn: asyncpg.Connection) -> Workflow | None:
+            # one snapshot for the workflow, its steps and its jobs
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                workflow = await _load_workflow(conn, key, jobs=jobs)
+            if workflow is None or (tenant is not None and workflow.tenant != tenant):
+                return None
+            return workflow
+
+        return await self._db.run(get, transaction=False)
+
+    async def workflows_list(
+        self,
+        *,
+        tenant: str,
+        status: WorkflowStatus | None = None,
+        limit: int = 50,
+        before: tuple[float, str] | None = None,
+    ) -> list[Workflow]:
+        where = ["tenant = $1"]
+        args: list[Any] = [tenant]
+
+        def arg(value: Any) -> str:
+            args.append(value)
+            return f"${len(args)}"
+
+        if status is not None:
+            where.append(f"status = {arg(WorkflowStatus(status).value)}")
+        if before is not None:
+            created_at, last_id = before
+            key = _uuid(last_id)
+            if key is None:
+                raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
+            where.append(f"(created_at, id) < ({arg(float(created_at))}::float8, {arg(key)}::uuid)")
+        sql = (
+            f"SELECT {_WORKFLOW_COLUMNS} FROM qftrio_workflows WHERE {' AND '.join(where)} "
+            f"ORDER BY created_at DESC, id DESC LIMIT {arg(limit)}"
+        )
+
+        async def list_(conn: asyncpg.Connection) -> list[Workflow]:
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                return await _build_workflows(conn, await conn.fetch(sql, *args), jobs=False)
+
+        return await self._db.run(list_, transaction=False)
+
+    async def workflow_cancel(self, workflow_id: str, *, tenant: str, now: float) -> Workflow | None:
+        key = _uuid(workflow_id)
+        if key is None:
+            return None
+
+        async def cancel(conn: asyncpg.Connection) -> Workflow | None:
+            status = await conn.fetchval(
+                "SELECT status FROM qftrio_workflows WHERE id = $1 AND tenant = $2 FOR UPDATE", key, tenant
+            )
+            if status is None:
+                return None
+            if status != WorkflowStatus.RUNNING.value:
+                raise errors.Conflict(f"workflow {workflow_id} is {status}; only running workflows can be cancelled")
+            await _end_workflow(conn, key, WorkflowStatus.CANCELLED, now)
+            return await _load_workflow(conn, key)
+
+        return await self._db.run(cancel)
 
 
 @asynccontextmanager
