@@ -7,9 +7,11 @@ same job methods a worker's reports reach.
 
 from __future__ import annotations
 
+import functools
 import uuid
 
 import pytest
+import trio
 
 from qftrio import errors
 from qftrio.models import Status, StepStatus, Workflow, WorkflowStatus
@@ -387,3 +389,64 @@ async def test_batch_fail_of_two_steps_fails_the_workflow_once(storage: Store) -
     job = await storage.job_retry(leases["a"].job.id, tenant="t1", now=T0 + 3)
     assert job.status is Status.PENDING
     assert statuses(await storage.workflow_get(wf.id)) == {"a": "pending", "b": "pending"}
+
+
+def fan(width: int, *, max_attempts: int = 5) -> NewWorkflow:
+    parts = [step(f"p{i}", "root", max_attempts=max_attempts) for i in range(width)]
+    return NewWorkflow(
+        tenant="t1", name="fan", context={}, steps=(step("root"), *parts, step("sink", *(p.name for p in parts)))
+    )
+
+
+async def test_concurrent_completions_of_one_workflow(storage: Store) -> None:
+    wf = await storage.workflow_create(fan(40), now=T0)
+    await complete(storage, (await claim_all(storage))["root"], {})
+    leases = await claim_all(storage, now=T0 + 3)
+    assert len(leases) == 40
+
+    async def report(lease_) -> None:
+        await storage.jobs_complete([CompleteItem(lease_.job.id, lease_.lease_token, {lease_.job.step: 1})], now=T0 + 4)
+
+    async with trio.open_nursery() as nursery:
+        for lease_ in leases.values():
+            nursery.start_soon(report, lease_)
+    (sink,) = (await claim_all(storage, now=T0 + 5)).values()
+    assert sink.job.step == "sink" and sink.job.context == {f"p{i}": 1 for i in range(40)}
+    wf = await storage.workflow_get(wf.id)
+    assert wf.context == sink.job.context
+    assert statuses(wf)["sink"] == "running"
+
+
+async def test_concurrent_reports_and_cancels_keep_the_invariants(storage: Store) -> None:
+    workflows = [await storage.workflow_create(fan(12, max_attempts=1), now=T0) for _ in range(3)]
+    roots = await storage.jobs_claim("default", limit=100, lease_secs=30, worker_id="w", now=T0 + 1)
+    assert len(roots) == 3
+    for lease_ in roots:
+        await complete(storage, lease_, {})
+    leases = await storage.jobs_claim("default", limit=100, lease_secs=30, worker_id="w", now=T0 + 3)
+    assert len(leases) == 36
+
+    by_workflow: dict[str, list] = {}
+    for lease_ in leases:
+        by_workflow.setdefault(lease_.job.workflow_id, []).append(lease_)
+    doomed = {by_workflow[workflows[0].id][3].job.id, by_workflow[workflows[1].id][7].job.id}
+
+    async def report(lease_) -> None:
+        if lease_.job.id in doomed:
+            await storage.jobs_fail([FailItem(lease_.job.id, lease_.lease_token, "no")], now=T0 + 4, retry_at=ALWAYS_RETRY)
+        else:
+            await storage.jobs_complete([CompleteItem(lease_.job.id, lease_.lease_token, {})], now=T0 + 4)
+
+    async with trio.open_nursery() as nursery:
+        for lease_ in leases:
+            nursery.start_soon(report, lease_)
+        nursery.start_soon(functools.partial(storage.workflow_cancel, workflows[2].id, tenant="t1", now=T0 + 4))
+    expected = [WorkflowStatus.FAILED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED]
+    for wf in workflows:
+        wf = await storage.workflow_get(wf.id)
+        counts = {s: list(statuses(wf).values()).count(s) for s in set(statuses(wf).values())}
+        assert wf.status is expected.pop(0), counts
+        assert counts.get("failed", 0) == (1 if wf.status is WorkflowStatus.FAILED else 0), counts
+        assert not {"pending", "running", "waiting"} & set(counts), counts
+        assert len({s.job_id for s in wf.steps if s.job_id}) == sum(1 for s in wf.steps if s.job_id)
+    assert await claim_all(storage, now=T0 + 10) == {}
