@@ -522,9 +522,11 @@ async def _build_workflows(conn: asyncpg.Connection, rows: Sequence[asyncpg.Reco
     return out
 
 
-async def _load_workflow(conn: asyncpg.Connection, workflow_id: uuid.UUID, *, jobs: bool = True) -> Workflow | None:
+async def _load_workflow(
+    conn: asyncpg.Connection, workflow_id: uuid.UUID, *, tenant: str | None = None, jobs: bool = True
+) -> Workflow | None:
     row = await conn.fetchrow(f"SELECT {_WORKFLOW_COLUMNS} FROM qftrio_workflows WHERE id = $1", workflow_id)
-    if row is None:
+    if row is None or (tenant is not None and row["tenant"] != tenant):
         return None
     return (await _build_workflows(conn, [row], jobs=jobs))[0]
 
@@ -1268,10 +1270,7 @@ class PostgresStore(Store):
         async def get(conn: asyncpg.Connection) -> Workflow | None:
             # one snapshot for the workflow, its steps and its jobs
             async with conn.transaction(isolation="repeatable_read", readonly=True):
-                workflow = await _load_workflow(conn, key, jobs=jobs)
-            if workflow is None or (tenant is not None and workflow.tenant != tenant):
-                return None
-            return workflow
+                return await _load_workflow(conn, key, tenant=tenant, jobs=jobs)
 
         return await self._db.run(get, transaction=False)
 
