@@ -17,10 +17,9 @@ import signal
 
 import trio
 
+import qftrio
 from handlers import registry
-from qftrio import errors
-from qftrio.client import Client
-from qftrio.worker import HttpTransport, Worker, WorkerEvent
+from qftrio import Client, HttpTransport, Worker, WorkerEvent
 
 log = logging.getLogger("embed")
 
@@ -49,7 +48,7 @@ async def main() -> None:
                 async def run_worker() -> None:
                     try:
                         await worker.run()
-                    except (errors.Unauthorized, errors.Forbidden) as exc:
+                    except (qftrio.Unauthorized, qftrio.Forbidden) as exc:
                         log.error("the server refused the worker token: %s", exc)
                     finally:
                         # The worker is done (drained, cancelled, or refused

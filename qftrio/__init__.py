@@ -22,9 +22,17 @@ from .errors import (
     Unauthorized as Unauthorized,
     Unavailable as Unavailable,
 )
-from .models import Job as Job, Lease as Lease, QueueStats as QueueStats, Status as Status
+from .models import (
+    Job as Job,
+    Lease as Lease,
+    QueueStats as QueueStats,
+    Status as Status,
+    Workflow as Workflow,
+    WorkflowStatus as WorkflowStatus,
+)
 from .worker.registry import Registry as Registry
 from .worker.runtime import Worker as Worker, WorkerEvent as WorkerEvent, open_worker as open_worker
+from .worker.transport import HttpTransport as HttpTransport
 
 __version__ = "0.1.0"
 
@@ -47,6 +55,9 @@ __all__ = [
     "Lease",
     "QueueStats",
     "Status",
+    "Workflow",
+    "WorkflowStatus",
+    "HttpTransport",
     "Registry",
     "Worker",
     "WorkerEvent",
