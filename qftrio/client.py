@@ -22,6 +22,7 @@ import httpx
 import pydantic
 
 from . import errors
+from ._json import dumps as json_dumps, loads as json_loads
 from .models import (
     EnqueueBatchRequest,
     EnqueueRequest,
@@ -96,6 +97,9 @@ class ReportReply:
 
     job_id: str
     code: int
+
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def _body(model: pydantic.BaseModel) -> dict[str, Any]:
@@ -206,7 +210,8 @@ class Client:
     ) -> httpx.Response:
         kwargs: dict[str, Any] = {}
         if json_body is not None:
-            kwargs["json"] = json_body
+            kwargs["content"] = json_dumps(json_body)
+            kwargs["headers"] = _JSON_HEADERS
         if params:
             kwargs["params"] = {k: v for k, v in params.items() if v is not None}
         if timeout is not None:
@@ -235,7 +240,7 @@ class Client:
     async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         response = await self._request(method, path, **kwargs)
         try:
-            return response.json()
+            return json_loads(response.content)
         except ValueError:
             raise errors.TransportError(f"{method} {self.url}{path}: the answer is not JSON") from None
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -42,6 +41,7 @@ from typing import Any, Literal
 import trio
 
 from .. import errors
+from .._json import dumps as json_dumps
 from ..models import MAX_LEASE_JOBS, MAX_LEASE_SECS, MAX_WAIT_SECS, Job, Lease, valid_name
 from .registry import Handler, Registry
 from .transport import Batcher, CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, ReportReply, Transport
@@ -582,7 +582,7 @@ class Worker:
                 error=f"handler returned {type(result).__name__}; expected a dict or None", retryable=False
             )
         try:
-            json.dumps(result)
+            json_dumps(result)
         except (TypeError, ValueError) as exc:
             return _Outcome(error=f"handler result is not JSON: {exc}", retryable=False)
         return _Outcome(result=result)
