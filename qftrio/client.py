@@ -24,6 +24,9 @@ import pydantic
 from . import errors
 from ._json import dumps as json_dumps, loads as json_loads
 from .models import (
+    CompleteItem,
+    FailItem,
+    HeartbeatItem,
     EnqueueBatchRequest,
     EnqueueRequest,
     Job,
@@ -51,31 +54,7 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 # --------------------------------------------------------------------------
-# Batch items and per-item replies of the batch routes
-# (``POST /api/v1/leases/heartbeat|complete|fail``). Field names match the
-# engine's own item types, so either side can be built from the other.
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class HeartbeatItem:
-    job_id: str
-    lease_token: str
-    extend_secs: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CompleteItem:
-    job_id: str
-    lease_token: str
-    result: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FailItem:
-    job_id: str
-    lease_token: str
-    error: str
-    retryable: bool = True
+# Per-item replies of the batch routes.
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

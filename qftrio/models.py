@@ -351,6 +351,34 @@ class Workflow:
 
 
 # --------------------------------------------------------------------------
+# Report items: one job's heartbeat, completion or failure, as the batch
+# routes (``POST /api/v1/leases/heartbeat|complete|fail``), the client, the
+# worker runtime and the engine all carry them.
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeartbeatItem:
+    job_id: str
+    lease_token: str
+    extend_secs: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompleteItem:
+    job_id: str
+    lease_token: str
+    result: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailItem:
+    job_id: str
+    lease_token: str
+    error: str
+    retryable: bool = True
+
+
+# --------------------------------------------------------------------------
 # Request bodies (validated by the server, built by the client)
 
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]

@@ -67,7 +67,7 @@ from typing import Any
 
 import trio
 
-from ...models import Job, Lease, QueueStats, Status, Workflow, WorkflowStatus
+from ...models import CompleteItem, FailItem, HeartbeatItem, Job, Lease, QueueStats, Status, Workflow, WorkflowStatus
 
 __all__ = [
     "NewJob",
@@ -127,28 +127,6 @@ class Outcome(enum.Enum):
     OK = "ok"  # applied, or an idempotent replay of what was applied
     NOT_FOUND = "not_found"
     CONFLICT = "conflict"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class HeartbeatItem:
-    job_id: str
-    lease_token: str
-    extend_secs: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CompleteItem:
-    job_id: str
-    lease_token: str
-    result: dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FailItem:
-    job_id: str
-    lease_token: str
-    error: str
-    retryable: bool = True
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
