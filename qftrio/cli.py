@@ -379,6 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.ConfigError as exc:
         print(f"qftrio: {exc}", file=sys.stderr)
         return 2
+    except errors.Unavailable as exc:
+        print(f"qftrio: unavailable: {exc.message}", file=sys.stderr)
+        return 1
     except errors.ApiError as exc:
         print(f"qftrio: {exc.status_code} {exc.code}: {exc.message}", file=sys.stderr)
         return 1
