@@ -118,8 +118,13 @@ async def run_server(
                             app, _hypercorn_config(config), shutdown_trigger=trigger, task_status=task_status
                         )
                     )
-                except OSError as exc:
-                    raise errors.ConfigError(f"cannot listen on {config.bind}: {exc.strerror or exc}") from None
+                except (OSError, BaseExceptionGroup) as exc:
+                    # hypercorn binds inside nurseries of its own, so the
+                    # error may come wrapped in a group
+                    failed = _os_error(exc)
+                    if failed is None:
+                        raise
+                    raise errors.ConfigError(f"cannot listen on {config.bind}: {failed.strerror or failed}") from None
                 log.info("qftrio listening on %s", ", ".join(binds))
                 task_status.started(binds)
             else:
@@ -132,6 +137,17 @@ async def run_server(
                 stop_worker()
             front.cancel_scope.deadline = trio.current_time() + config.graceful_timeout_secs
         background.cancel_scope.cancel()
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        matched, _ = exc.split(OSError)
+        while isinstance(matched, BaseExceptionGroup):
+            matched = matched.exceptions[0]
+        return matched
+    return None
 
 
 def _hypercorn_config(config: Config) -> HyperConfig:

@@ -1,0 +1,115 @@
+"""The command line: JSON out, and every failure one line with a non-zero exit."""
+
+from __future__ import annotations
+
+import functools
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+import trio
+
+from qftrio.cli import main
+
+from .processes import ROOT
+
+
+async def run_cli(*argv: str) -> int:
+    return await trio.to_thread.run_sync(functools.partial(main, list(argv)))
+
+
+def run_process(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "qftrio", *argv], capture_output=True, text=True, timeout=30, env=clean, cwd=ROOT
+    )
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+async def test_enqueue_get_list_cancel_retry_stats(server, capsys: pytest.CaptureFixture[str]) -> None:
+    opts = ["--url", server.url, "--token", server.tenants["acme"]]
+    assert await run_cli("enqueue", "resize-image", '{"src": "a.png"}', "--queue", "images", "--priority", "3", *opts) == 0
+    job = json.loads(capsys.readouterr().out)
+    assert (job["kind"], job["queue"], job["priority"], job["payload"]) == ("resize-image", "images", 3, {"src": "a.png"})
+
+    assert await run_cli("jobs", "get", job["id"], *opts) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == job["id"]
+    assert await run_cli("jobs", "list", "--queue", "images", *opts) == 0
+    assert [j["id"] for j in json.loads(capsys.readouterr().out)["jobs"]] == [job["id"]]
+    assert await run_cli("jobs", "cancel", job["id"], *opts) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "cancelled"
+    assert await run_cli("jobs", "retry", job["id"], *opts) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "pending"
+    assert await run_cli("stats", "images", *opts) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["pending"] == 1
+
+    assert await run_cli("jobs", "get", "no-such-job", *opts) == 1
+    assert "404" in capsys.readouterr().err
+    assert await run_cli("enqueue", "k", "[1, 2]", *opts) == 2
+    assert "JSON object" in capsys.readouterr().err
+    assert await run_cli("enqueue", "bad kind", *opts) == 1
+    assert "kind" in capsys.readouterr().err
+    assert await run_cli("jobs", "list", "--url", server.url, "--token", "wrong") == 1
+    assert "401" in capsys.readouterr().err
+
+
+def test_serve_refuses_to_start_without_credentials(tmp_path) -> None:
+    proc = run_process("serve", "--db", str(tmp_path / "q.db"), "--bind", "127.0.0.1:0")
+    assert proc.returncode == 2
+    assert "worker token" in one_line_error(proc)
+    proc = run_process("serve", "--db", str(tmp_path / "q.db"), "--bind", "127.0.0.1:0", "--worker-token", "w")
+    assert proc.returncode == 2
+    assert "tenant" in one_line_error(proc)
+    assert not (tmp_path / "q.db").exists()
+
+
+def test_serve_on_a_busy_port_is_one_line(tmp_path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_process("serve", "--dev", "--db", str(tmp_path / "q.db"), "--bind", f"127.0.0.1:{port}")
+    assert proc.returncode == 2
+    assert "cannot listen" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--bogus"],
+        ["serve", "--mode", "sideways"],
+        ["worker"],
+        ["worker", "images", "handlers:registry", "--lanes", "0"],
+        ["enqueue"],
+        ["jobs"],
+        ["nonsense"],
+    ],
+)
+def test_bad_usage_is_one_line_and_exit_2(argv: list[str]) -> None:
+    proc = run_process(*argv)
+    assert proc.returncode == 2
+    assert "error" in one_line_error(proc)
+
+
+def test_unreachable_server_is_one_line_and_exit_1() -> None:
+    proc = run_process("jobs", "list", "--url", "http://127.0.0.1:1", "--token", "t")
+    assert proc.returncode == 1
+    assert "cannot reach the server" in one_line_error(proc)
+    proc = run_process("jobs", "list", "--url", "http://127.0.0.1:1")
+    assert proc.returncode == 2
+    assert "token" in one_line_error(proc)
+
+
+def test_every_command_has_help() -> None:
+    for argv in (["--help"], ["serve", "--help"], ["worker", "--help"], ["enqueue", "--help"], ["jobs", "list", "--help"],
+                 ["workflows", "--help"], ["stats", "--help"], ["migrate", "--help"]):  # fmt: skip
+        proc = run_process(*argv)
+        assert proc.returncode == 0 and "usage:" in proc.stdout, argv
