@@ -24,26 +24,16 @@ from .._json import dumps as json_dumps
 from ..models import (
     MAX_BATCH,
     MAX_WORKFLOWS_PAGE,
-    NAME_PATTERN,
-    CompleteManyRequest,
-    CompleteRequest,
     EnqueueBatchRequest,
     EnqueueRequest,
-    FailManyRequest,
-    FailRequest,
-    HeartbeatManyRequest,
-    HeartbeatRequest,
-    LeaseRequest,
     Status,
     WorkflowCreateRequest,
     WorkflowStatus,
-    format_time,
-    valid_name,
 )
 from . import metrics
 from .auth import Credentials
 from .engine import Engine, spec_from_request
-from .store.base import CompleteItem, FailItem, HeartbeatItem, HeartbeatResult, Outcome, ReportResult
+from .protocol import ROUTES, check_name, parse_body
 
 __all__ = ["create_app"]
 
@@ -51,55 +41,14 @@ log = logging.getLogger("qftrio.server")
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
-_REPORT_CODES = {Outcome.OK: 204, Outcome.NOT_FOUND: 404, Outcome.CONFLICT: 409}
-_CONFLICT_MESSAGE = "the lease token is not the job's current one, or the job was cancelled"
-
 def _json(data: Any, status: int = 200) -> Response:
     return Response(json_dumps(data), status=status, content_type="application/json")
 
-def _field_errors(exc: pydantic.ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        if err["type"] == "string_pattern_mismatch":
-            message = f"must match {NAME_PATTERN}"
-        elif err["type"] == "extra_forbidden":
-            message = "unknown field"
-        else:
-            message = err["msg"]
-        parts.append(f"{where}: {message}")
-    return "; ".join(parts)
 
 async def _body(model: type[M]) -> M:
     """The request body parsed into *model* (an absent body counts as ``{}``)."""
-    raw = await request.get_data(cache=False)
-    if not raw.strip():
-        raw = b"{}"
-    try:
-        return model.model_validate_json(raw)
-    except pydantic.ValidationError as exc:
-        if any(e["type"] == "json_invalid" for e in exc.errors(include_url=False)):
-            raise errors.BadRequest("the body is not valid JSON", code="malformed_json") from None
-        raise errors.InvalidInput(_field_errors(exc)) from None
+    return parse_body(model, await request.get_data(cache=False))
 
-def _name(value: str, what: str) -> str:
-    if not valid_name(value):
-        raise errors.InvalidInput(f"{what}: must match {NAME_PATTERN}")
-    return value
-
-def _heartbeat_wire(result: HeartbeatResult) -> dict[str, Any]:
-    assert result.status is not None
-    out: dict[str, Any] = {"status": result.status.value}
-    if result.locked_until is not None:
-        out["locked_until"] = format_time(result.locked_until)
-    return out
-
-def _report_response(result: ReportResult) -> Response:
-    if result.outcome is Outcome.OK:
-        return Response("", status=204)
-    if result.outcome is Outcome.NOT_FOUND:
-        raise errors.NotFound("job not found")
-    raise errors.Conflict(_CONFLICT_MESSAGE, code="lease_lost")
 
 def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int = 1 << 20) -> QuartTrio:
     """The quart-trio application serving *engine*."""
@@ -192,9 +141,9 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
         kind = args.get("kind") or None
         status_arg = args.get("status") or None
         if queue is not None:
-            _name(queue, "queue")
+            check_name(queue, "queue")
         if kind is not None:
-            _name(kind, "kind")
+            check_name(kind, "kind")
         try:
             status = Status(status_arg) if status_arg else None
         except ValueError:
@@ -259,88 +208,24 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
     @app.get("/api/v1/queues/<queue>/stats")
     async def queue_stats(queue: str) -> Response:
         who = tenant()
-        (stats,) = await engine.queues_stats(who, _name(queue, "queue"))
+        (stats,) = await engine.queues_stats(who, check_name(queue, "queue"))
         return _json(stats.to_wire())
 
     # -- worker protocol ---------------------------------------------------
+    # ProtocolFront answers these before Quart sees them; the routes here
+    # document them in /openapi.json and serve any caller of the bare app.
 
-    @app.post("/api/v1/queues/<queue>/lease")
-    @document_request(LeaseRequest)
-    async def lease(queue: str) -> Response:
-        worker()
-        _name(queue, "queue")
-        body = await _body(LeaseRequest)
-        leases = await engine.lease(
-            queue,
-            max_jobs=body.max_jobs,
-            lease_secs=body.lease_secs,
-            wait_secs=body.wait_secs,
-            worker_id=body.worker_id,
-        )
-        return _json({"jobs": [lease.to_wire() for lease in leases]})
+    def protocol_route(path: str, model: type[pydantic.BaseModel], route: Any) -> None:
+        async def view(**params: str) -> Response:
+            worker()
+            status, payload = await route(engine, await request.get_data(cache=False), **params)
+            return Response(b"", status=status) if payload is None else _json(payload, status)
 
-    @app.post("/api/v1/jobs/<job_id>/heartbeat")
-    @document_request(HeartbeatRequest)
-    async def heartbeat(job_id: str) -> Response:
-        worker()
-        body = await _body(HeartbeatRequest)
-        (result,) = await engine.heartbeat([HeartbeatItem(job_id, body.lease_token, body.extend_secs)])
-        if result.outcome is Outcome.NOT_FOUND:
-            raise errors.NotFound("job not found")
-        if result.outcome is Outcome.CONFLICT:
-            raise errors.Conflict("the lease token is not the job's current one", code="lease_lost")
-        return _json(_heartbeat_wire(result))
+        view.__name__ = view.__qualname__ = f"protocol_{route.__name__}"
+        view.__doc__ = route.__doc__
+        app.post(path)(document_request(model)(view))
 
-    @app.post("/api/v1/jobs/<job_id>/complete")
-    @document_request(CompleteRequest)
-    async def complete(job_id: str) -> Response:
-        worker()
-        body = await _body(CompleteRequest)
-        (result,) = await engine.complete([CompleteItem(job_id, body.lease_token, body.result)])
-        return _report_response(result)
-
-    @app.post("/api/v1/jobs/<job_id>/fail")
-    @document_request(FailRequest)
-    async def fail(job_id: str) -> Response:
-        worker()
-        body = await _body(FailRequest)
-        (result,) = await engine.fail([FailItem(job_id, body.lease_token, body.error, body.retryable)])
-        return _report_response(result)
-
-    # Batch forms of the three reports: one request, one transaction, a
-    # result per item with the status code the single route would give.
-
-    @app.post("/api/v1/leases/heartbeat")
-    @document_request(HeartbeatManyRequest)
-    async def heartbeat_many() -> Response:
-        worker()
-        body = await _body(HeartbeatManyRequest)
-        results = await engine.heartbeat([HeartbeatItem(i.id, i.lease_token, i.extend_secs) for i in body.items])
-        out = []
-        for item, result in zip(body.items, results):
-            entry: dict[str, Any] = {"id": item.id, "code": 200 if result.outcome is Outcome.OK else _REPORT_CODES[result.outcome]}
-            if result.outcome is Outcome.OK:
-                entry.update(_heartbeat_wire(result))
-            out.append(entry)
-        return _json({"results": out})
-
-    def _report_many(items: list[Any], results: list[ReportResult]) -> Response:
-        return _json({"results": [{"id": i.id, "code": _REPORT_CODES[r.outcome]} for i, r in zip(items, results)]})
-
-    @app.post("/api/v1/leases/complete")
-    @document_request(CompleteManyRequest)
-    async def complete_many() -> Response:
-        worker()
-        body = await _body(CompleteManyRequest)
-        results = await engine.complete([CompleteItem(i.id, i.lease_token, i.result) for i in body.items])
-        return _report_many(body.items, results)
-
-    @app.post("/api/v1/leases/fail")
-    @document_request(FailManyRequest)
-    async def fail_many() -> Response:
-        worker()
-        body = await _body(FailManyRequest)
-        results = await engine.fail([FailItem(i.id, i.lease_token, i.error, i.retryable) for i in body.items])
-        return _report_many(body.items, results)
+    for path, model, route in ROUTES:
+        protocol_route(path, model, route)
 
     return app

@@ -22,6 +22,7 @@ from .app import create_app
 from .auth import Credentials
 from .config import Config
 from .engine import Engine
+from .protocol import ProtocolFront
 from .store.sqlite import open_sqlite_store
 
 __all__ = ["serve", "run_server", "open_engine"]
@@ -111,7 +112,12 @@ async def run_server(
             if config.handlers and config.mode in ("worker", "all"):
                 stoppers = await _start_handlers(front, engine, config)
             if config.mode in ("api", "all"):
-                app = create_app(engine, credentials, max_body_bytes=config.max_body_bytes)
+                app = ProtocolFront(
+                    create_app(engine, credentials, max_body_bytes=config.max_body_bytes),
+                    engine,
+                    credentials,
+                    max_body_bytes=config.max_body_bytes,
+                )
                 try:
                     binds = await front.start(
                         lambda task_status: hypercorn_serve(

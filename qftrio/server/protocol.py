@@ -1,0 +1,300 @@
+"""The worker protocol's routes, and the ASGI front that serves them.
+
+Lease, heartbeat, complete and fail (single and batch) are nearly every
+request a busy server answers. Through Quart, a small request costs about
+40 % more than hypercorn alone (docs/performance.md), so :class:`ProtocolFront`
+answers these seven routes straight from ASGI and hands every other request
+to the Quart app. The Quart app routes the same paths to the same functions
+below, which is what ``/openapi.json`` documents; behaviour is identical
+either way.
+
+Each route function takes the engine, the raw body and the path parameters,
+and returns ``(status, json_body_or_None)``; errors are raised as
+:class:`~qftrio.errors.ApiError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pydantic
+import trio
+
+from .. import errors
+from .._json import dumps as json_dumps
+from ..models import (
+    NAME_PATTERN,
+    CompleteItem,
+    CompleteManyRequest,
+    CompleteRequest,
+    FailItem,
+    FailManyRequest,
+    FailRequest,
+    HeartbeatItem,
+    HeartbeatManyRequest,
+    HeartbeatRequest,
+    LeaseRequest,
+    format_time,
+    valid_name,
+)
+from .auth import Credentials
+from .engine import Engine
+from .store.base import HeartbeatResult, Outcome, ReportResult
+
+__all__ = ["ProtocolFront", "parse_body", "check_name", "ROUTES"]
+
+log = logging.getLogger("qftrio.server")
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+Reply = tuple[int, Any]
+
+_REPORT_CODES = {Outcome.OK: 204, Outcome.NOT_FOUND: 404, Outcome.CONFLICT: 409}
+_CONFLICT_MESSAGE = "the lease token is not the job's current one, or the job was cancelled"
+
+
+# -- parsing -------------------------------------------------------------------
+
+
+def _field_errors(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        if err["type"] == "string_pattern_mismatch":
+            message = f"must match {NAME_PATTERN}"
+        elif err["type"] == "extra_forbidden":
+            message = "unknown field"
+        else:
+            message = err["msg"]
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
+
+
+def parse_body(model: type[M], raw: bytes) -> M:
+    """*raw* parsed into *model* (an empty body counts as ``{}``): 400 for
+    malformed JSON, 422 naming every field that breaks the schema."""
+    if not raw.strip():
+        raw = b"{}"
+    try:
+        return model.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors(include_url=False)):
+            raise errors.BadRequest("the body is not valid JSON", code="malformed_json") from None
+        raise errors.InvalidInput(_field_errors(exc)) from None
+
+
+def check_name(value: str, what: str) -> str:
+    if not valid_name(value):
+        raise errors.InvalidInput(f"{what}: must match {NAME_PATTERN}")
+    return value
+
+
+def _heartbeat_wire(result: HeartbeatResult) -> dict[str, Any]:
+    assert result.status is not None
+    out: dict[str, Any] = {"status": result.status.value}
+    if result.locked_until is not None:
+        out["locked_until"] = format_time(result.locked_until)
+    return out
+
+
+def _report_reply(result: ReportResult) -> Reply:
+    if result.outcome is Outcome.OK:
+        return 204, None
+    if result.outcome is Outcome.NOT_FOUND:
+        raise errors.NotFound("job not found")
+    raise errors.Conflict(_CONFLICT_MESSAGE, code="lease_lost")
+
+
+# -- the routes ----------------------------------------------------------------
+
+
+async def lease(engine: Engine, raw: bytes, queue: str) -> Reply:
+    check_name(queue, "queue")
+    body = parse_body(LeaseRequest, raw)
+    leases = await engine.lease(
+        queue, max_jobs=body.max_jobs, lease_secs=body.lease_secs, wait_secs=body.wait_secs, worker_id=body.worker_id
+    )
+    return 200, {"jobs": [lease.to_wire() for lease in leases]}
+
+
+async def heartbeat(engine: Engine, raw: bytes, job_id: str) -> Reply:
+    body = parse_body(HeartbeatRequest, raw)
+    (result,) = await engine.heartbeat([HeartbeatItem(job_id, body.lease_token, body.extend_secs)])
+    if result.outcome is Outcome.NOT_FOUND:
+        raise errors.NotFound("job not found")
+    if result.outcome is Outcome.CONFLICT:
+        raise errors.Conflict("the lease token is not the job's current one", code="lease_lost")
+    return 200, _heartbeat_wire(result)
+
+
+async def complete(engine: Engine, raw: bytes, job_id: str) -> Reply:
+    body = parse_body(CompleteRequest, raw)
+    (result,) = await engine.complete([CompleteItem(job_id, body.lease_token, body.result)])
+    return _report_reply(result)
+
+
+async def fail(engine: Engine, raw: bytes, job_id: str) -> Reply:
+    body = parse_body(FailRequest, raw)
+    (result,) = await engine.fail([FailItem(job_id, body.lease_token, body.error, body.retryable)])
+    return _report_reply(result)
+
+
+# Batch forms of the three reports: one request, one transaction, a result
+# per item with the status code the single route would give.
+
+
+async def heartbeat_many(engine: Engine, raw: bytes) -> Reply:
+    body = parse_body(HeartbeatManyRequest, raw)
+    results = await engine.heartbeat([HeartbeatItem(i.id, i.lease_token, i.extend_secs) for i in body.items])
+    out = []
+    for item, result in zip(body.items, results):
+        if result.outcome is Outcome.OK:
+            out.append({"id": item.id, "code": 200, **_heartbeat_wire(result)})
+        else:
+            out.append({"id": item.id, "code": _REPORT_CODES[result.outcome]})
+    return 200, {"results": out}
+
+
+async def complete_many(engine: Engine, raw: bytes) -> Reply:
+    body = parse_body(CompleteManyRequest, raw)
+    results = await engine.complete([CompleteItem(i.id, i.lease_token, i.result) for i in body.items])
+    return 200, {"results": [{"id": i.id, "code": _REPORT_CODES[r.outcome]} for i, r in zip(body.items, results)]}
+
+
+async def fail_many(engine: Engine, raw: bytes) -> Reply:
+    body = parse_body(FailManyRequest, raw)
+    results = await engine.fail([FailItem(i.id, i.lease_token, i.error, i.retryable) for i in body.items])
+    return 200, {"results": [{"id": i.id, "code": _REPORT_CODES[r.outcome]} for i, r in zip(body.items, results)]}
+
+
+Route = Callable[..., Awaitable[Reply]]
+
+#: ``POST`` paths (Quart syntax), their documented body, and their function.
+ROUTES: list[tuple[str, type[pydantic.BaseModel], Route]] = [
+    ("/api/v1/queues/<queue>/lease", LeaseRequest, lease),
+    ("/api/v1/jobs/<job_id>/heartbeat", HeartbeatRequest, heartbeat),
+    ("/api/v1/jobs/<job_id>/complete", CompleteRequest, complete),
+    ("/api/v1/jobs/<job_id>/fail", FailRequest, fail),
+    ("/api/v1/leases/heartbeat", HeartbeatManyRequest, heartbeat_many),
+    ("/api/v1/leases/complete", CompleteManyRequest, complete_many),
+    ("/api/v1/leases/fail", FailManyRequest, fail_many),
+]
+
+_MATCHERS = [
+    (re.compile("^" + re.sub(r"<(\w+)>", r"(?P<\1>[^/]+)", path) + "$"), route) for path, _, route in ROUTES
+]
+
+
+def _match(path: str) -> tuple[Route, dict[str, str]] | None:
+    for pattern, route in _MATCHERS:
+        m = pattern.match(path)
+        if m is not None:
+            return route, m.groupdict()
+    return None
+
+
+# -- the ASGI front --------------------------------------------------------------
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class ProtocolFront:
+    """An ASGI app: the worker protocol's routes answered here, everything
+    else passed to *app* (the Quart app)."""
+
+    def __init__(self, app: Any, engine: Engine, credentials: Credentials, *, max_body_bytes: int) -> None:
+        self.app = app
+        self.engine = engine
+        self.credentials = credentials
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            found = _match(scope["path"])
+            if found is not None:
+                await self._serve(*found, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    async def _serve(self, route: Route, params: dict[str, str], scope: dict[str, Any], receive: Any, send: Any) -> None:
+        close = False
+        try:
+            self.credentials.worker(_header(scope, b"authorization"))
+            raw = await self._read_body(scope, receive)
+            if route is lease:
+                status, payload = await _unless_disconnected(route(self.engine, raw, **params), receive)
+            else:
+                status, payload = await route(self.engine, raw, **params)
+        except _Disconnected:
+            return  # nobody to answer
+        except errors.ApiError as exc:
+            status, payload = exc.status_code, exc.to_wire()
+            # An unread body leaves the connection unusable for another request.
+            close = isinstance(exc, errors.PayloadTooLarge)
+        except Exception:
+            log.exception("request failed: POST %s", scope["path"])
+            status, payload = 500, errors.ApiError("internal error").to_wire()
+        headers = [(b"connection", b"close")] if close else []
+        if payload is None:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        body = json_dumps(payload)
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise errors.PayloadTooLarge(f"the request body is larger than {self.max_body_bytes} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise errors.PayloadTooLarge(f"the request body is larger than {self.max_body_bytes} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def _unless_disconnected(call: Awaitable[Reply], receive: Any) -> Reply:
+    """Await *call*; abandon it if the client disconnects meanwhile (a long
+    poll must not claim jobs for a caller that is gone)."""
+    result: list[Reply] = []
+    failed: list[Exception] = []
+
+    async def watch(cancel_scope: trio.CancelScope) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        cancel_scope.cancel()
+
+    with trio.CancelScope() as outer:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch, outer)
+            try:
+                result.append(await call)
+            except Exception as exc:
+                failed.append(exc)  # raised below, not wrapped in the nursery's group
+            nursery.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
+    if not result:
+        raise _Disconnected
+    return result[0]
