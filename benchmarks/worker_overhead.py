@@ -181,7 +181,10 @@ def main() -> None:
             f"run {n}: {rate:9,.0f} jobs/s  {cost:6.1f} us CPU/job  "
             f"(lease calls {t.lease_calls}, report calls {t.report_calls}, heartbeats {t.heartbeats})"
         )
-    print(f"median: {statistics.median(rates):,.0f} jobs/s  {statistics.median(costs):.1f} us CPU/job")
+    print(
+        f"median: {statistics.median(rates):,.0f} jobs/s  {statistics.median(costs):.1f} us CPU/job"
+        f"  (best {max(rates):,.0f} jobs/s, {min(costs):.1f} us CPU/job)"
+    )
 
 
 if __name__ == "__main__":

@@ -300,7 +300,7 @@ class Worker:
         self._held: dict[str, _Held] = {}
         self._unfinished = 0  # held jobs whose handler has not finished
         self._lanes_pool = _Lanes(lanes)
-        self._changed = trio.Event()
+        self._changed: trio.Event | None = None  # set up by the lease loop when it waits
         self._heartbeats: Batcher[HeartbeatItem, HeartbeatReply] | None = None
         self._completes: Batcher[CompleteItem, ReportReply] | None = None
         self._fails: Batcher[FailItem, ReportReply] | None = None
@@ -390,7 +390,9 @@ class Worker:
         self.cancel()
 
     def _emit(self, event: WorkerEvent) -> None:
-        log.log(_LEVELS[event.type], "%s", event)
+        level = _LEVELS[event.type]
+        if log.isEnabledFor(level):
+            log.log(level, "%s", event)
         if self.on_event is not None:
             try:
                 self.on_event(event)
@@ -398,12 +400,20 @@ class Worker:
                 log.exception("on_event callback failed")
 
     def _job_event(self, type: EventType, held: _Held, **kw: Any) -> None:
+        # Most workers have no listener and log events below the level
+        # shown: then no event is built at all.
+        if self.on_event is None and not log.isEnabledFor(_LEVELS[type]):
+            return
         job = held.job
         self._emit(WorkerEvent(type=type, job_id=job.id, kind=job.kind, attempt=job.attempt, lane=held.ran_in, **kw))
 
     def _notify_changed(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        # Only the lease loop waits for a change, and only when every lane
+        # is taken: no Event is made (and none set) while nobody waits.
+        changed = self._changed
+        if changed is not None:
+            self._changed = None
+            changed.set()
 
     # -- leasing -----------------------------------------------------------
 
@@ -417,7 +427,8 @@ class Worker:
                 # lanes for a round trip per batch. The second bound keeps
                 # reports that lag from piling up without end.
                 while self._unfinished >= self.lanes or len(self._held) >= self.lanes + 2 * self.batch:
-                    await self._changed.wait()
+                    self._changed = changed = trio.Event()
+                    await changed.wait()
                 sent_at = trio.current_time()
                 try:
                     leases = await self.transport.lease(
