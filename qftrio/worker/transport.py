@@ -17,11 +17,12 @@ answer of the whole call.
 from __future__ import annotations
 
 import abc
-import dataclasses
+import collections
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import outcome
 import trio
 
 from .. import errors
@@ -183,12 +184,20 @@ I = TypeVar("I")
 R = TypeVar("R")
 
 
-@dataclasses.dataclass(eq=False, slots=True)
 class _Slot(Generic[I, R]):
-    item: I
-    done: trio.Event = dataclasses.field(default_factory=trio.Event)
-    reply: R | None = None
-    error: BaseException | None = None
+    """One caller's item, and the task waiting for its reply (``None`` once
+    woken, or once it stopped waiting)."""
+
+    __slots__ = ("item", "task")
+
+    def __init__(self, item: I, task: trio.lowlevel.Task) -> None:
+        self.item = item
+        self.task: trio.lowlevel.Task | None = task
+
+    def wake(self, result: outcome.Outcome[R]) -> None:
+        task, self.task = self.task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task, result)
 
 
 def _copy_error(exc: BaseException) -> Exception:
@@ -211,8 +220,10 @@ class Batcher(Generic[I, R]):
     *max_inflight* batches are in flight at once; while they all are, new
     items keep gathering, so batches grow under load instead of queueing.
 
-    A caller that is cancelled stops waiting; an item already handed over
-    is still sent (for reports, that is harmless: they are idempotent).
+    A caller that is cancelled stops waiting: its item is dropped if it
+    was not sent yet, and sent all the same if it was (for reports, that is
+    harmless: they are idempotent). Callers still waiting when :meth:`run`
+    ends get a :class:`~qftrio.errors.TransportError`, as do later ones.
     """
 
     def __init__(
@@ -229,39 +240,82 @@ class Batcher(Generic[I, R]):
         self._max_items = max_items
         self._inflight = trio.Semaphore(max_inflight)
         self._name = name
-        # Unbuffered: a caller's hand-over completes only when the collector
-        # takes the item, which is what bounds the memory held here.
-        self._put, self._take = trio.open_memory_channel[_Slot[I, R]](0)
+        # Items handed over and not yet sent. No more than one per caller,
+        # and every caller waits for its reply: that bounds it.
+        self._pending: collections.deque[_Slot[I, R]] = collections.deque()
+        self._collector: trio.lowlevel.Task | None = None  # run(), parked until an item comes
+        self._linger_scope: trio.CancelScope | None = None  # run(), letting a batch gather
+        self._closed = False
 
     async def call(self, item: I) -> R:
-        slot: _Slot[I, R] = _Slot(item)
-        try:
-            await self._put.send(slot)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise errors.TransportError(f"{self._name}: the worker is shutting down") from None
-        await slot.done.wait()
-        if slot.error is not None:
-            raise _copy_error(slot.error) from None
-        return slot.reply  # type: ignore[return-value]
+        # One park per call, and no Event or channel: this runs for every
+        # report of every job.
+        if self._closed:
+            raise errors.TransportError(f"{self._name}: the worker is shutting down")
+        slot: _Slot[I, R] = _Slot(item, trio.lowlevel.current_task())
+        pending = self._pending
+        pending.append(slot)
+        collector = self._collector
+        if collector is not None:
+            self._collector = None
+            trio.lowlevel.reschedule(collector)
+        elif len(pending) >= self._max_items and self._linger_scope is not None:
+            self._linger_scope.cancel()  # a full batch need not linger
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            # Cancelled: stop waiting. An item not yet taken is dropped; one
+            # already sent goes on, its reply unread.
+            slot.task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Collect and send until cancelled."""
-        async with trio.open_nursery() as nursery, self._put, self._take:
-            task_status.started()
-            while True:
-                batch = [await self._take.receive()]
-                with trio.move_on_after(self._linger):
-                    while len(batch) < self._max_items:
-                        batch.append(await self._take.receive())
-                # Waiting for room in flight, the next batch keeps growing:
-                # its callers wait at the hand-over.
-                await self._inflight.acquire()
-                while len(batch) < self._max_items:
-                    try:
-                        batch.append(self._take.receive_nowait())
-                    except trio.WouldBlock:
-                        break
-                nursery.start_soon(self._flush, batch)
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started()
+                while True:
+                    if not self._pending:
+                        await self._wait_for_an_item()
+                    # The first item is here: let others join it for a while.
+                    if len(self._pending) < self._max_items:
+                        with trio.move_on_after(self._linger) as self._linger_scope:
+                            await trio.sleep_forever()
+                        self._linger_scope = None
+                    # Waiting for room in flight, the next batch keeps
+                    # growing.
+                    await self._inflight.acquire()
+                    batch = self._take()
+                    if batch:
+                        nursery.start_soon(self._flush, batch)
+                    else:
+                        self._inflight.release()  # every caller stopped waiting
+        finally:
+            self._closed = True
+            self._collector = self._linger_scope = None
+            while self._pending:
+                self._pending.popleft().wake(
+                    outcome.Error(errors.TransportError(f"{self._name}: the worker is shutting down"))
+                )
+
+    async def _wait_for_an_item(self) -> None:
+        self._collector = trio.lowlevel.current_task()
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            self._collector = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _take(self) -> list[_Slot[I, R]]:
+        batch = []
+        pending, max_items = self._pending, self._max_items
+        while pending and len(batch) < max_items:
+            slot = pending.popleft()
+            if slot.task is not None:
+                batch.append(slot)
+        return batch
 
     async def _flush(self, batch: list[_Slot[I, R]]) -> None:
         try:
@@ -272,12 +326,14 @@ class Batcher(Generic[I, R]):
             if not isinstance(exc, errors.QftrioError):
                 log.error("%s call failed unexpectedly", self._name, exc_info=True)
             for slot in batch:
-                slot.error = exc
-                slot.done.set()
+                if slot.task is not None:
+                    slot.wake(outcome.Error(_copy_error(exc)))
         else:
             for slot, reply in zip(batch, replies):
-                slot.reply = reply
-                slot.done.set()
+                slot.wake(outcome.Value(reply))
         finally:
             self._inflight.release()
-
+            # Cancelled mid-call (the worker is going): nobody is left hanging.
+            for slot in batch:
+                if slot.task is not None:
+                    slot.wake(outcome.Error(errors.TransportError(f"{self._name}: the worker is shutting down")))
