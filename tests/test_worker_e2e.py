@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -21,7 +20,7 @@ import trio
 from qftrio.client import Client
 from qftrio.models import Job, Status
 from qftrio.worker import EngineTransport, HttpTransport, Registry, WorkerEvent, open_worker
-from qftrio.worker.transport import CompleteItem, ReportReply
+from qftrio.worker.transport import ReportReply
 
 from .conftest import RunningServer
 from .processes import QFTRIO, ROOT, free_port, spawn, stop

@@ -41,6 +41,7 @@ log = logging.getLogger("qftrio.server")
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
+
 def _json(data: Any, status: int = 200) -> Response:
     return Response(json_dumps(data), status=status, content_type="application/json")
 
@@ -185,9 +186,7 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
         try:
             status = WorkflowStatus(status_arg) if status_arg else None
         except ValueError:
-            raise errors.InvalidInput(
-                f"status: must be one of {', '.join(s.value for s in WorkflowStatus)}"
-            ) from None
+            raise errors.InvalidInput(f"status: must be one of {', '.join(s.value for s in WorkflowStatus)}") from None
         limit_arg = args.get("limit") or "50"
         if not limit_arg.isdigit() or not 1 <= int(limit_arg) <= MAX_WORKFLOWS_PAGE:
             raise errors.InvalidInput(f"limit: must be an integer from 1 to {MAX_WORKFLOWS_PAGE}")

@@ -182,9 +182,7 @@ ROUTES: list[tuple[str, type[pydantic.BaseModel], Route]] = [
     ("/api/v1/leases/fail", FailManyRequest, fail_many),
 ]
 
-_MATCHERS = [
-    (re.compile("^" + re.sub(r"<(\w+)>", r"(?P<\1>[^/]+)", path) + "$"), route) for path, _, route in ROUTES
-]
+_MATCHERS = [(re.compile("^" + re.sub(r"<(\w+)>", r"(?P<\1>[^/]+)", path) + "$"), route) for path, _, route in ROUTES]
 
 
 def _match(path: str) -> tuple[Route, dict[str, str]] | None:
@@ -220,7 +218,9 @@ class ProtocolFront:
                 return
         await self.app(scope, receive, send)
 
-    async def _serve(self, route: Route, params: dict[str, str], scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def _serve(
+        self, route: Route, params: dict[str, str], scope: dict[str, Any], receive: Any, send: Any
+    ) -> None:
         close = False
         try:
             self.credentials.worker(_header(scope, b"authorization"))
