@@ -3,12 +3,20 @@
 Task tree of one :meth:`Worker.run`::
 
     run                                   cancel scope: Worker.cancel()
-    ├── reports                           Batchers of heartbeat/complete/fail
+    ├── reports                           Batchers of heartbeat/complete/fail,
+    │                                     and the heartbeat starter
     └── jobs nursery
         ├── lease loop                    cancel scope: Worker.stop()
-        └── one task per held job         cancel scope: the job's, holding
-            ├── heartbeat loop              its heartbeat loop
-            └── wait for a lane, handler    and its handler; then the report
+        └── one task per held job         its nursery, whose cancel scope is
+            ├── heartbeat loop              the job's: it holds the heartbeat
+            └── wait for a lane, handler    loop and the handler; then the
+                then the report             report, bounded by the lease
+
+The heartbeat loop of a job is started in the job's nursery when its first
+heartbeat falls due (``lease_secs/2`` after the claim) by the heartbeat
+starter, one task for the whole worker: most jobs are over long before, and
+a task less per job is much of a short job's cost. Once started, it runs in
+the job's cancel scope like the handler, as if it had been there all along.
 
 Rules (DESIGN §7, and the protocol's "rules that keep at-least-once honest"):
 
@@ -153,12 +161,18 @@ class _Held:
     """One leased job, from claim to report."""
 
     lease: Lease
+    claimed_at: float  # Trio time from which the first lease is reckoned
     deadline: float  # Trio time at which our lease ends, by our own reckoning
-    scope: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
-    handler_scope: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
+    # The job's cancel scope (its nursery's), and the nursery while the
+    # handler may still run: the heartbeat starter starts the heartbeat loop
+    # in it.
+    scope: trio.CancelScope | None = None
+    nursery: trio.Nursery | None = None
+    beat_scope: trio.CancelScope | None = None  # the heartbeat loop's, once started
+    beat_due: bool = False  # the first heartbeat fell due before the job's task ran
     lane: int | None = None  # the lane it holds now
     ran_in: int | None = None  # the lane it ran in, for events after it left
-    lane_ready: trio.Event = dataclasses.field(default_factory=trio.Event)
+    lane_ready: trio.Event | None = None  # made only when the job must wait for a lane
     lost: str | None = None  # why the server took it back
     expiring: bool = False  # renewals failed and the lease is about to end
     finished: bool = False  # the handler is done: the job holds no lane
@@ -187,7 +201,8 @@ class _Lanes:
     def _give(self, held: _Held, lane: int) -> None:
         held.lane = held.ran_in = lane
         self.busy += 1
-        held.lane_ready.set()
+        if held.lane_ready is not None:
+            held.lane_ready.set()
 
     def leave(self, held: _Held) -> None:
         """*held* no longer needs its lane (or its place in line)."""
@@ -301,6 +316,7 @@ class Worker:
         self._unfinished = 0  # held jobs whose handler has not finished
         self._lanes_pool = _Lanes(lanes)
         self._changed: trio.Event | None = None  # set up by the lease loop when it waits
+        self._starter_idle: trio.Event | None = None  # set up by the heartbeat starter when it waits
         self._heartbeats: Batcher[HeartbeatItem, HeartbeatReply] | None = None
         self._completes: Batcher[CompleteItem, ReportReply] | None = None
         self._fails: Batcher[FailItem, ReportReply] | None = None
@@ -374,6 +390,7 @@ class Worker:
             async with trio.open_nursery() as reports:
                 for batcher in (self._heartbeats, self._completes, self._fails):
                     await reports.start(batcher.run)
+                reports.start_soon(self._heartbeat_starter, name="qftrio heartbeat starter")
                 async with trio.open_nursery() as jobs:
                     jobs.start_soon(self._lease_loop, jobs)
                     task_status.started(self)
@@ -464,24 +481,55 @@ class Worker:
                 # (never before we asked).
                 received_at = trio.current_time()
                 claimed_at = max(sent_at, received_at - CLAIM_SLACK)
+                deadline = claimed_at + self.lease_secs
                 for lease in leases:
-                    held = _Held(lease=lease, deadline=claimed_at + self.lease_secs)
+                    held = _Held(lease=lease, claimed_at=claimed_at, deadline=deadline)
                     self._held[lease.lease_token] = held
                     self._unfinished += 1
                     self._lanes_pool.enqueue(held)
                     self._job_event("claimed", held)
                     jobs.start_soon(self._hold, held, name=f"qftrio job {lease.job.id}")
+                if leases and self._starter_idle is not None:
+                    self._starter_idle.set()
+                    self._starter_idle = None
 
     # -- one job -----------------------------------------------------------
 
     async def _hold(self, held: _Held) -> None:
+        outcome: _Outcome | None = None
+        reporting = False
         try:
-            with held.scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._heartbeat_loop, held)
-                    outcome = await self._execute(held)
-                    nursery.cancel_scope.cancel()  # stop heartbeating
-                await self._report(held, outcome)
+            async with trio.open_nursery() as nursery:
+                # The job's cancel scope: it holds the handler (this task)
+                # and the heartbeat loop, once started.
+                held.scope = scope = nursery.cancel_scope
+                held.nursery = nursery
+                if held.beat_due:
+                    self._start_heartbeat(held)
+                outcome = await self._execute(held)
+                if held.beat_scope is not None:
+                    held.beat_scope.cancel()  # stop heartbeating
+                if not scope.cancel_called:
+                    # The report may take until the lease ends; the job's
+                    # scope bounds it (a scope of its own would cost more).
+                    scope.deadline = held.deadline
+                    reporting = True
+                    await self._report(held, outcome)
+                    reporting = False
+            if reporting:
+                self._job_event("unreported", held, error=held.last_error or "the lease ran out before the report landed")
+            elif held.expiring:
+                # Renewals failed and the handler was cancelled: say so
+                # while the lease lasts.
+                if outcome is None:
+                    reason = f": {held.last_error}" if held.last_error else ""
+                    outcome = _Outcome(error=f"lease about to expire: heartbeats failed{reason}", retryable=True)
+                with trio.move_on_at(held.deadline) as timer:
+                    await self._report(held, outcome)
+                if timer.cancelled_caught:
+                    self._job_event(
+                        "unreported", held, error=held.last_error or "the lease ran out before the report landed"
+                    )
             if held.lost is not None:
                 self._job_event("lost", held, error=held.lost)
         finally:
@@ -490,74 +538,118 @@ class Worker:
             self._notify_changed()
 
     def _finished(self, held: _Held) -> None:
-        """*held*'s handler is done (or will never run): free its lane."""
+        """*held*'s handler is done (or will never run): free its lane, and
+        start no heartbeat loop for it any more."""
         if not held.finished:
             held.finished = True
+            held.nursery = None
             self._unfinished -= 1
             self._lanes_pool.leave(held)
 
-    async def _heartbeat_loop(self, held: _Held) -> None:
-        assert self._heartbeats is not None
-        job = held.job
-        next_at = held.deadline - self.lease_secs + self.heartbeat_secs
-        failures = 0
+    def _start_heartbeat(self, held: _Held) -> None:
+        assert held.nursery is not None
+        # Made here, not in the loop: cancelling it stops a loop that has
+        # not run yet.
+        held.beat_scope = trio.CancelScope()
+        held.nursery.start_soon(self._heartbeat_loop, held, name=f"qftrio heartbeat {held.job.id}")
+
+    async def _heartbeat_starter(self) -> None:
+        """Start each held job's heartbeat loop, in the job's nursery, when
+        its first heartbeat falls due: ``heartbeat_secs`` after the claim.
+
+        ``self._held`` is in claim order, so jobs yet to start heartbeating
+        fall due in that order: the first one not due yet says how long to
+        sleep. It holds at most ``lanes + 3 * batch`` jobs."""
+        heartbeat_secs = self.heartbeat_secs
         while True:
-            # Sleeping until the earlier of the next heartbeat and the abort
-            # point takes one cancel scope, where move_on_at around a sleep
-            # would take two, for every job: most jobs end inside this sleep.
-            abort_at = held.deadline - self.abort_margin_secs
-            await trio.sleep_until(min(next_at, abort_at))
-            if trio.current_time() >= abort_at:
-                # Renewals kept failing and the lease is about to end: stop
-                # the handler while there is still time to say so.
-                held.expiring = True
-                held.handler_scope.cancel()
-                return
-            sent_at = trio.current_time()
-            with trio.move_on_at(abort_at) as call_scope:
-                try:
-                    reply = await self._heartbeats.call(HeartbeatItem(job.id, held.lease.lease_token, self.lease_secs))
-                except errors.QftrioError as exc:
-                    if _is_fatal(exc):
-                        self._die(exc)
-                        return
-                    failures += 1
-                    held.last_error = str(exc)
-                    log.debug("heartbeat of job %s failed (%s); retrying", job.id, exc)
-                    next_at = trio.current_time() + backoff(failures, *REPORT_BACKOFF)
-                    continue
-            if call_scope.cancelled_caught:
-                continue  # the abort point passed during the call: handled above
-            if reply.code == 200 and reply.status == "running":
-                held.deadline = sent_at + self.lease_secs
-                failures = 0
-                next_at = sent_at + self.heartbeat_secs
-                continue
-            if reply.code == 200:
-                held.lost = f"the job is {reply.status}"
-            elif reply.code == 409:
-                held.lost = "lease lost (409): the job was taken back"
+            now = trio.current_time()
+            next_due = math.inf
+            for held in self._held.values():
+                if held.beat_scope is not None or held.beat_due or held.finished:
+                    continue  # beating already, or its handler is done
+                due = held.claimed_at + heartbeat_secs
+                if due > now:
+                    next_due = due
+                    break
+                if held.nursery is not None:
+                    self._start_heartbeat(held)
+                else:
+                    held.beat_due = True  # its task has not run yet: it starts the loop
+            if next_due == math.inf:
+                self._starter_idle = idle = trio.Event()
+                await idle.wait()  # until the lease loop claims jobs
             else:
-                held.lost = f"heartbeat answered {reply.code}"
-            held.scope.cancel()
-            return
+                await trio.sleep_until(next_due)
+
+    async def _heartbeat_loop(self, held: _Held) -> None:
+        assert self._heartbeats is not None and held.beat_scope is not None and held.scope is not None
+        job = held.job
+        next_at = held.claimed_at + self.heartbeat_secs
+        failures = 0
+        with held.beat_scope:
+            while True:
+                # Sleeping until the earlier of the next heartbeat and the abort
+                # point takes one cancel scope, where move_on_at around a sleep
+                # would take two.
+                abort_at = held.deadline - self.abort_margin_secs
+                await trio.sleep_until(min(next_at, abort_at))
+                if trio.current_time() >= abort_at:
+                    # Renewals kept failing and the lease is about to end: stop
+                    # the handler while there is still time to say so.
+                    held.expiring = True
+                    held.scope.cancel()
+                    return
+                sent_at = trio.current_time()
+                with trio.move_on_at(abort_at) as call_scope:
+                    try:
+                        reply = await self._heartbeats.call(
+                            HeartbeatItem(job.id, held.lease.lease_token, self.lease_secs)
+                        )
+                    except errors.QftrioError as exc:
+                        if _is_fatal(exc):
+                            self._die(exc)
+                            return
+                        failures += 1
+                        held.last_error = str(exc)
+                        log.debug("heartbeat of job %s failed (%s); retrying", job.id, exc)
+                        next_at = trio.current_time() + backoff(failures, *REPORT_BACKOFF)
+                        continue
+                if call_scope.cancelled_caught:
+                    continue  # the abort point passed during the call: handled above
+                if reply.code == 200 and reply.status == "running":
+                    held.deadline = sent_at + self.lease_secs
+                    failures = 0
+                    next_at = sent_at + self.heartbeat_secs
+                    continue
+                if reply.code == 200:
+                    held.lost = f"the job is {reply.status}"
+                elif reply.code == 409:
+                    held.lost = "lease lost (409): the job was taken back"
+                else:
+                    held.lost = f"heartbeat answered {reply.code}"
+                held.scope.cancel()
+                return
 
     async def _execute(self, held: _Held) -> _Outcome:
         job = held.job
         try:
-            with held.handler_scope:
-                await held.lane_ready.wait()
-                handler = self.registry.get(job.kind)
-                if handler is None:
-                    known = ", ".join(self.registry.kinds) or "none"
-                    return _Outcome(
-                        error=f"no handler for kind {job.kind!r} on this worker (it handles: {known})",
-                        retryable=False,
-                    )
-                return await self._call(handler, job)
-            # Only the heartbeat loop cancels handler_scope.
-            reason = f": {held.last_error}" if held.last_error else ""
-            return _Outcome(error=f"lease about to expire: heartbeats failed{reason}", retryable=True)
+            if held.lane is None:
+                # Wait in line for a lane (heartbeated meanwhile). A job
+                # with a lane at once goes on without a schedule point.
+                held.lane_ready = ready = trio.Event()
+                await ready.wait()
+            else:
+                # But no handler starts in a cancelled scope (hard stop,
+                # job lost): this checks, without yielding if not.
+                await trio.lowlevel.checkpoint_if_cancelled()
+            handler = self.registry.get(job.kind)
+            if handler is None:
+                known = ", ".join(self.registry.kinds) or "none"
+                return _Outcome(
+                    error=f"no handler for kind {job.kind!r} on this worker (it handles: {known})",
+                    retryable=False,
+                )
+            return await self._call(handler, job)
         finally:
             # Free the lane for the next job now: the report need not hold it.
             self._finished(held)
@@ -599,38 +691,36 @@ class Worker:
         return _Outcome(result=result)
 
     async def _report(self, held: _Held, outcome: _Outcome) -> None:
+        """Report *outcome*, retrying until it lands; the caller bounds this
+        by the lease."""
         assert self._completes is not None and self._fails is not None
         job, token = held.job, held.lease.lease_token
         failures = 0
-        with trio.move_on_at(held.deadline):
-            while True:
-                try:
-                    if outcome.ok:
-                        reply = await self._completes.call(CompleteItem(job.id, token, outcome.result or {}))
-                    else:
-                        reply = await self._fails.call(
-                            FailItem(job.id, token, outcome.error or "failed", outcome.retryable)
-                        )
-                except errors.QftrioError as exc:
-                    if _is_fatal(exc):
-                        self._die(exc)
-                        return
-                    failures += 1
-                    held.last_error = str(exc)
-                    log.debug("report of job %s failed (%s); retrying", job.id, exc)
-                    await trio.sleep(backoff(failures, *REPORT_BACKOFF))
-                    continue
-                if reply.code == 204:
-                    if outcome.ok:
-                        self._job_event("completed", held)
-                    else:
-                        self._job_event("failed", held, error=outcome.error, retryable=outcome.retryable)
-                elif reply.code == 409:
-                    held.lost = "lease lost (409): the report was refused"
+        while True:
+            try:
+                if outcome.ok:
+                    reply = await self._completes.call(CompleteItem(job.id, token, outcome.result or {}))
                 else:
-                    held.lost = f"report answered {reply.code}"
-                return
-        self._job_event("unreported", held, error=held.last_error or "the lease ran out before the report landed")
+                    reply = await self._fails.call(FailItem(job.id, token, outcome.error or "failed", outcome.retryable))
+            except errors.QftrioError as exc:
+                if _is_fatal(exc):
+                    self._die(exc)
+                    return
+                failures += 1
+                held.last_error = str(exc)
+                log.debug("report of job %s failed (%s); retrying", job.id, exc)
+                await trio.sleep(backoff(failures, *REPORT_BACKOFF))
+                continue
+            if reply.code == 204:
+                if outcome.ok:
+                    self._job_event("completed", held)
+                else:
+                    self._job_event("failed", held, error=outcome.error, retryable=outcome.retryable)
+            elif reply.code == 409:
+                held.lost = "lease lost (409): the report was refused"
+            else:
+                held.lost = f"report answered {reply.code}"
+            return
 
 
 @contextlib.asynccontextmanager
