@@ -720,3 +720,195 @@ async def test_empty_answers_that_did_not_wait_are_not_spun_on(
         await trio.sleep(10)
         worker.stop()
     assert 10 <= len(server.times("lease")) <= 45
+
+
+# --------------------------------------------------------------------------
+# Heartbeat loops start when the first heartbeat falls due
+
+
+async def test_a_job_claimed_later_is_heartbeated_from_its_own_claim(server: FakeServer, autojump_clock: Any) -> None:
+    first = server.add("echo", {"secs": 12})
+    worker, rec = make_worker(server, echo_registry(), lanes=2, lease_secs=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(6)  # the first job heartbeats; nothing else is held
+        second = server.add("echo", {"secs": 12})
+        added = trio.current_time()  # the long poll answers at once
+        await wait_for(lambda: all(server.rows[i].status is Status.COMPLETED for i in (first, second)))
+        worker.stop()
+    # The worker reckons the second lease from its answer, less CLAIM_SLACK.
+    for job_id, claimed in ((first, server.times("lease")[0]), (second, added - runtime_mod.CLAIM_SLACK)):
+        beats = server.times("heartbeat", job_id)
+        assert len(beats) == 2, beats  # at claim + 5 and claim + 10
+        gaps = [b - a for a, b in itertools.pairwise([claimed, *beats])]
+        assert all(5 - 1e-6 <= g <= 5 + 4 * LATENCY for g in gaps), (job_id, gaps)
+    assert [server.rows[i].attempt for i in (first, second)] == [1, 1]
+    assert not rec.of("lost") and len(rec.of("completed")) == 2
+
+
+async def test_short_jobs_are_never_heartbeated(server: FakeServer, autojump_clock: Any) -> None:
+    ids = [server.add("echo", {"secs": 1}) for _ in range(6)]
+    worker, rec = make_worker(server, echo_registry(), lanes=2, batch=2, lease_secs=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await wait_for(lambda: all(server.rows[i].status is Status.COMPLETED for i in ids))
+        await trio.sleep(20)
+        worker.stop()
+    assert server.times("heartbeat") == []
+    assert len(rec.of("completed")) == 6
+
+
+async def test_job_cancelled_while_waiting_for_a_lane_never_runs(server: FakeServer, autojump_clock: Any) -> None:
+    started: list[str] = []
+    reg = Registry()
+
+    @reg.handler("work")
+    async def work(job: Job) -> dict[str, Any]:
+        started.append(job.id)
+        await trio.sleep(job.payload["secs"])
+        return {}
+
+    running = server.add("work", {"secs": 20})
+    waiting = server.add("work", {"secs": 1})
+    worker, rec = make_worker(server, reg, lanes=1, batch=2, lease_secs=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await wait_for(lambda: server.rows[waiting].status is Status.RUNNING)
+        await trio.sleep(1)
+        server.cancel(waiting)
+        await wait_for(lambda: bool(rec.of("lost")))
+        assert trio.current_time() <= server.times("lease")[0] + 5 + 0.1  # at its first heartbeat
+        assert worker.statistics().held == 1
+        await wait_for(lambda: server.rows[running].status is Status.COMPLETED)
+        worker.stop()
+    assert started == [running]
+    assert server.reports(waiting) == []
+    lost = rec.of("lost")[0]
+    assert lost.job_id == waiting and lost.lane is None and lost.error == "the job is cancelled"
+
+
+async def test_no_handler_starts_after_a_hard_stop(server: FakeServer, autojump_clock: Any) -> None:
+    started: list[str] = []
+    reg = Registry()
+
+    @reg.handler("work")
+    async def work(job: Job) -> dict[str, Any]:
+        started.append(job.id)  # before any checkpoint
+        return {}
+
+    ids = [server.add("work") for _ in range(3)]
+    worker: Worker
+
+    def on_event(event: WorkerEvent) -> None:
+        if event.type == "claimed":
+            worker.cancel()  # while the lease loop hands the jobs out
+
+    worker = Worker(server, "q", reg, lanes=4, batch=3, lease_secs=10, wait_secs=5, worker_id="w1", on_event=on_event)
+    with trio.fail_after(5):
+        await worker.run()
+    assert started == []
+    assert all(server.reports(i) == [] for i in ids)
+    assert worker.statistics().held == 0
+
+
+async def test_abort_whose_fail_cannot_land_is_unreported(server: FakeServer, autojump_clock: Any) -> None:
+    reg = Registry()
+    cancelled_at: list[float] = []
+
+    @reg.handler("forever")
+    async def forever(job: Job) -> dict[str, Any]:
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled_at.append(trio.current_time())
+
+    job_id = server.add("forever")
+    server.down.update({"heartbeat", "fail"})
+    worker, rec = make_worker(server, reg, lease_secs=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await wait_for(lambda: bool(rec.of("unreported")))
+        t = trio.current_time()
+        worker.stop()
+    lease_end = server.times("lease")[0] + 10
+    assert cancelled_at and cancelled_at[0] < lease_end
+    assert lease_end <= t <= lease_end + 0.1
+    fails = server.times("fail", job_id)
+    assert fails and fails[-1] < lease_end
+    assert not rec.of("failed") and not rec.of("lost")
+    assert "connection refused" in (rec.of("unreported")[0].error or "")
+    assert server.rows[job_id].status is Status.RUNNING
+
+
+# --------------------------------------------------------------------------
+# More of the batcher
+
+
+async def test_batcher_drops_the_item_of_a_caller_cancelled_before_it_was_sent(autojump_clock: Any) -> None:
+    sent: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        sent.append(list(items))
+        return [n * 10 for n in items]
+
+    batcher: Batcher[int, int] = Batcher(send, linger=0.005)
+    replies: list[int] = []
+
+    async def call(n: int) -> None:
+        replies.append(await batcher.call(n))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(batcher.run)
+        async with trio.open_nursery() as callers:
+            callers.start_soon(call, 1)
+            callers.start_soon(call, 2)
+            with trio.move_on_after(0.001):
+                await batcher.call(3)  # handed over; stops waiting while the batch lingers
+        nursery.cancel_scope.cancel()
+    assert [sorted(items) for items in sent] == [[1, 2]] and sorted(replies) == [10, 20]
+
+
+async def test_batcher_sends_a_full_batch_without_lingering(autojump_clock: Any) -> None:
+    sent: list[tuple[float, list[int]]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        sent.append((trio.current_time(), list(items)))
+        return list(items)
+
+    batcher: Batcher[int, int] = Batcher(send, linger=10, max_items=3)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(batcher.run)
+        t0 = trio.current_time()
+        async with trio.open_nursery() as callers:
+            for n in range(3):
+                callers.start_soon(batcher.call, n)
+        nursery.cancel_scope.cancel()
+    assert [sorted(items) for _, items in sent] == [[0, 1, 2]]
+    assert sent[0][0] - t0 < 0.001
+
+
+async def test_batcher_callers_left_waiting_at_shutdown_get_a_transport_error(autojump_clock: Any) -> None:
+    async def send(items: list[int]) -> list[int]:
+        await trio.sleep_forever()
+        raise AssertionError
+
+    batcher: Batcher[int, int] = Batcher(send, linger=0.005, max_inflight=1)
+    raised: list[BaseException] = []
+
+    async def call(n: int) -> None:
+        try:
+            await batcher.call(n)
+        except errors.TransportError as exc:
+            raised.append(exc)
+
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as runner:
+            await runner.start(batcher.run)
+            outer.start_soon(call, 1)  # sent, never answered
+            await trio.sleep(0.01)
+            outer.start_soon(call, 2)  # waits for room in flight
+            await trio.sleep(0.01)
+            runner.cancel_scope.cancel()
+    assert len(raised) == 2 and all("shutting down" in str(e) for e in raised)
+    with pytest.raises(errors.TransportError, match="shutting down"):
+        await batcher.call(3)
