@@ -30,13 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import trio  # noqa: E402
+import trio
 
-from qftrio.client import HeartbeatReply, ReportReply  # noqa: E402
-from qftrio.models import Job, Lease, Status  # noqa: E402
-from qftrio.worker.registry import Registry  # noqa: E402
-from qftrio.worker.runtime import Worker, WorkerEvent  # noqa: E402
-from qftrio.worker.transport import CompleteItem, FailItem, HeartbeatItem, Transport  # noqa: E402
+from qftrio.client import HeartbeatReply, ReportReply
+from qftrio.models import Job, Lease, Status
+from qftrio.worker.registry import Registry
+from qftrio.worker.runtime import Worker, WorkerEvent
+from qftrio.worker.transport import CompleteItem, FailItem, HeartbeatItem, Transport
 
 
 def make_leases(n: int) -> list[Lease]:
@@ -144,7 +144,9 @@ async def one_run(args: argparse.Namespace, leases: list[Lease]) -> tuple[float,
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--lanes", type=int, default=32)
     p.add_argument("--batch", type=int, default=25)
     p.add_argument("--jobs", type=int, default=20000, help="no-op jobs per run")
@@ -166,7 +168,9 @@ def main() -> None:
         prof.enable()
         wall, cpu, t = trio.run(one_run, args, leases)
         prof.disable()
-        print(f"profiled run: {args.jobs / wall:,.0f} jobs/s, {cpu / args.jobs * 1e6:.1f} us CPU/job (with profiler overhead)")
+        print(
+            f"profiled run: {args.jobs / wall:,.0f} jobs/s, {cpu / args.jobs * 1e6:.1f} us CPU/job (with profiler overhead)"
+        )
         stats = pstats.Stats(prof).strip_dirs()
         stats.sort_stats("tottime").print_stats(25)
         stats.sort_stats("cumulative").print_stats(25)

@@ -424,9 +424,7 @@ async def test_conflict_aborts_the_handler_and_reports_nothing(server: FakeServe
     assert "409" in (rec.of("lost")[0].error or "")
 
 
-async def test_cancelled_status_aborts_the_handler_within_one_interval(
-    server: FakeServer, autojump_clock: Any
-) -> None:
+async def test_cancelled_status_aborts_the_handler_within_one_interval(server: FakeServer, autojump_clock: Any) -> None:
     reg = Registry()
     cancelled_at: list[float] = []
 
@@ -901,14 +899,13 @@ async def test_batcher_callers_left_waiting_at_shutdown_get_a_transport_error(au
         except errors.TransportError as exc:
             raised.append(exc)
 
-    async with trio.open_nursery() as outer:
-        async with trio.open_nursery() as runner:
-            await runner.start(batcher.run)
-            outer.start_soon(call, 1)  # sent, never answered
-            await trio.sleep(0.01)
-            outer.start_soon(call, 2)  # waits for room in flight
-            await trio.sleep(0.01)
-            runner.cancel_scope.cancel()
+    async with trio.open_nursery() as outer, trio.open_nursery() as runner:
+        await runner.start(batcher.run)
+        outer.start_soon(call, 1)  # sent, never answered
+        await trio.sleep(0.01)
+        outer.start_soon(call, 2)  # waits for room in flight
+        await trio.sleep(0.01)
+        runner.cancel_scope.cancel()
     assert len(raised) == 2 and all("shutting down" in str(e) for e in raised)
     with pytest.raises(errors.TransportError, match="shutting down"):
         await batcher.call(3)

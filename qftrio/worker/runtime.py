@@ -370,9 +370,7 @@ class Worker:
             raise RuntimeError("a Worker runs once; make a new one")
         self._ran = True
         t = self.transport
-        self._heartbeats = Batcher(
-            t.heartbeat, linger=t.coalesce_secs, max_inflight=t.max_inflight, name="heartbeat"
-        )
+        self._heartbeats = Batcher(t.heartbeat, linger=t.coalesce_secs, max_inflight=t.max_inflight, name="heartbeat")
         self._completes = Batcher(t.complete, linger=t.coalesce_secs, max_inflight=t.max_inflight, name="complete")
         self._fails = Batcher(t.fail, linger=t.coalesce_secs, max_inflight=t.max_inflight, name="fail")
         log.info(
@@ -517,7 +515,9 @@ class Worker:
                     await self._report(held, outcome)
                     reporting = False
             if reporting:
-                self._job_event("unreported", held, error=held.last_error or "the lease ran out before the report landed")
+                self._job_event(
+                    "unreported", held, error=held.last_error or "the lease ran out before the report landed"
+                )
             elif held.expiring:
                 # Renewals failed and the handler was cancelled: say so
                 # while the lease lasts.
@@ -681,9 +681,7 @@ class Worker:
         if result is None:
             result = {}
         if not isinstance(result, dict):
-            return _Outcome(
-                error=f"handler returned {type(result).__name__}; expected a dict or None", retryable=False
-            )
+            return _Outcome(error=f"handler returned {type(result).__name__}; expected a dict or None", retryable=False)
         try:
             json_dumps(result)
         except (TypeError, ValueError) as exc:
@@ -701,7 +699,9 @@ class Worker:
                 if outcome.ok:
                     reply = await self._completes.call(CompleteItem(job.id, token, outcome.result or {}))
                 else:
-                    reply = await self._fails.call(FailItem(job.id, token, outcome.error or "failed", outcome.retryable))
+                    reply = await self._fails.call(
+                        FailItem(job.id, token, outcome.error or "failed", outcome.retryable)
+                    )
             except errors.QftrioError as exc:
                 if _is_fatal(exc):
                     self._die(exc)
