@@ -311,6 +311,36 @@ ORDER BY i.ord
 """
 
 
+# The common case in one statement and one round trip: completes jobs outside
+# workflows. Workflow steps are only reported (``step``): they complete in a
+# transaction that locks their workflow first (``_COMPLETE_SQL``). A job's
+# workflow never changes, so telling them apart needs no lock.
+_COMPLETE_PLAIN_SQL = """
+WITH items AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
+), steps AS (
+    SELECT id FROM qftrio_jobs WHERE id IN (SELECT id FROM items) AND workflow_id IS NOT NULL
+), locked AS (
+    SELECT id, status, lease_token, queue FROM qftrio_jobs
+    WHERE id IN (SELECT id FROM items) AND workflow_id IS NULL
+    ORDER BY id
+    FOR UPDATE
+), completed AS (
+    UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
+    FROM items AS i JOIN locked AS l ON l.id = i.id
+    WHERE j.id = i.id AND l.status = 'running' AND l.lease_token = i.token
+      AND j.status = 'running' AND j.lease_token = i.token
+    RETURNING j.id
+)
+SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token, false) AS current,
+       c.id IS NOT NULL AS applied, s.id IS NOT NULL AS step
+FROM items AS i
+LEFT JOIN locked AS l ON l.id = i.id
+LEFT JOIN completed AS c ON c.id = i.id
+LEFT JOIN steps AS s ON s.id = i.id
+ORDER BY i.ord
+"""
+
 # -- workflows ----------------------------------------------------------------------
 # asyncio-flavoured helpers that run inside the caller's transaction. Lock
 # order: a workflow's row (FOR UPDATE, in id order) before any of its jobs.
@@ -369,9 +399,7 @@ async def _enqueue_steps(
     )
 
 
-async def _step_completed(
-    conn: asyncpg.Connection, workflow_id: uuid.UUID, step: str, result: Any, now: float
-) -> bool:
+async def _step_completed(conn: asyncpg.Connection, workflow_id: uuid.UUID, step: str, result: Any, now: float) -> bool:
     """Record that *step*'s job completed with *result* (the workflow row is
     locked): merge it into the context, unblock the steps waiting for it,
     finish the workflow after its last step. Touches only the steps that
@@ -482,9 +510,7 @@ async def _build_workflows(conn: asyncpg.Connection, rows: Sequence[asyncpg.Reco
             full[job_row["id"]] = _job(job_row)
             job_status[job_row["id"]] = job_row["status"]
     else:
-        for job_row in await conn.fetch(
-            "SELECT id, status FROM qftrio_jobs WHERE workflow_id = ANY($1::uuid[])", ids
-        ):
+        for job_row in await conn.fetch("SELECT id, status FROM qftrio_jobs WHERE workflow_id = ANY($1::uuid[])", ids):
             job_status[job_row["id"]] = job_row["status"]
     out = []
     for row in rows:
@@ -815,7 +841,9 @@ class PostgresStore(Store):
         )
 
     async def job_retry(self, job_id: str, *, tenant: str, now: float) -> Job | None:
-        async def resume(conn: asyncpg.Connection, key: uuid.UUID, workflow_id: uuid.UUID, status: Status) -> Job | None:
+        async def resume(
+            conn: asyncpg.Connection, key: uuid.UUID, workflow_id: uuid.UUID, status: Status
+        ) -> Job | None:
             workflow_status = await conn.fetchval("SELECT status FROM qftrio_workflows WHERE id = $1", workflow_id)
             if workflow_status == WorkflowStatus.CANCELLED.value:
                 raise errors.Conflict(
@@ -939,14 +967,16 @@ class PostgresStore(Store):
                 unique.append(item)
             slot.append(first[pair])
 
-        async def complete(conn: asyncpg.Connection) -> tuple[list[asyncpg.Record], set[int]]:
-            keys = [_uuid(i.job_id) for i in unique]
+        async def complete(
+            conn: asyncpg.Connection, steps: list[CompleteItem]
+        ) -> tuple[list[asyncpg.Record], set[int]]:
+            keys = [_uuid(i.job_id) for i in steps]
             await _lock_workflows_of_jobs(conn, keys)
             rows = await conn.fetch(
                 _COMPLETE_SQL,
                 keys,
-                [_uuid(i.lease_token) for i in unique],
-                [i.result for i in unique],
+                [_uuid(i.lease_token) for i in steps],
+                [i.result for i in steps],
                 now,
             )
             applied = [row for row in rows if row["applied"]]
@@ -955,9 +985,23 @@ class PostgresStore(Store):
                 unblocked = await self._after_complete(conn, applied, now=now)
             return rows, unblocked
 
-        rows, unblocked = await self._db.run(complete)
+        rows: list[Any] = await self._db.fetch(
+            _COMPLETE_PLAIN_SQL,
+            [_uuid(i.job_id) for i in unique],
+            [_uuid(i.lease_token) for i in unique],
+            [i.result for i in unique],
+            now,
+        )
+        unblocked: set[int] = set()  # positions in `unique` whose completion enqueued steps
+        at = [k for k, row in enumerate(rows) if row["step"]]
+        if at:
+            step_rows, step_unblocked = await self._db.run(complete, [unique[k] for k in at])
+            for k, row in zip(at, step_rows):
+                rows[k] = row
+                if row["ord"] in step_unblocked:
+                    unblocked.add(k)
         results = []
-        for row in rows:
+        for k, row in enumerate(rows):
             if row["status"] is None:
                 results.append(ReportResult(outcome=Outcome.NOT_FOUND))
             elif not row["current"]:
@@ -969,7 +1013,7 @@ class PostgresStore(Store):
                         queue=row["queue"],
                         status=Status.COMPLETED,
                         applied=True,
-                        ready_queues=(WORKFLOW_QUEUE,) if row["ord"] in unblocked else (),
+                        ready_queues=(WORKFLOW_QUEUE,) if k in unblocked else (),
                     )
                 )
             elif row["status"] == Status.COMPLETED.value:
@@ -1186,9 +1230,7 @@ class PostgresStore(Store):
 
         return deleted + await self._db.run(prune_workflows)
 
-
     # -- workflows ---------------------------------------------------------
-
 
     async def workflow_create(self, workflow: NewWorkflow, *, now: float) -> Workflow:
         workflow_id = uuid.uuid4()
