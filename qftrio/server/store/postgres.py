@@ -199,6 +199,7 @@ async def _migrate_on(conn: asyncpg.Connection) -> list[str]:
         return done
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+        await conn.execute("RESET lock_timeout; RESET statement_timeout")
 
 
 async def _pending_on(conn: asyncpg.Connection) -> list[str]:
