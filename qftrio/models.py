@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import enum
+import functools
 import math
 import re
 import time
@@ -77,8 +78,15 @@ def format_time(ts: float | None) -> str | None:
     """Epoch seconds to an RFC 3339 UTC string (microsecond precision)."""
     if ts is None:
         return None
-    # Hand-rolled rather than datetime.strftime: this runs for every
-    # timestamp of every job in every answer, and is three times faster.
+    return _format_time(ts)
+
+
+# Every timestamp of every job in every answer comes through here, and the
+# jobs of one lease share most of theirs (claimed at the same instant,
+# enqueued in the same batch): a small cache answers those at once. The
+# formatting itself is hand-rolled, a third faster than datetime.strftime.
+@functools.lru_cache(maxsize=4096)
+def _format_time(ts: float) -> str:
     secs = math.floor(ts)
     micros = round((ts - secs) * 1_000_000)
     if micros == 1_000_000:

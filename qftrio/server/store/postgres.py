@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -89,6 +90,15 @@ _JOB_COLUMNS = (
 
 
 # -- helpers ------------------------------------------------------------------
+
+
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _uuid_param(value: str) -> str | None:
+    """:func:`_uuid` for values only passed as ``uuid`` parameters (asyncpg
+    takes the text): the reports' hot path, without building UUID objects."""
+    return value if _CANONICAL_UUID.fullmatch(value) else None
 
 
 def _uuid(value: str | None) -> uuid.UUID | None:
@@ -936,8 +946,8 @@ class PostgresStore(Store):
             return []
         rows = await self._db.fetch(
             _HEARTBEAT_SQL,
-            [_uuid(i.job_id) for i in items],
-            [_uuid(i.lease_token) for i in items],
+            [_uuid_param(i.job_id) for i in items],
+            [_uuid_param(i.lease_token) for i in items],
             [float(i.extend_secs) for i in items],
             now,
         )
@@ -971,12 +981,12 @@ class PostgresStore(Store):
         async def complete(
             conn: asyncpg.Connection, steps: list[CompleteItem]
         ) -> tuple[list[asyncpg.Record], set[int]]:
-            keys = [_uuid(i.job_id) for i in steps]
+            keys = [_uuid_param(i.job_id) for i in steps]
             await _lock_workflows_of_jobs(conn, keys)
             rows = await conn.fetch(
                 _COMPLETE_SQL,
                 keys,
-                [_uuid(i.lease_token) for i in steps],
+                [_uuid_param(i.lease_token) for i in steps],
                 [i.result for i in steps],
                 now,
             )
@@ -988,8 +998,8 @@ class PostgresStore(Store):
 
         rows: list[Any] = await self._db.fetch(
             _COMPLETE_PLAIN_SQL,
-            [_uuid(i.job_id) for i in unique],
-            [_uuid(i.lease_token) for i in unique],
+            [_uuid_param(i.job_id) for i in unique],
+            [_uuid_param(i.lease_token) for i in unique],
             [i.result for i in unique],
             now,
         )
