@@ -36,9 +36,16 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
 
 async def test_enqueue_get_list_cancel_retry_stats(server, capsys: pytest.CaptureFixture[str]) -> None:
     opts = ["--url", server.url, "--token", server.tenants["acme"]]
-    assert await run_cli("enqueue", "resize-image", '{"src": "a.png"}', "--queue", "images", "--priority", "3", *opts) == 0
+    assert (
+        await run_cli("enqueue", "resize-image", '{"src": "a.png"}', "--queue", "images", "--priority", "3", *opts) == 0
+    )
     job = json.loads(capsys.readouterr().out)
-    assert (job["kind"], job["queue"], job["priority"], job["payload"]) == ("resize-image", "images", 3, {"src": "a.png"})
+    assert (job["kind"], job["queue"], job["priority"], job["payload"]) == (
+        "resize-image",
+        "images",
+        3,
+        {"src": "a.png"},
+    )
 
     assert await run_cli("jobs", "get", job["id"], *opts) == 0
     assert json.loads(capsys.readouterr().out)["id"] == job["id"]
@@ -113,3 +120,39 @@ def test_every_command_has_help() -> None:
                  ["workflows", "--help"], ["stats", "--help"], ["migrate", "--help"]):  # fmt: skip
         proc = run_process(*argv)
         assert proc.returncode == 0 and "usage:" in proc.stdout, argv
+
+
+async def test_serve_runs_handlers_in_process(tmp_path) -> None:
+    import httpx
+
+    from .processes import free_port, spawn, stop, wait_healthy
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = spawn(
+        ["serve", "--dev", "--db", str(tmp_path / "q.db"), "--bind", f"127.0.0.1:{port}",
+         "--handlers", "handlers:registry", "--queue", "images"],
+        cwd=ROOT / "examples", log=tmp_path / "server.log",
+    )  # fmt: skip
+    try:
+        await wait_healthy(url)
+        auth = {"Authorization": "Bearer dev"}
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            body = {
+                "kind": "resize-image",
+                "payload": {"src": "cat.png", "width": 64, "secs": 0},
+                "config": {"queue": "images"},
+            }
+            job = (await client.post("/api/v1/jobs", json=body, headers=auth)).json()
+            bad = {"kind": "resize-image", "payload": {"src": "cat.txt"}, "config": {"queue": "images"}}
+            bad_job = (await client.post("/api/v1/jobs", json=bad, headers=auth)).json()
+            with trio.fail_after(15):
+                while True:
+                    done = [(await client.get(f"/api/v1/jobs/{j['id']}", headers=auth)).json() for j in (job, bad_job)]
+                    if all(d["status"] in ("completed", "failed") for d in done):
+                        break
+                    await trio.sleep(0.05)
+        assert done[0]["status"] == "completed" and done[0]["result"]["width"] == 64
+        assert done[1]["status"] == "failed" and done[1]["attempt"] == 1  # PermanentError: no retry
+    finally:
+        assert stop(server) == 0
