@@ -909,3 +909,26 @@ async def test_batcher_callers_left_waiting_at_shutdown_get_a_transport_error(au
     assert len(raised) == 2 and all("shutting down" in str(e) for e in raised)
     with pytest.raises(errors.TransportError, match="shutting down"):
         await batcher.call(3)
+
+
+class SlowReports(FakeServer):
+    """Completions take a second to land."""
+
+    async def complete(self, items: Sequence[CompleteItem]) -> list[ReportReply]:
+        await trio.sleep(1)
+        return await super().complete(items)
+
+
+async def test_leases_again_while_a_report_is_in_flight(autojump_clock: Any) -> None:
+    server = SlowReports()
+    first, second = server.add("echo"), server.add("echo")
+    worker, rec = make_worker(server, echo_registry(), lanes=1, batch=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await wait_for(lambda: all(server.rows[i].status is Status.COMPLETED for i in (first, second)))
+        worker.stop()
+    claimed = {e.job_id: t for t, e in rec.events if e.type == "claimed"}
+    completed = {e.job_id: t for t, e in rec.events if e.type == "completed"}
+    # One lane, and its job's handler is done: the next job is leased while
+    # the first one's completion is still on its way.
+    assert claimed[second] < completed[first]
