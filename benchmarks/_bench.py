@@ -91,6 +91,37 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, *, children: bool = False) -> float:
+    """User + system CPU seconds of *pid* (and of its reaped children)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / _TICK
+
+
+def postgres_cpu_seconds() -> float:
+    """CPU seconds of every running ``postgres`` process plus what postmasters
+    reaped from exited backends: the database's share of a benchmark, as a
+    difference of two readings (one cluster on the machine)."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                if f.read().strip() != "postgres":
+                    continue
+            total += cpu_seconds(int(entry), children=True)
+        except OSError:
+            continue
+    return total
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

@@ -75,10 +75,18 @@ def run_pgqueuer(url: str, args: argparse.Namespace) -> dict[str, float]:
             done += 1
 
         t0 = time.perf_counter()
+        cpu0, pg0 = time.process_time(), b.postgres_cpu_seconds()
         await pgq.run(batch_size=args.pgq_batch, mode=QueueExecutionMode.drain)
         drain_secs = time.perf_counter() - t0
+        cpu = {"pgqueuer": time.process_time() - cpu0, "postgres": b.postgres_cpu_seconds() - pg0}
         await conn.close()
-        return {"enqueue": args.jobs / enqueue_secs, "processed": done / drain_secs, "done": done, "secs": drain_secs}
+        return {
+            "enqueue": args.jobs / enqueue_secs,
+            "processed": done / drain_secs,
+            "done": done,
+            "secs": drain_secs,
+            "cpu_us_per_job": {k: v / max(done, 1) * 1e6 for k, v in cpu.items()},
+        }
 
     if not args.no_uvloop:
         try:
@@ -107,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"pgqueuer {pgqueuer.__version__}: enqueue {pg['enqueue']:,.0f} jobs/s; drained {pg['done']} jobs in "
                 f"{pg['secs']:.2f}s = {pg['processed']:,.0f} jobs/s (1 worker, batch_size {args.pgq_batch})"
             )
+            b.say("  CPU µs per job: " + ", ".join(f"{k} {v:,.0f}" for k, v in pg["cpu_us_per_job"].items()))
             server = b.start_server(procs, store="postgres", database_url=url)
             run = 0
             for w in counts:
@@ -122,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"qftrio, {w} worker(s): enqueue {r['enqueue_jobs_per_s']:,.0f} jobs/s; processed "
                         f"{r['processed_jobs_per_s']:,.0f} jobs/s ({r['completed']} completed)"
                     )
+                    b.say("  CPU µs per job: " + ", ".join(f"{k} {v:,.0f}" for k, v in r["cpu_us_per_job"].items()))
             procs.stop_all()
     for w, rs in qf.items():
         rate = b.median([r["processed_jobs_per_s"] for r in rs])

@@ -53,6 +53,8 @@ def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_ur
     queue = f"tp{run}-{uuid.uuid4().hex[:8]}"
     enqueue_secs = b.enqueue_noop(servers[0].url, queue, args.jobs, batch=args.enqueue_batch)
     started = time.perf_counter()
+    cpu_before = {s.pid: b.cpu_seconds(s.pid) for s in servers}
+    pg_before = b.postgres_cpu_seconds() if args.store == "postgres" else 0.0
     workers = [
         b.start_worker(procs, servers[i % len(servers)].url, queue, lanes=args.lanes, batch=args.batch,
                        log_level=args.worker_log_level)
@@ -75,6 +77,11 @@ def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_ur
             raise RuntimeError(f"not drained in time: {counts}")
         time.sleep(0.2)
     wall = time.perf_counter() - started
+    cpu = {
+        "server": sum(b.cpu_seconds(s.pid) - cpu_before[s.pid] for s in servers),
+        "workers": sum(b.cpu_seconds(w.pid) for w in workers),
+        "postgres": b.postgres_cpu_seconds() - pg_before if args.store == "postgres" else 0.0,
+    }
     for spy in spies:  # py-spy writes its file on SIGINT/SIGTERM
         b.stop_pyspy(procs, spy)
     procs.stop_many(workers)
@@ -87,6 +94,7 @@ def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_ur
         "processed_jobs_per_s": (n - 1) / (last - first) if last > first else float("nan"),
         "drain_secs": last - first,
         "wall_jobs_per_s": args.jobs / wall,
+        "cpu_us_per_job": {k: v / args.jobs * 1e6 for k, v in cpu.items()},
     }
 
 
@@ -119,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"({r['completed']} completed, {r['failed']} failed, drain {r['drain_secs']:.2f}s); "
                     f"wall incl. worker start {r['wall_jobs_per_s']:,.0f} jobs/s"
                 )
+                b.say("  CPU µs per job: " + ", ".join(f"{k} {v:,.0f}" for k, v in r["cpu_us_per_job"].items()))
             procs.stop_all()
         finally:
             procs.stop_all()
