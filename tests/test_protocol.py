@@ -86,6 +86,48 @@ async def test_long_poll_wakes_on_enqueue(http, server) -> None:
     assert woke[0] - enqueued < 0.5
 
 
+async def test_parked_long_polls_share_an_enqueued_batch(http, server) -> None:
+    got: list[list[dict]] = []
+
+    async def waiter(max_jobs: int) -> None:
+        got.append(await lease(http, server, wait_secs=2, max_jobs=max_jobs, worker_id=f"w-{max_jobs}"))
+
+    async with trio.open_nursery() as nursery:
+        for max_jobs in (2, 1, 1):
+            nursery.start_soon(waiter, max_jobs)
+            await trio.sleep(0.1)  # parked oldest first
+        body = {"jobs": [{"kind": "resize", "config": {"queue": "images"}} for _ in range(4)]}
+        r = await http.post("/api/v1/jobs/batch", json=body, headers=server.headers())
+        assert r.status_code == 201
+        enqueued = [j["id"] for j in r.json()["jobs"]]
+        await trio.sleep(0.5)
+        # Every poll holds jobs well before its wait runs out.
+        assert sorted(len(jobs) for jobs in got) == [1, 1, 2]
+    leased = [item for jobs in got for item in jobs]
+    assert sorted(item["job"]["id"] for item in leased) == sorted(enqueued)
+    for item in leased:
+        assert item["job"]["status"] == "running" and item["job"]["attempt"] == 1
+        r = await report(http, server, item["job"]["id"], "complete", lease_token=item["lease_token"])
+        assert r.status_code == 204
+    assert await lease(http, server) == []
+
+
+async def test_parked_long_polls_leave_the_rest_pending(http, server) -> None:
+    got: list[list[dict]] = []
+
+    async def waiter() -> None:
+        got.append(await lease(http, server, wait_secs=2, max_jobs=2))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.sleep(0.1)
+        body = {"jobs": [{"kind": "resize", "config": {"queue": "images"}} for _ in range(5)]}
+        r = await http.post("/api/v1/jobs/batch", json=body, headers=server.headers())
+        assert r.status_code == 201
+    assert len(got[0]) == 2
+    assert len(await lease(http, server, max_jobs=10)) == 3
+
+
 async def test_long_poll_times_out_empty(http, server) -> None:
     start = trio.current_time()
     assert await lease(http, server, wait_secs=0.5) == []

@@ -15,6 +15,7 @@ from qftrio.models import Status
 from qftrio.server.engine import RetryPolicy
 from qftrio.server.store.base import (
     LEASE_EXPIRED,
+    ClaimRequest,
     CompleteItem,
     FailItem,
     HeartbeatItem,
@@ -97,6 +98,41 @@ async def test_claim_sets_the_lease(storage: Store) -> None:
     assert job.updated_at == T0 + 1
     uuid.UUID(lease.lease_token)
     assert await storage.jobs_claim("q", limit=1, lease_secs=30, worker_id="w2", now=T0 + 2) == []
+
+
+async def test_insert_claiming_hands_new_jobs_to_claims_in_one_call(storage: Store) -> None:
+    older = (await insert(storage, new("older", at=T0 - 5)))[0]
+    (first,) = await storage.jobs_insert([new(idempotency_key="dup")], now=T0)
+    inserted, claimed = await storage.jobs_insert_claiming(
+        [new("a", priority=1), new("b"), new("later", at=T0 + 60), new(idempotency_key="dup"), new("other", queue="r")],
+        now=T0,
+        claims=[
+            ClaimRequest(queue="q", limit=2, lease_secs=30, worker_id="w1"),
+            ClaimRequest(queue="q", limit=5, lease_secs=300, worker_id="w2"),
+            ClaimRequest(queue="empty", limit=1, lease_secs=10),
+        ],
+    )
+    assert [i.created for i in inserted] == [True, True, True, False, True]
+    assert inserted[3].job.id == first.job.id
+    a, b, later, _, other = (i.job.id for i in inserted)
+    # Each claim in order, in lease order; jobs not yet due stay pending.
+    assert [[lease.job.id for lease in c] for c in claimed] == [[a, older], [first.job.id, b], []]
+    for lease in claimed[0] + claimed[1]:
+        assert lease.job.status is Status.RUNNING and lease.job.attempt == 1
+    assert {lease.job.worker_id for lease in claimed[0]} == {"w1"}
+    assert {lease.job.locked_until for lease in claimed[1]} == {T0 + 300}
+    assert (await storage.job_get(later)).status is Status.PENDING
+    assert (await storage.job_get(other)).status is Status.PENDING
+    # The leases are real: their tokens complete the jobs.
+    results = await storage.jobs_complete(
+        [CompleteItem(lease.job.id, lease.lease_token, {}) for lease in claimed[0]], now=T0 + 1
+    )
+    assert [r.outcome for r in results] == [Outcome.OK, Outcome.OK]
+    # Nothing to insert: only the claims run.
+    inserted, claimed = await storage.jobs_insert_claiming(
+        [], now=T0 + 60, claims=[ClaimRequest(queue="q", limit=3, lease_secs=30)]
+    )
+    assert inserted == [] and [lease.job.id for lease in claimed[0]] == [later]
 
 
 async def test_claim_is_exclusive_under_concurrency(storage: Store) -> None:

@@ -35,6 +35,7 @@ from ..models import Job, Lease, QueueStats, Status, Workflow, WorkflowCreateReq
 from . import metrics
 from .store.base import (
     ALL_QUEUES,
+    ClaimRequest,
     CompleteItem,
     FailItem,
     HeartbeatItem,
@@ -89,33 +90,68 @@ class EnqueueSpec:
     idempotency_key: str | None = None
 
 
-class Waker:
-    """Per-queue wake-ups for parked long-polls.
+class Parked:
+    """A long-poll parked on a queue, until woken or handed jobs."""
 
-    ``notify(queue)`` wakes every task parked on that queue; each then tries
-    to claim, and those that find nothing park again. An event is replaced on
-    every notify, so a task that parks after a notify is not woken by it (it
-    claims before parking, so it cannot miss the work either).
+    __slots__ = ("claim", "event", "leases", "taken")
+
+    def __init__(self, claim: ClaimRequest) -> None:
+        self.claim = claim
+        self.event = trio.Event()
+        #: Jobs an enqueue claimed for this poll, in its own transaction.
+        self.leases: list[Lease] = []
+        #: An enqueue is claiming for this poll: its event is set once that
+        #: transaction ends, with or without jobs.
+        self.taken = False
+
+
+class Waker:
+    """The long-polls parked on each queue, oldest first.
+
+    ``notify(queue)`` wakes every poll parked on that queue; each then tries
+    to claim, and those that find nothing park again. A poll that parks
+    after a notify is not woken by it (it claims before parking, so it cannot
+    miss the work either). ``take(queue, n)`` unparks the oldest polls that
+    can hold *n* jobs between them, for an enqueue to claim for them.
     """
 
     def __init__(self) -> None:
-        self._events: dict[str, trio.Event] = {}
+        self._parked: dict[str, list[Parked]] = {}
+
+    def park(self, claim: ClaimRequest) -> Parked:
+        parked = Parked(claim)
+        self._parked.setdefault(claim.queue, []).append(parked)
+        return parked
+
+    def unpark(self, parked: Parked) -> None:
+        polls = self._parked.get(parked.claim.queue)
+        if polls is not None and parked in polls:
+            polls.remove(parked)
+            if not polls:
+                del self._parked[parked.claim.queue]
+
+    def take(self, queue: str, jobs: int) -> list[Parked]:
+        polls = self._parked.get(queue)
+        taken: list[Parked] = []
+        room = 0
+        while polls and room < jobs:
+            parked = polls.pop(0)
+            parked.taken = True
+            taken.append(parked)
+            room += parked.claim.limit
+        if polls is not None and not polls:
+            del self._parked[queue]
+        return taken
 
     def notify(self, queue: str) -> None:
-        event = self._events.pop(queue, None)
-        if event is not None:
-            event.set()
+        for parked in self._parked.pop(queue, ()):
+            parked.event.set()
 
     def notify_all(self) -> None:
-        events, self._events = self._events, {}
-        for event in events.values():
-            event.set()
-
-    def event(self, queue: str) -> trio.Event:
-        event = self._events.get(queue)
-        if event is None:
-            event = self._events[queue] = trio.Event()
-        return event
+        everything, self._parked = self._parked, {}
+        for polls in everything.values():
+            for parked in polls:
+                parked.event.set()
 
 
 def encode_cursor(item: Job | Workflow) -> str:
@@ -187,12 +223,42 @@ class Engine:
             )
             for s in specs
         ]
-        inserted = await self.store.jobs_insert(new, now=now)
+        # Jobs due now go straight to the long-polls parked on their queue:
+        # claimed for them in the insert's own transaction.
+        handed: list[Parked] = []
+        if not self.closing:
+            due: dict[str, int] = {}
+            for job in new:
+                if job.scheduled_at <= now:
+                    due[job.queue] = due.get(job.queue, 0) + 1
+            for queue, count in due.items():
+                handed += self.waker.take(queue, count)
+        claimed: list[list[Lease]] = []
+        if not handed:
+            inserted = await self.store.jobs_insert(new, now=now)
+        else:
+            try:
+                inserted, claimed = await self.store.jobs_insert_claiming(
+                    new, now=now, claims=[parked.claim for parked in handed]
+                )
+            finally:
+                # On failure too: a poll given nothing claims for itself.
+                for k, parked in enumerate(handed):
+                    if k < len(claimed) and claimed[k]:
+                        parked.leases = claimed[k]
+                    parked.event.set()
         created = [i.job for i in inserted if i.created]
         if created:
             metrics.ENQUEUED.inc(len(created))
+            # Wake the other polls of a queue unless the hand-off took every
+            # claimable job there (a poll got less than it could hold).
+            full: dict[str, bool] = {}
+            for parked, leases in zip(handed, claimed):
+                queue = parked.claim.queue
+                full[queue] = full.get(queue, True) and len(leases) >= parked.claim.limit
             for queue in {job.queue for job in created}:
-                self.waker.notify(queue)
+                if full.get(queue, True) or any(j.queue == queue and j.scheduled_at > now for j in created):
+                    self.waker.notify(queue)
         return inserted
 
     @staticmethod
@@ -314,14 +380,27 @@ class Engine:
             remaining = deadline - trio.current_time()
             if remaining <= 0 or self.closing:
                 return []
-            event = self.waker.event(queue)
-            now = self.clock()
-            next_at = await self.store.queue_next_available_at(queue, now=now)
-            timeout = min(remaining, self.safety_poll_secs)
-            if next_at is not None:
-                timeout = min(timeout, max(0.0, next_at - now) + 0.001)
-            with trio.move_on_after(timeout):
-                await event.wait()
+            parked = self.waker.park(
+                ClaimRequest(queue=queue, limit=max_jobs, lease_secs=lease_secs, worker_id=worker_id)
+            )
+            try:
+                now = self.clock()
+                next_at = await self.store.queue_next_available_at(queue, now=now)
+                timeout = min(remaining, self.safety_poll_secs)
+                if next_at is not None:
+                    timeout = min(timeout, max(0.0, next_at - now) + 0.001)
+                with trio.move_on_after(timeout):
+                    await parked.event.wait()
+                if parked.taken:
+                    # An enqueue is claiming for this poll; its transaction
+                    # ends moments from now.
+                    await parked.event.wait()
+            finally:
+                self.waker.unpark(parked)
+            if parked.leases:
+                metrics.LEASED.inc(len(parked.leases))
+                metrics.LEASE_WAIT.observe(trio.current_time() - started)
+                return parked.leases
 
     async def heartbeat(self, items: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
         results = await self.store.jobs_heartbeat(items, now=self.clock())

@@ -72,6 +72,7 @@ from ...models import CompleteItem, FailItem, HeartbeatItem, Job, Lease, QueueSt
 __all__ = [
     "NewJob",
     "Inserted",
+    "ClaimRequest",
     "Outcome",
     "HeartbeatItem",
     "HeartbeatResult",
@@ -112,6 +113,17 @@ class NewJob:
     workflow_id: str | None = None
     step: str | None = None
     context: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ClaimRequest:
+    """A claim to run in the same transaction as an insert: the arguments of
+    :meth:`Store.jobs_claim` for one parked long-poll."""
+
+    queue: str
+    limit: int
+    lease_secs: float
+    worker_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -224,6 +236,15 @@ class Store(abc.ABC):
         """Insert *jobs* in one transaction, in order. A job whose
         ``(tenant, idempotency_key)`` exists (or appears earlier in the same
         batch) is not inserted; the existing job is returned instead."""
+
+    @abc.abstractmethod
+    async def jobs_insert_claiming(
+        self, jobs: Sequence[NewJob], *, now: float, claims: Sequence[ClaimRequest]
+    ) -> tuple[list[Inserted], list[list[Lease]]]:
+        """:meth:`jobs_insert`, then :meth:`jobs_claim` for each of *claims*
+        in order, all in one transaction: the leases of each claim, in its
+        order. The engine hands the jobs an enqueue creates straight to the
+        long-polls parked on their queue, with one commit instead of two."""
 
     @abc.abstractmethod
     async def job_get(self, job_id: str, *, tenant: str | None = None) -> Job | None:

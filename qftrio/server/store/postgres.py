@@ -54,6 +54,7 @@ from .base import (
     ALL_QUEUES,
     LEASE_EXPIRED,
     WORKFLOW_QUEUE,
+    ClaimRequest,
     CompleteItem,
     FailItem,
     HeartbeatItem,
@@ -273,6 +274,13 @@ FROM chosen AS c
 WHERE j.id = c.id
 RETURNING {", ".join("j." + c.strip() for c in _JOB_COLUMNS.split(","))}
 """
+
+def _leases(rows: Sequence[asyncpg.Record]) -> list[Lease]:
+    """Claimed rows as leases, in lease order."""
+    leases = [Lease(job=_job(row), lease_token=str(row["lease_token"])) for row in rows]
+    leases.sort(key=lambda lease: (-lease.job.priority, lease.job.scheduled_at, lease.job.created_at))
+    return leases
+
 
 # One statement per batch: lock the rows (id order), extend those whose token
 # is current and that are running, and report every item's row as locked.
@@ -659,6 +667,30 @@ class PostgresStore(Store):
     async def jobs_insert(self, jobs: Sequence[NewJob], *, now: float) -> list[Inserted]:
         if not jobs:
             return []
+        return await self._db.run(self._inserter(jobs, now))
+
+    async def jobs_insert_claiming(
+        self, jobs: Sequence[NewJob], *, now: float, claims: Sequence[ClaimRequest]
+    ) -> tuple[list[Inserted], list[list[Lease]]]:
+        insert = self._inserter(jobs, now) if jobs else None
+
+        async def insert_claiming(conn: asyncpg.Connection) -> tuple[list[Inserted], list[list[Lease]]]:
+            inserted = await insert(conn) if insert is not None else []
+            claimed = []
+            for c in claims:
+                rows = await conn.fetch(
+                    _CLAIM_SQL, c.queue, now, c.limit, float(c.lease_secs), c.worker_id, LEASE_EXPIRED
+                ) if c.limit > 0 else []  # fmt: skip
+                claimed.append(_leases(rows))
+            return inserted, claimed
+
+        return await self._db.run(insert_claiming)
+
+    def _inserter(
+        self, jobs: Sequence[NewJob], now: float
+    ) -> Callable[[asyncpg.Connection], Awaitable[list[Inserted]]]:
+        """The asyncio-flavoured body of :meth:`jobs_insert`, to run in a
+        transaction."""
         # Within a batch, a repeated (tenant, key) stands for its first occurrence.
         first_of: dict[tuple[str, str], int] = {}
         alias: dict[int, int] = {}
@@ -736,7 +768,7 @@ class PostgresStore(Store):
                 for i in range(len(jobs))
             ]
 
-        return await self._db.run(insert)
+        return insert
 
     async def job_get(self, job_id: str, *, tenant: str | None = None) -> Job | None:
         key = _uuid(job_id)
@@ -925,9 +957,7 @@ class PostgresStore(Store):
         if limit <= 0:
             return []
         rows = await self._db.fetch(_CLAIM_SQL, queue, now, limit, float(lease_secs), worker_id, LEASE_EXPIRED)
-        leases = [Lease(job=_job(row), lease_token=str(row["lease_token"])) for row in rows]
-        leases.sort(key=lambda lease: (-lease.job.priority, lease.job.scheduled_at, lease.job.created_at))
-        return leases
+        return _leases(rows)
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
         # A lease counts even if it already ran out: its job is claimable now.

@@ -38,6 +38,7 @@ from ...models import (
 from .base import (
     LEASE_EXPIRED,
     WORKFLOW_QUEUE,
+    ClaimRequest,
     CompleteItem,
     FailItem,
     HeartbeatItem,
@@ -197,6 +198,61 @@ def _append_error(errors_json: str, attempt: int, error: str, at: float) -> str:
     history = _json.loads(errors_json)
     history.append({"attempt": attempt, "error": error, "at": at})
     return _json.dumps_str(history)
+
+
+def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[Inserted]:
+    out: list[Inserted] = []
+    for new in jobs:
+        if new.idempotency_key is not None:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM jobs WHERE tenant = ? AND idempotency_key = ?",
+                (new.tenant, new.idempotency_key),
+            ).fetchone()
+            if row is not None:
+                out.append(Inserted(job=_row_to_job(row), created=False))
+                continue
+        out.append(Inserted(job=_insert_job(conn, new, now), created=True))
+    return out
+
+
+def _claim(
+    conn: sqlite3.Connection, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float
+) -> list[Lease]:
+    candidates = conn.execute(
+        """SELECT id, priority, scheduled_at, created_at, NULL FROM jobs INDEXED BY jobs_ready
+        WHERE queue = ? AND status = 'pending' AND scheduled_at <= ?
+        ORDER BY priority DESC, scheduled_at, created_at LIMIT ?""",
+        (queue, now, limit),
+    ).fetchall()
+    candidates += conn.execute(
+        """SELECT id, priority, scheduled_at, created_at, errors FROM jobs INDEXED BY jobs_leased
+        WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts
+        ORDER BY locked_until LIMIT ?""",
+        (queue, now, limit),
+    ).fetchall()
+    if not candidates:
+        return []
+    candidates.sort(key=lambda c: (-c[1], c[2], c[3]))
+    ids = [c[0] for c in candidates[:limit]]
+    tokens = {job_id: str(uuid.uuid4()) for job_id in ids}
+    # One statement for the whole batch. SET expressions see the row
+    # as it was, so `status = 'running'` marks the expired leases,
+    # whose lost attempt goes into the error history.
+    rows = conn.execute(
+        f"""UPDATE jobs SET status = 'running', attempt = attempt + 1, locked_until = ?,
+            worker_id = ?, updated_at = ?,
+            lease_token = CASE id {" ".join("WHEN ? THEN ?" for _ in ids)} END,
+            error = CASE WHEN status = 'running' THEN ? ELSE error END,
+            errors = CASE WHEN status = 'running' THEN json_insert(errors, '$[#]',
+                json_object('attempt', attempt, 'error', ?, 'at', ?)) ELSE errors END
+        WHERE id IN ({",".join("?" * len(ids))}) RETURNING {_COLUMNS}""",
+        (
+            now + lease_secs, worker_id, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
+            LEASE_EXPIRED, LEASE_EXPIRED, now, *ids,
+        ),  # fmt: skip
+    ).fetchall()
+    by_id = {row[0]: row for row in rows}
+    return [Lease(job=_row_to_job(by_id[job_id]), lease_token=tokens[job_id]) for job_id in ids]
 
 
 def _insert_job(conn: sqlite3.Connection, new: NewJob, now: float, job_id: str | None = None) -> Job:
@@ -514,21 +570,19 @@ class SqliteStore(Store):
     # -- application side --------------------------------------------------
 
     async def jobs_insert(self, jobs: Sequence[NewJob], *, now: float) -> list[Inserted]:
-        def insert(conn: sqlite3.Connection) -> list[Inserted]:
-            out: list[Inserted] = []
-            for new in jobs:
-                if new.idempotency_key is not None:
-                    row = conn.execute(
-                        f"SELECT {_COLUMNS} FROM jobs WHERE tenant = ? AND idempotency_key = ?",
-                        (new.tenant, new.idempotency_key),
-                    ).fetchone()
-                    if row is not None:
-                        out.append(Inserted(job=_row_to_job(row), created=False))
-                        continue
-                out.append(Inserted(job=_insert_job(conn, new, now), created=True))
-            return out
+        return await self._run(lambda conn: _insert_jobs(conn, jobs, now))
 
-        return await self._run(insert)
+    async def jobs_insert_claiming(
+        self, jobs: Sequence[NewJob], *, now: float, claims: Sequence[ClaimRequest]
+    ) -> tuple[list[Inserted], list[list[Lease]]]:
+        def insert_claiming(conn: sqlite3.Connection) -> tuple[list[Inserted], list[list[Lease]]]:
+            inserted = _insert_jobs(conn, jobs, now)
+            return inserted, [
+                _claim(conn, c.queue, limit=c.limit, lease_secs=c.lease_secs, worker_id=c.worker_id, now=now)
+                for c in claims
+            ]
+
+        return await self._run(insert_claiming)
 
     async def job_get(self, job_id: str, *, tenant: str | None = None) -> Job | None:
         def get(conn: sqlite3.Connection) -> Job | None:
@@ -677,44 +731,9 @@ class SqliteStore(Store):
     async def jobs_claim(
         self, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float
     ) -> list[Lease]:
-        def claim(conn: sqlite3.Connection) -> list[Lease]:
-            candidates = conn.execute(
-                """SELECT id, priority, scheduled_at, created_at, NULL FROM jobs INDEXED BY jobs_ready
-                WHERE queue = ? AND status = 'pending' AND scheduled_at <= ?
-                ORDER BY priority DESC, scheduled_at, created_at LIMIT ?""",
-                (queue, now, limit),
-            ).fetchall()
-            candidates += conn.execute(
-                """SELECT id, priority, scheduled_at, created_at, errors FROM jobs INDEXED BY jobs_leased
-                WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts
-                ORDER BY locked_until LIMIT ?""",
-                (queue, now, limit),
-            ).fetchall()
-            if not candidates:
-                return []
-            candidates.sort(key=lambda c: (-c[1], c[2], c[3]))
-            ids = [c[0] for c in candidates[:limit]]
-            tokens = {job_id: str(uuid.uuid4()) for job_id in ids}
-            # One statement for the whole batch. SET expressions see the row
-            # as it was, so `status = 'running'` marks the expired leases,
-            # whose lost attempt goes into the error history.
-            rows = conn.execute(
-                f"""UPDATE jobs SET status = 'running', attempt = attempt + 1, locked_until = ?,
-                    worker_id = ?, updated_at = ?,
-                    lease_token = CASE id {" ".join("WHEN ? THEN ?" for _ in ids)} END,
-                    error = CASE WHEN status = 'running' THEN ? ELSE error END,
-                    errors = CASE WHEN status = 'running' THEN json_insert(errors, '$[#]',
-                        json_object('attempt', attempt, 'error', ?, 'at', ?)) ELSE errors END
-                WHERE id IN ({",".join("?" * len(ids))}) RETURNING {_COLUMNS}""",
-                (
-                    now + lease_secs, worker_id, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
-                    LEASE_EXPIRED, LEASE_EXPIRED, now, *ids,
-                ),  # fmt: skip
-            ).fetchall()
-            by_id = {row[0]: row for row in rows}
-            return [Lease(job=_row_to_job(by_id[job_id]), lease_token=tokens[job_id]) for job_id in ids]
-
-        return await self._run(claim)
+        return await self._run(
+            lambda conn: _claim(conn, queue, limit=limit, lease_secs=lease_secs, worker_id=worker_id, now=now)
+        )
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
         def next_at(conn: sqlite3.Connection) -> float | None:
