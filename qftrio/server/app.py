@@ -24,15 +24,13 @@ from .._json import dumps as json_dumps
 from ..models import (
     MAX_BATCH,
     MAX_WORKFLOWS_PAGE,
-    EnqueueBatchRequest,
-    EnqueueRequest,
     Status,
     WorkflowCreateRequest,
     WorkflowStatus,
 )
 from . import metrics
 from .auth import Credentials
-from .engine import Engine, spec_from_request
+from .engine import Engine
 from .protocol import ROUTES, check_name, parse_body
 
 __all__ = ["create_app"]
@@ -112,22 +110,6 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
         return Response(generate_latest(metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST)
 
     # -- application API ---------------------------------------------------
-
-    @app.post("/api/v1/jobs")
-    @document_request(EnqueueRequest)
-    async def enqueue() -> Response:
-        who = tenant()
-        body = await _body(EnqueueRequest)
-        (inserted,) = await engine.enqueue(who, [spec_from_request(body)])
-        return _json(inserted.job.to_wire(), 201 if inserted.created else 200)
-
-    @app.post("/api/v1/jobs/batch")
-    @document_request(EnqueueBatchRequest)
-    async def enqueue_batch() -> Response:
-        who = tenant()
-        body = await _body(EnqueueBatchRequest)
-        inserted = await engine.enqueue(who, [spec_from_request(item) for item in body.jobs])
-        return _json({"jobs": [i.job.to_wire() for i in inserted]}, 201)
 
     @app.get("/api/v1/jobs/<job_id>")
     async def job_get(job_id: str) -> Response:
@@ -210,13 +192,16 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
         (stats,) = await engine.queues_stats(who, check_name(queue, "queue"))
         return _json(stats.to_wire())
 
-    # -- worker protocol ---------------------------------------------------
+    # -- enqueue and the worker protocol -------------------------------------
     # ProtocolFront answers these before Quart sees them; the routes here
     # document them in /openapi.json and serve any caller of the bare app.
 
-    def protocol_route(path: str, model: type[pydantic.BaseModel], route: Any) -> None:
+    def protocol_route(path: str, model: type[pydantic.BaseModel], route: Any, caller: str) -> None:
         async def view(**params: str) -> Response:
-            worker()
+            if caller == "tenant":
+                params["tenant"] = tenant()
+            else:
+                worker()
             status, payload = await route(engine, await request.get_data(cache=False), **params)
             return Response(b"", status=status) if payload is None else _json(payload, status)
 
@@ -224,7 +209,7 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
         view.__doc__ = route.__doc__
         app.post(path)(document_request(model)(view))
 
-    for path, model, route in ROUTES:
-        protocol_route(path, model, route)
+    for path, model, route, caller in ROUTES:
+        protocol_route(path, model, route, caller)
 
     return app

@@ -1,15 +1,16 @@
-"""The worker protocol's routes, and the ASGI front that serves them.
+"""The hot routes, and the ASGI front that serves them.
 
-Lease, heartbeat, complete and fail (single and batch) are nearly every
-request a busy server answers. Through Quart, a small request costs about
-40 % more than hypercorn alone (docs/performance.md), so :class:`ProtocolFront`
-answers these seven routes straight from ASGI and hands every other request
-to the Quart app. The Quart app routes the same paths to the same functions
-below, which is what ``/openapi.json`` documents; behaviour is identical
-either way.
+Enqueue (single and batch), lease, heartbeat, complete and fail (single and
+batch) are nearly every request a busy server answers. Through Quart, a small
+request costs about 40 % more than hypercorn alone (docs/performance.md), so
+:class:`ProtocolFront` answers these nine routes straight from ASGI and hands
+every other request to the Quart app. The Quart app routes the same paths to
+the same functions below, which is what ``/openapi.json`` documents;
+behaviour is identical either way.
 
-Each route function takes the engine, the raw body and the path parameters,
-and returns ``(status, json_body_or_None)``; errors are raised as
+Each route function takes the engine, the raw body and the path parameters
+(and, for the application's routes, the caller's tenant), and returns
+``(status, json_body_or_None)``; errors are raised as
 :class:`~qftrio.errors.ApiError`.
 """
 
@@ -30,6 +31,8 @@ from ..models import (
     CompleteItem,
     CompleteManyRequest,
     CompleteRequest,
+    EnqueueBatchRequest,
+    EnqueueRequest,
     FailItem,
     FailManyRequest,
     FailRequest,
@@ -41,7 +44,7 @@ from ..models import (
     valid_name,
 )
 from .auth import Credentials
-from .engine import Engine
+from .engine import Engine, spec_from_request
 from .store.base import HeartbeatResult, Outcome, ReportResult
 
 __all__ = ["ProtocolFront", "parse_body", "check_name", "ROUTES"]
@@ -110,6 +113,18 @@ def _report_reply(result: ReportResult) -> Reply:
 # -- the routes ----------------------------------------------------------------
 
 
+async def enqueue(engine: Engine, raw: bytes, *, tenant: str) -> Reply:
+    body = parse_body(EnqueueRequest, raw)
+    (inserted,) = await engine.enqueue(tenant, [spec_from_request(body)])
+    return (201 if inserted.created else 200), inserted.job.to_wire()
+
+
+async def enqueue_batch(engine: Engine, raw: bytes, *, tenant: str) -> Reply:
+    body = parse_body(EnqueueBatchRequest, raw)
+    inserted = await engine.enqueue(tenant, [spec_from_request(item) for item in body.jobs])
+    return 201, {"jobs": [i.job.to_wire() for i in inserted]}
+
+
 async def lease(engine: Engine, raw: bytes, queue: str) -> Reply:
     check_name(queue, "queue")
     body = parse_body(LeaseRequest, raw)
@@ -171,25 +186,35 @@ async def fail_many(engine: Engine, raw: bytes) -> Reply:
 
 Route = Callable[..., Awaitable[Reply]]
 
-#: ``POST`` paths (Quart syntax), their documented body, and their function.
-ROUTES: list[tuple[str, type[pydantic.BaseModel], Route]] = [
-    ("/api/v1/queues/<queue>/lease", LeaseRequest, lease),
-    ("/api/v1/jobs/<job_id>/heartbeat", HeartbeatRequest, heartbeat),
-    ("/api/v1/jobs/<job_id>/complete", CompleteRequest, complete),
-    ("/api/v1/jobs/<job_id>/fail", FailRequest, fail),
-    ("/api/v1/leases/heartbeat", HeartbeatManyRequest, heartbeat_many),
-    ("/api/v1/leases/complete", CompleteManyRequest, complete_many),
-    ("/api/v1/leases/fail", FailManyRequest, fail_many),
+#: Who may call a route: ``"worker"`` (the worker token) or ``"tenant"`` (a
+#: tenant token; the route gets the tenant).
+Caller = str
+
+#: ``POST`` paths (Quart syntax), their documented body, their function, and
+#: who may call them.
+ROUTES: list[tuple[str, type[pydantic.BaseModel], Route, Caller]] = [
+    ("/api/v1/jobs", EnqueueRequest, enqueue, "tenant"),
+    ("/api/v1/jobs/batch", EnqueueBatchRequest, enqueue_batch, "tenant"),
+    ("/api/v1/queues/<queue>/lease", LeaseRequest, lease, "worker"),
+    ("/api/v1/jobs/<job_id>/heartbeat", HeartbeatRequest, heartbeat, "worker"),
+    ("/api/v1/jobs/<job_id>/complete", CompleteRequest, complete, "worker"),
+    ("/api/v1/jobs/<job_id>/fail", FailRequest, fail, "worker"),
+    ("/api/v1/leases/heartbeat", HeartbeatManyRequest, heartbeat_many, "worker"),
+    ("/api/v1/leases/complete", CompleteManyRequest, complete_many, "worker"),
+    ("/api/v1/leases/fail", FailManyRequest, fail_many, "worker"),
 ]
 
-_MATCHERS = [(re.compile("^" + re.sub(r"<(\w+)>", r"(?P<\1>[^/]+)", path) + "$"), route) for path, _, route in ROUTES]
+_MATCHERS = [
+    (re.compile("^" + re.sub(r"<(\w+)>", r"(?P<\1>[^/]+)", path) + "$"), route, caller)
+    for path, _, route, caller in ROUTES
+]
 
 
-def _match(path: str) -> tuple[Route, dict[str, str]] | None:
-    for pattern, route in _MATCHERS:
+def _match(path: str) -> tuple[Route, dict[str, str], Caller] | None:
+    for pattern, route, caller in _MATCHERS:
         m = pattern.match(path)
         if m is not None:
-            return route, m.groupdict()
+            return route, m.groupdict(), caller
     return None
 
 
@@ -219,34 +244,40 @@ class ProtocolFront:
         await self.app(scope, receive, send)
 
     async def _serve(
-        self, route: Route, params: dict[str, str], scope: dict[str, Any], receive: Any, send: Any
+        self, route: Route, params: dict[str, str], caller: Caller, scope: dict[str, Any], receive: Any, send: Any
     ) -> None:
-        close = False
         try:
-            self.credentials.worker(_header(scope, b"authorization"))
+            authorization = _header(scope, b"authorization")
+            if caller == "tenant":
+                params["tenant"] = self.credentials.tenant(authorization)
+            else:
+                self.credentials.worker(authorization)
             raw = await self._read_body(scope, receive)
             if route is lease:
-                status, payload = await _unless_disconnected(route(self.engine, raw, **params), receive)
-            else:
-                status, payload = await route(self.engine, raw, **params)
+                # Answered from inside the watch: the answer leaves before
+                # the watch is torn down.
+                await _unless_disconnected(self._answer(route(self.engine, raw, **params), send), receive)
+                return
+            status, payload = await route(self.engine, raw, **params)
         except _Disconnected:
             return  # nobody to answer
         except errors.ApiError as exc:
-            status, payload = exc.status_code, exc.to_wire()
-            # An unread body leaves the connection unusable for another request.
-            close = isinstance(exc, errors.PayloadTooLarge)
+            await _send(send, *_error_reply(exc))
+            return
         except Exception:
             log.exception("request failed: POST %s", scope["path"])
-            status, payload = 500, errors.ApiError("internal error").to_wire()
-        headers = [(b"connection", b"close")] if close else []
-        if payload is None:
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": b""})
+            await _send(send, 500, errors.ApiError("internal error").to_wire())
             return
-        body = json_dumps(payload)
-        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await _send(send, status, payload)
+
+    async def _answer(self, call: Awaitable[Reply], send: Any) -> None:
+        """Await *call* and send its answer, or its error's."""
+        try:
+            status, payload = await call
+        except errors.ApiError as exc:
+            await _send(send, *_error_reply(exc))
+            return
+        await _send(send, status, payload)
 
     async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
         declared = _header(scope, b"content-length")
@@ -267,6 +298,23 @@ class ProtocolFront:
                 return b"".join(chunks)
 
 
+def _error_reply(exc: errors.ApiError) -> tuple[int, Any, bool]:
+    # An unread body leaves the connection unusable for another request.
+    return exc.status_code, exc.to_wire(), isinstance(exc, errors.PayloadTooLarge)
+
+
+async def _send(send: Any, status: int, payload: Any, close: bool = False) -> None:
+    headers = [(b"connection", b"close")] if close else []
+    if payload is None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    body = json_dumps(payload)
+    headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
@@ -274,10 +322,10 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
     return None
 
 
-async def _unless_disconnected(call: Awaitable[Reply], receive: Any) -> Reply:
+async def _unless_disconnected(call: Awaitable[None], receive: Any) -> None:
     """Await *call*; abandon it if the client disconnects meanwhile (a long
     poll must not claim jobs for a caller that is gone)."""
-    result: list[Reply] = []
+    result: list[None] = []
     failed: list[Exception] = []
 
     async def watch(cancel_scope: trio.CancelScope) -> None:
@@ -297,4 +345,3 @@ async def _unless_disconnected(call: Awaitable[Reply], receive: Any) -> Reply:
         raise failed[0]
     if not result:
         raise _Disconnected
-    return result[0]
