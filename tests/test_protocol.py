@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import httpx
+import pytest
 import trio
 
 from .conftest import RunningServer
@@ -241,6 +242,27 @@ async def test_batch_report_routes(http, server) -> None:
     assert r.json()["results"] == [{"id": leased[2]["job"]["id"], "code": 204}]
     got = (await http.get(f"/api/v1/jobs/{leased[0]['job']['id']}", headers=server.headers())).json()
     assert got["result"] == {"i": 0}
+
+
+@pytest.mark.parametrize("path", [b"/api/v1/queues/images/lease", b"/api/v1/workflows"])
+async def test_a_refused_request_leaves_its_connection_usable(server, path: bytes) -> None:
+    # The refusal is decided on the headers, before the body has arrived;
+    # the body is read anyway, so the next request on the connection is
+    # answered (on the fast path and through Quart).
+    host, port = server.url.removeprefix("http://").split(":")
+    with trio.fail_after(10):
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")
+            await trio.sleep(0.2)
+            await stream.send_all(b"{}GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            while data.count(b"HTTP/1.1 ") < 2 or not data.endswith(b"}"):
+                chunk = await stream.receive_some()
+                assert chunk, f"the server closed the connection after: {data!r}"
+                data += chunk
+    assert data.startswith(b"HTTP/1.1 401")
+    assert b"HTTP/1.1 200" in data
 
 
 async def test_worker_routes_need_the_worker_token(http, server) -> None:

@@ -126,8 +126,15 @@ async def enqueue_batch(engine: Engine, raw: bytes, *, tenant: str) -> Reply:
 
 
 async def lease(engine: Engine, raw: bytes, queue: str) -> Reply:
+    return await run_lease(engine, queue, lease_request(raw, queue))
+
+
+def lease_request(raw: bytes, queue: str) -> LeaseRequest:
     check_name(queue, "queue")
-    body = parse_body(LeaseRequest, raw)
+    return parse_body(LeaseRequest, raw)
+
+
+async def run_lease(engine: Engine, queue: str, body: LeaseRequest) -> Reply:
     leases = await engine.lease(
         queue, max_jobs=body.max_jobs, lease_secs=body.lease_secs, wait_secs=body.wait_secs, worker_id=body.worker_id
     )
@@ -220,6 +227,9 @@ def _match(path: str) -> tuple[Route, dict[str, str], Caller] | None:
 
 # -- the ASGI front --------------------------------------------------------------
 
+#: How long an answer waits for the rest of its request's body.
+BODY_GRACE_SECS = 5.0
+
 
 class _Disconnected(Exception):
     pass
@@ -241,24 +251,69 @@ class ProtocolFront:
             if found is not None:
                 await self._serve(*found, scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        if scope["type"] == "http":
+            await self._via_app(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _via_app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Let the Quart app answer, but not before the request body is in
+        (Quart reads it in the background, whatever the route does with it).
+        hypercorn closes a connection whose response ends before its
+        request did, and a client's next request on it (sent after a refusal
+        that came before the body was read) would never be answered. A body
+        that is not in within ``BODY_GRACE_SECS`` gets ``Connection: close``
+        on the answer instead."""
+        body_in = trio.Event()
+
+        async def receive_tracked() -> dict[str, Any]:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_in.set()
+            return message
+
+        async def send_after_body(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and not body_in.is_set():
+                with trio.move_on_after(BODY_GRACE_SECS):
+                    await body_in.wait()
+                if not body_in.is_set():
+                    message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive_tracked, send_after_body)
 
     async def _serve(
         self, route: Route, params: dict[str, str], caller: Caller, scope: dict[str, Any], receive: Any, send: Any
     ) -> None:
         try:
             authorization = _header(scope, b"authorization")
-            if caller == "tenant":
-                params["tenant"] = self.credentials.tenant(authorization)
-            else:
-                self.credentials.worker(authorization)
+            try:
+                if caller == "tenant":
+                    params["tenant"] = self.credentials.tenant(authorization)
+                else:
+                    self.credentials.worker(authorization)
+            except errors.ApiError as exc:
+                # Read the body anyway: a connection with a request body
+                # left unread cannot carry the client's next request.
+                try:
+                    await self._read_body(scope, receive)
+                except errors.PayloadTooLarge:
+                    await _send(send, exc.status_code, exc.to_wire(), close=True)
+                    return
+                raise exc from None
             raw = await self._read_body(scope, receive)
             if route is lease:
-                # Answered from inside the watch: the answer leaves before
-                # the watch is torn down.
-                await _unless_disconnected(self._answer(route(self.engine, raw, **params), send), receive)
-                return
-            status, payload = await route(self.engine, raw, **params)
+                body = lease_request(raw, **params)
+                call = run_lease(self.engine, params["queue"], body)
+                if body.wait_secs > 0:
+                    # A long poll is abandoned if its client goes away. Its
+                    # answer is sent from inside the watch, so that it
+                    # leaves before the watch is torn down.
+                    await _unless_disconnected(self._answer(call, send), receive)
+                    return
+                status, payload = await call
+            else:
+                status, payload = await route(self.engine, raw, **params)
         except _Disconnected:
             return  # nobody to answer
         except errors.ApiError as exc:
