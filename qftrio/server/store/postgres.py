@@ -282,6 +282,14 @@ def _leases(rows: Sequence[asyncpg.Record]) -> list[Lease]:
     return leases
 
 
+_NEXT_AVAILABLE_SQL = """
+SELECT least(
+    (SELECT min(scheduled_at) FROM qftrio_jobs
+     WHERE queue = $1 AND status = 'pending' AND scheduled_at > created_at AND scheduled_at > $2),
+    (SELECT min(locked_until) FROM qftrio_jobs
+     WHERE queue = $1 AND status = 'running' AND attempt < max_attempts))
+"""
+
 # One statement per batch: lock the rows (id order), extend those whose token
 # is current and that are running, and report every item's row as locked.
 _HEARTBEAT_SQL = """
@@ -961,12 +969,10 @@ class PostgresStore(Store):
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
         # A lease counts even if it already ran out: its job is claimable now.
+        # A job due later was scheduled ahead of its creation, which keeps
+        # this on qftrio_jobs_scheduled_idx (migration 0003).
         return await self._db.fetchval(
-            """SELECT least(
-                (SELECT min(scheduled_at) FROM qftrio_jobs
-                 WHERE queue = $1 AND status = 'pending' AND scheduled_at > $2),
-                (SELECT min(locked_until) FROM qftrio_jobs
-                 WHERE queue = $1 AND status = 'running' AND attempt < max_attempts))""",
+            _NEXT_AVAILABLE_SQL,
             queue,
             now,
         )
