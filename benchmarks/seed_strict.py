@@ -115,12 +115,16 @@ def child(args: argparse.Namespace) -> int:
         return t0
 
     t0 = trio.run(main)
-    print(json.dumps({"done": done, "errors": errors, "elapsed": max(1e-9, last - t0)}), flush=True)
+    print(json.dumps({"done": done, "errors": errors, "elapsed": max(1e-9, last - t0), "cpu": time.process_time()}), flush=True)
     return 0
 
 
-def load(args: argparse.Namespace, kind: str, url: str, queue: str = "") -> dict:
-    """Run *kind* load from ``--procs`` child processes at once; sum them."""
+def load(args: argparse.Namespace, kind: str, url: str, queue: str = "", server_pid: int | None = None) -> dict:
+    """Run *kind* load from ``--procs`` child processes at once; sum them.
+    With *server_pid*, also the server's CPU use over the phase (1.0 = one
+    core busy throughout)."""
+    server_cpu = b.cpu_seconds(server_pid) if server_pid else 0.0
+    started = time.perf_counter()
     argv = [sys.executable, __file__, "--child", kind, "--url", url, "--queue", queue or "-",
             "--lanes", str(args.lanes), "--duration", str(args.duration)]  # fmt: skip
     env = dict(**__import__("os").environ, PYTHONPATH=str(b.BENCH_DIR))
@@ -135,10 +139,22 @@ def load(args: argparse.Namespace, kind: str, url: str, queue: str = "") -> dict
             if k.poll() is None:
                 k.kill()
                 k.wait()
+    wall = time.perf_counter() - started
     done = sum(o["done"] for o in outs)
     errors = sum(o["errors"] for o in outs)
     elapsed = max(o["elapsed"] for o in outs)
-    return {"done": done, "errors": errors, "elapsed": elapsed, "rate": done / elapsed}
+    return {
+        "done": done,
+        "errors": errors,
+        "elapsed": elapsed,
+        "rate": done / elapsed,
+        "server_busy": (b.cpu_seconds(server_pid) - server_cpu) / wall if server_pid else float("nan"),
+        "load_busy": sum(o["cpu"] for o in outs) / wall,
+    }
+
+
+def busy(r: dict) -> str:
+    return f"server CPU {r['server_busy']:.0%} of a core, load generator {r['load_busy']:.0%}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,22 +174,22 @@ def main(argv: list[str] | None = None) -> int:
                 server = b.start_server(procs, store=args.store, database_url=url_db)
                 queue = f"seed-{uuid.uuid4().hex[:8]}"
                 b.enqueue_noop(server.url, queue, args.jobs)
-                before = load(args, "healthz", server.url)
-                b.say(f"GET /healthz (before): {before['rate']:,.0f} req/s ({before['done']} in {before['elapsed']:.1f}s, {before['errors']} errors)")
-                nf = load(args, "notfound", server.url)
-                b.say(f"GET unknown route, 404 (no store): {nf['rate']:,.0f} req/s")
-                unauth = load(args, "unauth", server.url, queue)
-                b.say(f"POST lease without a credential, 401 (protocol front, no store): {unauth['rate']:,.0f} req/s")
+                before = load(args, "healthz", server.url, server_pid=server.pid)
+                b.say(f"GET /healthz (before): {before['rate']:,.0f} req/s ({before['done']} in {before['elapsed']:.1f}s, {before['errors']} errors); {busy(before)}")
+                nf = load(args, "notfound", server.url, server_pid=server.pid)
+                b.say(f"GET unknown route, 404 (no store): {nf['rate']:,.0f} req/s; {busy(nf)}")
+                unauth = load(args, "unauth", server.url, queue, server_pid=server.pid)
+                b.say(f"POST lease without a credential, 401 (protocol front, no store): {unauth['rate']:,.0f} req/s; {busy(unauth)}")
                 spy = b.start_pyspy(procs, args.profile_server, server.pid) if args.profile_server else None
-                seed = load(args, "seed", server.url, queue)
+                seed = load(args, "seed", server.url, queue, server_pid=server.pid)
                 if spy is not None:
                     b.stop_pyspy(procs, spy)
                 b.say(
                     f"seed strict: {seed['rate']:,.0f} jobs/s = {2 * seed['rate']:,.0f} req/s "
-                    f"({seed['done']} jobs in {seed['elapsed']:.1f}s, {seed['errors']} errors)"
+                    f"({seed['done']} jobs in {seed['elapsed']:.1f}s, {seed['errors']} errors); {busy(seed)}"
                 )
-                after = load(args, "healthz", server.url)
-                b.say(f"GET /healthz (after): {after['rate']:,.0f} req/s")
+                after = load(args, "healthz", server.url, server_pid=server.pid)
+                b.say(f"GET /healthz (after): {after['rate']:,.0f} req/s; {busy(after)}")
                 procs.stop_all()
             finally:
                 if db_ctx:
