@@ -129,6 +129,32 @@ async def test_parked_long_polls_leave_the_rest_pending(http, server) -> None:
     assert len(await lease(http, server, max_jobs=10)) == 3
 
 
+async def test_concurrent_leases_get_distinct_jobs(http, server) -> None:
+    enqueued = {(await enqueue(http, server))["id"] for _ in range(4)}
+    got: list[list[dict]] = []
+
+    async def one() -> None:
+        got.append(await lease(http, server, max_jobs=1))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(one)
+    leased = [item["job"]["id"] for jobs in got for item in jobs]
+    assert sorted(len(jobs) for jobs in got) == [0, 0, 1, 1, 1, 1]
+    assert set(leased) == enqueued
+    results = []
+    async with trio.open_nursery() as nursery:
+        for jobs in got:
+            for item in jobs:
+
+                async def report_one(item: dict = item) -> None:
+                    r = await report(http, server, item["job"]["id"], "complete", lease_token=item["lease_token"])
+                    results.append(r.status_code)
+
+                nursery.start_soon(report_one)
+    assert results == [204] * 4
+
+
 async def test_long_poll_times_out_empty(http, server) -> None:
     start = trio.current_time()
     assert await lease(http, server, wait_secs=0.5) == []

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -33,6 +34,7 @@ import trio
 from .. import errors
 from ..models import Job, Lease, QueueStats, Status, Workflow, WorkflowCreateRequest, WorkflowStatus, parse_time
 from . import metrics
+from .coalesce import Coalescer
 from .store.base import (
     ALL_QUEUES,
     ClaimRequest,
@@ -194,6 +196,17 @@ class Engine:
         self.safety_poll_secs = safety_poll_secs
         self.waker = Waker()
         self._closing = trio.Event()
+        # Concurrent reports and claims share store calls (coalesce.py).
+        self._heartbeats: Coalescer[HeartbeatItem, HeartbeatResult] = Coalescer(
+            lambda items: self.store.jobs_heartbeat(items, now=self.clock())
+        )
+        self._completes: Coalescer[CompleteItem, ReportResult] = Coalescer(
+            lambda items: self.store.jobs_complete(items, now=self.clock())
+        )
+        self._fails: Coalescer[FailItem, ReportResult] = Coalescer(
+            lambda items: self.store.jobs_fail(items, now=self.clock(), retry_at=self.policy.retry_at)
+        )
+        self._claims: dict[tuple[str, float, str | None], Coalescer[int, list[Lease]]] = {}
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -370,9 +383,7 @@ class Engine:
         started = trio.current_time()
         deadline = started + wait_secs
         while True:
-            leases = await self.store.jobs_claim(
-                queue, limit=max_jobs, lease_secs=lease_secs, worker_id=worker_id, now=self.clock()
-            )
+            leases = await self._claim(queue, max_jobs, float(lease_secs), worker_id)
             if leases:
                 metrics.LEASED.inc(len(leases))
                 metrics.LEASE_WAIT.observe(trio.current_time() - started)
@@ -402,13 +413,39 @@ class Engine:
                 metrics.LEASE_WAIT.observe(trio.current_time() - started)
                 return parked.leases
 
+    async def _claim(self, queue: str, limit: int, lease_secs: float, worker_id: str | None) -> list[Lease]:
+        """Claim for one long-poll; polls of the same queue, lease length
+        and worker id that claim at the same time share a store call, the
+        jobs dealt out in lease order, oldest poll first."""
+        key = (queue, lease_secs, worker_id)
+        coalescer = self._claims.get(key)
+        if coalescer is None:
+            coalescer = self._claims[key] = Coalescer(functools.partial(self._claim_batch, key))
+        try:
+            (leases,) = await coalescer([limit])
+        finally:
+            if coalescer.idle and self._claims.get(key) is coalescer:
+                del self._claims[key]
+        return leases
+
+    async def _claim_batch(self, key: tuple[str, float, str | None], limits: list[int]) -> list[list[Lease]]:
+        queue, lease_secs, worker_id = key
+        leases = await self.store.jobs_claim(
+            queue, limit=sum(limits), lease_secs=lease_secs, worker_id=worker_id, now=self.clock()
+        )
+        dealt = []
+        for limit in limits:
+            dealt.append(leases[:limit])
+            leases = leases[limit:]
+        return dealt
+
     async def heartbeat(self, items: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
-        results = await self.store.jobs_heartbeat(items, now=self.clock())
+        results = await self._heartbeats(items)
         self._count_conflicts(results)
         return results
 
     async def complete(self, items: Sequence[CompleteItem]) -> list[ReportResult]:
-        results = await self.store.jobs_complete(items, now=self.clock())
+        results = await self._completes(items)
         applied = sum(1 for r in results if r.applied)
         if applied:
             metrics.COMPLETED.inc(applied)
@@ -419,7 +456,7 @@ class Engine:
         return results
 
     async def fail(self, items: Sequence[FailItem]) -> list[ReportResult]:
-        results = await self.store.jobs_fail(items, now=self.clock(), retry_at=self.policy.retry_at)
+        results = await self._fails(items)
         for r in results:
             if not r.applied:
                 continue
