@@ -675,7 +675,9 @@ class PostgresStore(Store):
     async def jobs_insert(self, jobs: Sequence[NewJob], *, now: float) -> list[Inserted]:
         if not jobs:
             return []
-        return await self._db.run(self._inserter(jobs, now))
+        # One statement (and, for keys taken already, a read of their jobs):
+        # no transaction around it, which would cost two more round trips.
+        return await self._db.run(self._inserter(jobs, now), transaction=False)
 
     async def jobs_insert_claiming(
         self, jobs: Sequence[NewJob], *, now: float, claims: Sequence[ClaimRequest]
@@ -723,15 +725,22 @@ class PostgresStore(Store):
             workflow_ids.append(wf)
 
         async def insert(conn: asyncpg.Connection) -> list[Inserted]:
+            # The NOTIFY of the new jobs' queues is part of the statement
+            # (delivered when it commits): no round trip of its own.
             created_rows = await conn.fetch(
-                f"""INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
+                f"""WITH inserted AS (
+                    INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
                         scheduled_at, idempotency_key, workflow_id, step, context,
                         status, attempt, created_at, updated_at)
-                SELECT u.*, 'pending', 0, $13::float8, $13::float8
-                FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int[], $7::int[],
-                            $8::float8[], $9::text[], $10::uuid[], $11::text[], $12::jsonb[]) AS u
-                ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-                RETURNING {_JOB_COLUMNS}""",
+                    SELECT u.*, 'pending', 0, $13::float8, $13::float8
+                    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int[], $7::int[],
+                                $8::float8[], $9::text[], $10::uuid[], $11::text[], $12::jsonb[]) AS u
+                    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                    RETURNING {_JOB_COLUMNS}
+                ), notified AS (
+                    SELECT count(pg_notify($14, q.queue)) FROM (SELECT DISTINCT queue FROM inserted) AS q
+                )
+                SELECT inserted.* FROM inserted, notified""",
                 ids,
                 [n.tenant for n in rows],
                 [n.queue for n in rows],
@@ -745,6 +754,7 @@ class PostgresStore(Store):
                 [n.step for n in rows],
                 [n.context for n in rows],
                 now,
+                CHANNEL,
             )
             by_id = {row["id"]: _job(row) for row in created_rows}
             existing: dict[tuple[str, str], Job] = {}
@@ -763,7 +773,6 @@ class PostgresStore(Store):
                 if len(existing) < len(missing):
                     # the conflicting job vanished before we could read it (pruned)
                     raise errors.Unavailable("an idempotency key changed hands during the insert; try again")
-            await _notify(conn, {job.queue for job in by_id.values()})
             out_fresh: dict[int, Inserted] = {}
             for i, job_id, new in zip(fresh, ids, rows):
                 if job_id in by_id:
