@@ -1,0 +1,162 @@
+"""The hand-off of enqueued jobs to parked long-polls, at the engine, with
+Trio's clock: what happens when the hand-off's transaction is slow or fails
+while a poll waits for it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from qftrio import errors
+from qftrio.models import Lease, Status
+from qftrio.server.engine import Engine, EnqueueSpec
+from qftrio.server.store.base import ClaimRequest, Inserted, NewJob
+from qftrio.server.store.sqlite import SqliteStore
+
+EPOCH = 1_800_000_000.0
+
+
+class SlowHandOff:
+    """A store whose ``jobs_insert_claiming`` takes ``delay`` seconds of
+    Trio time (then runs, or raises when ``fail`` is set); everything else
+    is the real embedded store's."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+        self.delay = 1.0
+        self.fail = False
+        self.calls = 0
+        self.claims = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def jobs_claim(self, queue: str, **kw: Any) -> list[Lease]:
+        self.claims += 1
+        return await self._store.jobs_claim(queue, **kw)
+
+    async def jobs_insert_claiming(
+        self, jobs: Sequence[NewJob], *, now: float, claims: Sequence[ClaimRequest]
+    ) -> tuple[list[Inserted], list[list[Lease]]]:
+        self.calls += 1
+        await trio.sleep(self.delay)
+        if self.fail:
+            raise errors.Unavailable("the database failed")
+        return await self._store.jobs_insert_claiming(jobs, now=now, claims=claims)
+
+
+@pytest.fixture
+async def slow(tmp_path: Path) -> AsyncIterator[SlowHandOff]:
+    # Inline SQLite calls: a worker thread would let the autojump clock run ahead.
+    store = SqliteStore(str(tmp_path / "qftrio.db"), threaded=False)
+    try:
+        yield SlowHandOff(store)
+    finally:
+        await store.aclose()
+
+
+def make_engine(store: SlowHandOff) -> Engine:
+    return Engine(store, clock=lambda: EPOCH + trio.current_time())  # type: ignore[arg-type]
+
+
+SPEC = EnqueueSpec(kind="k", payload={}, queue="q")
+
+
+async def test_a_poll_whose_wait_ends_during_the_hand_off_still_gets_its_job(
+    slow: SlowHandOff, autojump_clock: trio.abc.Clock
+) -> None:
+    engine = make_engine(slow)
+    got: list[list[Lease]] = []
+
+    async def poll() -> None:
+        got.append(await engine.lease("q", max_jobs=1, lease_secs=30, wait_secs=0.5))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(poll)
+        await trio.sleep(0.2)
+        (inserted,) = await engine.enqueue("t", [SPEC])  # takes the poll; lands at t=1.2
+    assert slow.calls == 1
+    (lease,) = got[0]
+    assert lease.job.id == inserted.job.id and lease.job.status is Status.RUNNING and lease.job.attempt == 1
+
+
+async def test_a_failed_hand_off_leaves_the_poll_to_claim_for_itself(
+    slow: SlowHandOff, autojump_clock: trio.abc.Clock
+) -> None:
+    engine = make_engine(slow)
+    slow.fail = True
+    got: list[list[Lease]] = []
+
+    async def poll() -> None:
+        got.append(await engine.lease("q", max_jobs=1, lease_secs=30, wait_secs=10))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(poll)
+        await trio.sleep(0.2)
+        with pytest.raises(errors.Unavailable):
+            await engine.enqueue("t", [SPEC])
+        # Nothing was stored; the poll parks again and takes the next job.
+        slow.fail = False
+        slow.delay = 0
+        (inserted,) = await engine.enqueue("t", [SPEC])
+    (lease,) = got[0]
+    assert lease.job.id == inserted.job.id
+    assert [j.id for j in await slow.jobs_list(tenant="t")] == [inserted.job.id]
+
+
+async def test_a_poll_cancelled_during_the_hand_off_loses_its_job_to_the_lease(
+    slow: SlowHandOff, autojump_clock: trio.abc.Clock
+) -> None:
+    # As with any answer lost on the way: the job is claimed, and claimable
+    # again once its lease runs out.
+    engine = make_engine(slow)
+    async with trio.open_nursery() as nursery:
+        poll_scope = trio.CancelScope()
+
+        async def poll() -> None:
+            with poll_scope:
+                await engine.lease("q", max_jobs=1, lease_secs=30, wait_secs=10)
+
+        nursery.start_soon(poll)
+        await trio.sleep(0.2)
+
+        async def cancel_soon() -> None:
+            await trio.sleep(0.5)
+            poll_scope.cancel()
+
+        nursery.start_soon(cancel_soon)
+        (inserted,) = await engine.enqueue("t", [SPEC])
+    job = await slow.job_get(inserted.job.id)
+    assert job is not None and job.status is Status.RUNNING
+    assert await engine.lease("q", max_jobs=1, lease_secs=30) == []
+    await trio.sleep(31)
+    (again,) = await engine.lease("q", max_jobs=1, lease_secs=30)
+    assert again.job.id == inserted.job.id and again.job.attempt == 2
+
+
+async def test_a_hand_off_that_drains_the_queue_does_not_wake_the_other_polls(
+    slow: SlowHandOff, autojump_clock: trio.abc.Clock
+) -> None:
+    engine = make_engine(slow)
+    slow.delay = 0
+    returned: list[tuple[float, int]] = []
+
+    async def poll() -> None:
+        leases = await engine.lease("q", max_jobs=2, lease_secs=30, wait_secs=3)
+        returned.append((trio.current_time(), len(leases)))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(poll)
+        await trio.sleep(1)
+        start = trio.current_time()
+        claims = slow.claims  # the polls' own, before parking (coalesced)
+        await engine.enqueue("t", [SPEC, SPEC, SPEC])  # the two oldest polls: 2 + 1
+        await trio.sleep(1)
+        assert slow.claims == claims  # the third poll was not woken to look again
+    ends = sorted((round(at - start, 3), n) for at, n in returned)
+    assert ends == [(0, 1), (0, 2), (2, 0)]  # the third waited out its wait
