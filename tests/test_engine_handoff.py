@@ -160,3 +160,21 @@ async def test_a_hand_off_that_drains_the_queue_does_not_wake_the_other_polls(
         assert slow.claims == claims  # the third poll was not woken to look again
     ends = sorted((round(at - start, 3), n) for at, n in returned)
     assert ends == [(0, 1), (0, 2), (2, 0)]  # the third waited out its wait
+
+
+async def test_an_enqueue_cancelled_during_the_hand_off_still_hands_the_job_over(
+    slow: SlowHandOff, autojump_clock: trio.abc.Clock
+) -> None:
+    engine = make_engine(slow)
+    got: list[list[Lease]] = []
+
+    async def poll() -> None:
+        got.append(await engine.lease("q", max_jobs=1, lease_secs=30, wait_secs=10))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(poll)
+        await trio.sleep(0.2)
+        with trio.move_on_after(0.5):  # the enqueue's caller goes away mid-transaction
+            await engine.enqueue("t", [SPEC])
+    ((lease,),) = got
+    assert lease.job.status is Status.RUNNING and lease.job.attempt == 1

@@ -251,9 +251,12 @@ class Engine:
             inserted = await self.store.jobs_insert(new, now=now)
         else:
             try:
-                inserted, claimed = await self.store.jobs_insert_claiming(
-                    new, now=now, claims=[parked.claim for parked in handed]
-                )
+                # Shielded: the polls' jobs are claimed whether or not this
+                # enqueue's caller stays, so the polls must get them.
+                with trio.CancelScope(shield=True):
+                    inserted, claimed = await self.store.jobs_insert_claiming(
+                        new, now=now, claims=[parked.claim for parked in handed]
+                    )
             finally:
                 # On failure too: a poll given nothing claims for itself.
                 for k, parked in enumerate(handed):
