@@ -66,17 +66,18 @@ def make_engine(store: SlowHandOff) -> Engine:
 SPEC = EnqueueSpec(kind="k", payload={}, queue="q")
 
 
+async def poll(engine: Engine, got: list[list[Lease]], wait_secs: float) -> None:
+    """A long-poll for one job of queue ``q``; appends what it got."""
+    got.append(await engine.lease("q", max_jobs=1, lease_secs=30, wait_secs=wait_secs))
+
+
 async def test_a_poll_whose_wait_ends_during_the_hand_off_still_gets_its_job(
     slow: SlowHandOff, autojump_clock: trio.abc.Clock
 ) -> None:
     engine = make_engine(slow)
     got: list[list[Lease]] = []
-
-    async def poll() -> None:
-        got.append(await engine.lease("q", max_jobs=1, lease_secs=30, wait_secs=0.5))
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(poll)
+        nursery.start_soon(poll, engine, got, 0.5)
         await trio.sleep(0.2)
         (inserted,) = await engine.enqueue("t", [SPEC])  # takes the poll; lands at t=1.2
     assert slow.calls == 1
@@ -90,12 +91,8 @@ async def test_a_failed_hand_off_leaves_the_poll_to_claim_for_itself(
     engine = make_engine(slow)
     slow.fail = True
     got: list[list[Lease]] = []
-
-    async def poll() -> None:
-        got.append(await engine.lease("q", max_jobs=1, lease_secs=30, wait_secs=10))
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(poll)
+        nursery.start_soon(poll, engine, got, 10)
         await trio.sleep(0.2)
         with pytest.raises(errors.Unavailable):
             await engine.enqueue("t", [SPEC])
@@ -167,12 +164,8 @@ async def test_an_enqueue_cancelled_during_the_hand_off_still_hands_the_job_over
 ) -> None:
     engine = make_engine(slow)
     got: list[list[Lease]] = []
-
-    async def poll() -> None:
-        got.append(await engine.lease("q", max_jobs=1, lease_secs=30, wait_secs=10))
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(poll)
+        nursery.start_soon(poll, engine, got, 10)
         await trio.sleep(0.2)
         with trio.move_on_after(0.5):  # the enqueue's caller goes away mid-transaction
             await engine.enqueue("t", [SPEC])
