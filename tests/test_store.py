@@ -135,6 +135,45 @@ async def test_insert_claiming_hands_new_jobs_to_claims_in_one_call(storage: Sto
     assert inserted == [] and [lease.job.id for lease in claimed[0]] == [later]
 
 
+async def test_insert_claiming_for_one_poll(storage: Store) -> None:
+    # The common hand-off: one parked poll, new jobs of its queue.
+    poll = ClaimRequest(queue="q", limit=2, lease_secs=30, worker_id="w1")
+    inserted, (leases,) = await storage.jobs_insert_claiming(
+        [new("low", priority=0), new("later", at=T0 + 60), new("high", priority=5), new("mid", priority=3)],
+        now=T0,
+        claims=[poll],
+    )
+    low, later, high, mid = (i.job for i in inserted)
+    assert all(i.created for i in inserted)
+    assert [lease.job.id for lease in leases] == [high.id, mid.id]
+    for lease in leases:
+        assert lease.job.status is Status.RUNNING and lease.job.attempt == 1 and lease.job.worker_id == "w1"
+        assert lease.job.locked_until == T0 + 30
+        uuid.UUID(lease.lease_token)
+    assert (await storage.job_get(low.id)).status is Status.PENDING
+    assert (await storage.job_get(later.id)).status is Status.PENDING
+    results = await storage.jobs_complete([CompleteItem(x.job.id, x.lease_token, {}) for x in leases], now=T0 + 1)
+    assert [r.outcome for r in results] == [Outcome.OK, Outcome.OK]
+    # Something older is claimable: it is claimed in lease order with the new.
+    _, (leases,) = await storage.jobs_insert_claiming([new("newer", priority=1)], now=T0 + 2, claims=[poll])
+    assert [lease.job.kind for lease in leases] == ["newer", "low"]
+    await storage.jobs_complete([CompleteItem(x.job.id, x.lease_token, {}) for x in leases], now=T0 + 2)
+    # New jobs alone, in lease order.
+    _, (leases,) = await storage.jobs_insert_claiming(
+        [new("newest", at=T0 + 3), new("newest")], now=T0 + 3, claims=[poll]
+    )
+    assert [lease.job.scheduled_at for lease in leases] == [T0, T0 + 3]
+    await storage.jobs_complete([CompleteItem(x.job.id, x.lease_token, {}) for x in leases], now=T0 + 3)
+    # An expired lease counts as claimable too.
+    (expired,) = await storage.jobs_claim("q", limit=1, lease_secs=1, worker_id="w2", now=T0 + 60)
+    assert expired.job.id == later.id
+    inserted, (leases,) = await storage.jobs_insert_claiming(
+        [new("last", at=T0 + 70)], now=T0 + 70, claims=[ClaimRequest(queue="q", limit=1, lease_secs=30)]
+    )
+    assert [(lease.job.id, lease.job.attempt) for lease in leases] == [(expired.job.id, 2)]
+    assert (await storage.job_get(inserted[0].job.id)).status is Status.PENDING
+
+
 async def test_claim_is_exclusive_under_concurrency(storage: Store) -> None:
     ids = await insert(storage, *[new() for _ in range(60)])
     seen: list[str] = []

@@ -282,6 +282,42 @@ def _leases(rows: Sequence[asyncpg.Record]) -> list[Lease]:
     return leases
 
 
+# Insert a parked long-poll's queue's new jobs, those it takes (the due ones,
+# in lease order, up to its limit) claimed already, unless something older
+# is claimable in the queue; NOTIFY the queue if any stay pending.
+_INSERT_HANDING_OVER_SQL = f"""
+WITH older AS (
+    SELECT EXISTS (
+        SELECT 1 FROM qftrio_jobs WHERE queue = $3 AND status = 'pending' AND scheduled_at <= $4
+    ) OR EXISTS (
+        SELECT 1 FROM qftrio_jobs
+        WHERE queue = $3 AND status = 'running' AND locked_until < $4 AND attempt < max_attempts
+    ) AS found
+), input AS (
+    SELECT u.*, u.scheduled_at <= $4 AS due,
+        row_number() OVER (PARTITION BY u.scheduled_at <= $4 ORDER BY u.priority DESC, u.scheduled_at, u.ord) AS rank
+    FROM unnest($1::uuid[], $2::text[], $5::text[], $6::jsonb[], $7::int[], $8::int[], $9::float8[])
+        WITH ORDINALITY AS u(id, tenant, kind, payload, priority, max_attempts, scheduled_at, ord)
+), chosen AS (
+    SELECT i.*, (i.due AND i.rank <= $10 AND NOT o.found) AS hand FROM input AS i CROSS JOIN older AS o
+), inserted AS (
+    INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts, scheduled_at,
+        status, attempt, locked_until, lease_token, worker_id, created_at, updated_at)
+    SELECT c.id, c.tenant, $3, c.kind, c.payload, c.priority, c.max_attempts, c.scheduled_at,
+        CASE WHEN c.hand THEN 'running' ELSE 'pending' END,
+        CASE WHEN c.hand THEN 1 ELSE 0 END,
+        CASE WHEN c.hand THEN $4 + $11::float8 END,
+        CASE WHEN c.hand THEN gen_random_uuid() END,
+        CASE WHEN c.hand THEN $12::text END,
+        $4, $4
+    FROM chosen AS c
+    RETURNING {_JOB_COLUMNS}
+), notified AS (
+    SELECT count(pg_notify($13, $3)) FROM (SELECT 1 FROM inserted WHERE status = 'pending' LIMIT 1) AS p
+)
+SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notified
+"""
+
 _NEXT_AVAILABLE_SQL = """
 SELECT least(
     (SELECT min(scheduled_at) FROM qftrio_jobs
@@ -682,6 +718,15 @@ class PostgresStore(Store):
     async def jobs_insert_claiming(
         self, jobs: Sequence[NewJob], *, now: float, claims: Sequence[ClaimRequest]
     ) -> tuple[list[Inserted], list[list[Lease]]]:
+        if (
+            jobs
+            and len(claims) == 1
+            and claims[0].limit > 0
+            and all(
+                j.queue == claims[0].queue and j.idempotency_key is None and j.workflow_id is None for j in jobs
+            )
+        ):
+            return await self._insert_handing_over(jobs, now=now, claim=claims[0])
         insert = self._inserter(jobs, now) if jobs else None
 
         async def insert_claiming(conn: asyncpg.Connection) -> tuple[list[Inserted], list[list[Lease]]]:
@@ -695,6 +740,40 @@ class PostgresStore(Store):
             return inserted, claimed
 
         return await self._db.run(insert_claiming)
+
+    async def _insert_handing_over(
+        self, jobs: Sequence[NewJob], *, now: float, claim: ClaimRequest
+    ) -> tuple[list[Inserted], list[list[Lease]]]:
+        """:meth:`jobs_insert_claiming` for one long-poll and jobs of its
+        queue, in one statement (one round trip): the due jobs it takes are
+        inserted claimed already. Only when nothing else in the queue is
+        claimable, which is what a parked poll leaves behind; otherwise the
+        jobs are inserted pending and the claim runs after, as a claim."""
+        ids = [uuid.uuid4() for _ in jobs]
+        rows = await self._db.fetch(
+            _INSERT_HANDING_OVER_SQL,
+            ids,
+            [j.tenant for j in jobs],
+            claim.queue,
+            now,
+            [j.kind for j in jobs],
+            [j.payload for j in jobs],
+            [j.priority for j in jobs],
+            [j.max_attempts for j in jobs],
+            [j.scheduled_at for j in jobs],
+            claim.limit,
+            float(claim.lease_secs),
+            claim.worker_id,
+            CHANNEL,
+        )
+        by_id = {row["id"]: row for row in rows}
+        inserted = [Inserted(job=_job(by_id[job_id]), created=True) for job_id in ids]
+        if rows and rows[0]["older_found"]:
+            claimed = await self._db.fetch(
+                _CLAIM_SQL, claim.queue, now, claim.limit, float(claim.lease_secs), claim.worker_id, LEASE_EXPIRED
+            )
+            return inserted, [_leases(claimed)]
+        return inserted, [_leases([row for row in rows if row["status"] == Status.RUNNING.value])]
 
     def _inserter(
         self, jobs: Sequence[NewJob], now: float
