@@ -102,10 +102,20 @@ def parse_time(value: str | float | _dt.datetime | None) -> float | None:
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str):
-        value = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return _parse_time_string(value)
     if value.tzinfo is None:
         value = value.replace(tzinfo=_dt.timezone.utc)
     return value.timestamp()
+
+
+# The other way round, for workers reading leases: the jobs of one answer
+# share most of their timestamps too.
+@functools.lru_cache(maxsize=4096)
+def _parse_time_string(value: str) -> float:
+    parsed = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=_dt.timezone.utc)
+    return parsed.timestamp()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
