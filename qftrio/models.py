@@ -109,8 +109,9 @@ def parse_time(value: str | float | _dt.datetime | None) -> float | None:
 
 
 # The other way round, for workers reading leases: the jobs of one answer
-# share most of their timestamps too.
-@functools.lru_cache(maxsize=4096)
+# share most of their timestamps too (a few distinct ones per answer, so a
+# small cache does).
+@functools.lru_cache(maxsize=1024)
 def _parse_time_string(value: str) -> float:
     parsed = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     if parsed.tzinfo is None:
