@@ -4,13 +4,25 @@ library as the fallback for what orjson refuses (integers beyond 64 bits)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
 
 __all__ = ["dumps", "dumps_str", "loads"]
 
-loads = orjson.loads
+# orjson reads an integer beyond 64 bits as a float, silently; the standard
+# library reads it exactly. Such integers have 19 digits or more.
+_LONG_NUMBER = re.compile(r"\d{19}")
+_LONG_NUMBER_BYTES = re.compile(rb"\d{19}")
+
+
+def loads(data: bytes | str) -> Any:
+    """JSON text to Python, every integer exact."""
+    found = _LONG_NUMBER.search(data) if isinstance(data, str) else _LONG_NUMBER_BYTES.search(data)
+    if found is not None:
+        return json.loads(data)
+    return orjson.loads(data)
 
 
 def dumps(value: Any) -> bytes:

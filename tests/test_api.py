@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import httpx
+
+from qftrio import Client
 
 from .conftest import RunningServer
 
@@ -28,6 +31,30 @@ async def test_enqueue_defaults(http, server) -> None:
         assert job[field] is None, field
     assert job["errors"] == []
     assert "lease_token" not in job
+
+
+async def test_integers_of_any_size_come_back_exactly(http, server) -> None:
+    big = {"n": 123456789012345678901234567890, "m": -9223372036854775809, "u": 18446744073709551616, "f": 0.5}
+    r = await post_job(http, server, payload=big)
+    assert r.status_code == 201
+    job = json.loads(r.content)  # the standard library reads every integer exactly
+    assert job["payload"] == big
+    (leased,) = (
+        await http.post("/api/v1/queues/default/lease", json={}, headers=server.headers("worker"))
+    ).json()["jobs"]
+    assert leased["job"]["payload"] == big
+    r = await http.post(
+        f"/api/v1/jobs/{job['id']}/complete",
+        json={"lease_token": leased["lease_token"], "result": big},
+        headers=server.headers("worker"),
+    )
+    assert r.status_code == 204
+    got = json.loads((await http.get(f"/api/v1/jobs/{job['id']}", headers=server.headers())).content)
+    assert got["payload"] == big and got["result"] == big
+    # and through qftrio's own client
+    async with Client(server.url, server.tenants["acme"]) as client:
+        fetched = await client.job_get(job["id"])
+    assert fetched.payload == big and fetched.result == big
 
 
 async def test_enqueue_with_config(http, server) -> None:
