@@ -512,13 +512,16 @@ def pg_bulk_pending(url: str, queue: str, n: int, *, tenant: str = TENANT, chunk
     return time.perf_counter() - t0
 
 
-def start_pyspy(procs: Procs, path: str, pid: int, rate: int = 200) -> subprocess.Popen[bytes]:
+def start_pyspy(procs: Procs, path: str, pid: int, rate: int = 200, gil: bool = False) -> subprocess.Popen[bytes]:
     """``py-spy record`` of *pid* into *path* until stopped (SIGTERM makes it
     write the file): an SVG flame graph, or raw collapsed stacks for a
-    ``.txt`` path (see ``profile_summary.py``)."""
+    ``.txt`` path (see ``profile_summary.py``). With *gil*, only the thread
+    holding the GIL is sampled: where the CPU goes, not where threads wait."""
     argv = [str(VENV_BIN / "py-spy"), "record", "-o", path, "--pid", str(pid), "--rate", str(rate), "--nonblocking"]
     if path.endswith(".txt"):
         argv += ["--format", "raw"]
+    if gil:
+        argv += ["--gil"]
     return procs.spawn(f"py-spy-{pid}", argv)
 
 

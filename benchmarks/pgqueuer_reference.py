@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             for w in counts:
                 targs = argparse.Namespace(
                     store="postgres", jobs=args.jobs, enqueue_batch=1000, workers=w, lanes=args.lanes,
-                    batch=args.batch, worker_log_level=args.worker_log_level, profile_server=None, profile_worker=None,
+                    batch=args.batch, worker_log_level=args.worker_log_level, profile_server=None, profile_worker=None, profile_gil=False,
                 )  # fmt: skip
                 for _ in range(args.runs):
                     run += 1

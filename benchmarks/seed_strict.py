@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=10.0, help="seconds per phase (default 10)")
     p.add_argument("--jobs", type=int, default=30_000, help="jobs enqueued for the seed phase (default 30000); the phase ends early if they run out")
     p.add_argument("--profile-server", metavar="FILE", help="py-spy record the server during the seed phase (.svg, or .txt for raw stacks)")
+    p.add_argument("--profile-gil", action="store_true", help="profile only the thread holding the GIL (py-spy --gil)")
     b.add_common(p)
     # internal: a load-generator child
     p.add_argument("--child", choices=["healthz", "notfound", "unauth", "seed"], help=argparse.SUPPRESS)
@@ -180,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
                 b.say(f"GET unknown route, 404 (no store): {nf['rate']:,.0f} req/s; {busy(nf)}")
                 unauth = load(args, "unauth", server.url, queue, server_pid=server.pid)
                 b.say(f"POST lease without a credential, 401 (protocol front, no store): {unauth['rate']:,.0f} req/s; {busy(unauth)}")
-                spy = b.start_pyspy(procs, args.profile_server, server.pid) if args.profile_server else None
+                spy = (
+                    b.start_pyspy(procs, args.profile_server, server.pid, gil=args.profile_gil)
+                    if args.profile_server
+                    else None
+                )
                 seed = load(args, "seed", server.url, queue, server_pid=server.pid)
                 if spy is not None:
                     b.stop_pyspy(procs, spy)

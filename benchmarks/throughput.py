@@ -42,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker-log-level", default="WARNING", help="--log-level of the workers (default WARNING; the CLI's own default is INFO)")
     p.add_argument("--profile-server", metavar="SVG", help="record the (first) server with py-spy during run 1 (.svg flame graph, or .txt for raw collapsed stacks)")
     p.add_argument("--profile-worker", metavar="SVG", help="record the first worker with py-spy during run 1 (.svg or .txt)")
+    p.add_argument("--profile-gil", action="store_true", help="profile only the thread holding the GIL (py-spy --gil)")
     b.add_common(p)
     args = p.parse_args(argv)
     if args.store == "sqlite" and args.servers != 1:
@@ -64,7 +65,7 @@ def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_ur
     if run == 1:
         for path, pid in ((args.profile_server, servers[0].pid), (args.profile_worker, workers[0].pid)):
             if path:
-                spies.append(b.start_pyspy(procs, path, pid))
+                spies.append(b.start_pyspy(procs, path, pid, gil=args.profile_gil))
     deadline = time.monotonic() + max(60.0, args.jobs / 100)
     while True:
         counts = b.queue_counts(servers[0].url, queue)
