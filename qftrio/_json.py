@@ -18,11 +18,15 @@ _LONG_NUMBER_BYTES = re.compile(rb"\d{19}")
 
 
 def loads(data: bytes | str) -> Any:
-    """JSON text to Python, every integer exact."""
+    """JSON text to Python, every integer exact (and numbers beyond a
+    double's range read as the standard library reads them)."""
     found = _LONG_NUMBER.search(data) if isinstance(data, str) else _LONG_NUMBER_BYTES.search(data)
-    if found is not None:
-        return json.loads(data)
-    return orjson.loads(data)
+    if found is None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass  # the standard library's verdict, and its error if any
+    return json.loads(data)
 
 
 def dumps(value: Any) -> bytes:
