@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["dumps", "dumps_str", "loads"]
+__all__ = ["dumps", "dumps_str", "dumps_strict", "loads"]
 
 # orjson reads an integer beyond 64 bits as a float, silently; the standard
 # library reads it exactly. Such integers have 19 digits or more.
@@ -41,3 +41,16 @@ def dumps_str(value: Any) -> str:
         return orjson.dumps(value).decode()
     except TypeError:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def dumps_strict(value: Any) -> bytes:
+    """:func:`dumps` for data from users: a number JSON cannot hold (NaN,
+    Infinity) raises ``ValueError`` instead of being written as ``null``,
+    which is what orjson does with it."""
+    try:
+        out = orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    if b"null" in out:
+        json.dumps(value, allow_nan=False)  # raises where orjson wrote a non-finite number as null
+    return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ import httpx
 import pydantic
 
 from . import errors
-from ._json import dumps as json_dumps, loads as json_loads
+from ._json import dumps_strict as json_dumps, loads as json_loads
 from .models import (
     CompleteItem,
     FailItem,
@@ -82,7 +83,21 @@ _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def _body(model: pydantic.BaseModel) -> dict[str, Any]:
+    # Checked first: pydantic's JSON mode would write NaN and Infinity as null.
+    _check_finite(model.model_dump(exclude_none=True), "")
     return model.model_dump(mode="json", exclude_none=True)
+
+
+def _check_finite(value: Any, where: str) -> None:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise errors.InvalidInput(f"{where or 'body'}: {value!r} is not a JSON number")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_finite(item, f"{where}.{index}" if where else str(index))
 
 
 def _build(model_cls: type[pydantic.BaseModel], **fields: Any) -> dict[str, Any]:
@@ -189,7 +204,10 @@ class Client:
     ) -> httpx.Response:
         kwargs: dict[str, Any] = {}
         if json_body is not None:
-            kwargs["content"] = json_dumps(json_body)
+            try:
+                kwargs["content"] = json_dumps(json_body)
+            except ValueError as exc:
+                raise errors.InvalidInput(f"the request cannot be sent as JSON: {exc}") from None
             kwargs["headers"] = _JSON_HEADERS
         if params:
             kwargs["params"] = {k: v for k, v in params.items() if v is not None}

@@ -57,6 +57,34 @@ async def test_integers_of_any_size_come_back_exactly(http, server) -> None:
     assert fetched.payload == big and fetched.result == big
 
 
+async def test_numbers_json_cannot_hold_are_refused(http, server) -> None:
+    for number in (b"NaN", b"-Infinity", b"1e400", b"-2.5E+999"):
+        r = await http.post(
+            "/api/v1/jobs",
+            content=b'{"kind": "k", "payload": {"ratio": [1, ' + number + b"]}}",
+            headers={**server.headers("acme"), "Content-Type": "application/json"},
+        )
+        assert r.status_code == 422 and number.decode().lstrip("-") in r.json()["error"]["message"], r.text
+    assert (await http.get("/api/v1/jobs", headers=server.headers())).json()["jobs"] == []
+    # The same characters in strings, and large finite numbers, are fine.
+    r = await post_job(http, server, payload={"note": "NaN, Infinity, 1e400", "big": 1e300})
+    assert r.status_code == 201
+    payload = r.json()["payload"]
+    # (PostgreSQL's jsonb writes 1e300 out in digits: it comes back as an integer.)
+    assert payload["note"] == "NaN, Infinity, 1e400" and float(payload["big"]) == 1e300
+    (leased,) = (
+        await http.post("/api/v1/queues/default/lease", json={}, headers=server.headers("worker"))
+    ).json()["jobs"]
+    r = await http.post(
+        f"/api/v1/jobs/{leased['job']['id']}/complete",
+        content=b'{"lease_token": "' + leased["lease_token"].encode() + b'", "result": {"x": NaN}}',
+        headers=server.headers("worker"),
+    )
+    assert r.status_code == 422
+    got = (await http.get(f"/api/v1/jobs/{leased['job']['id']}", headers=server.headers())).json()
+    assert got["status"] == "running" and got["result"] is None
+
+
 async def test_enqueue_with_config(http, server) -> None:
     r = await post_job(
         http, server, payload={"to": "a@b.c"},

@@ -70,6 +70,10 @@ async def test_bad_input_is_refused_before_sending(tenant: Client) -> None:
         await tenant.enqueue("not a kind")
     with pytest.raises(errors.InvalidInput, match="delay_secs or scheduled_at"):
         await tenant.enqueue("x", delay_secs=1, scheduled_at=1.0)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(errors.InvalidInput, match="payload.ratio.1: .* is not a JSON number"):
+            await tenant.enqueue("x", payload={"ratio": [1.0, bad]})
+    assert await tenant.jobs_list() == ([], None)
 
 
 async def test_server_side_validation_raises_invalid_input(tenant: Client) -> None:

@@ -379,6 +379,20 @@ async def test_result_that_is_not_an_object_fails(server: FakeServer, autojump_c
     assert "expected a dict" in server.rows[job_id].errors[0]
 
 
+async def test_result_with_a_number_json_cannot_hold_fails(server: FakeServer, autojump_clock: Any) -> None:
+    reg = Registry()
+
+    @reg.handler("nan")
+    async def nan(job: Job) -> Any:
+        return {"ratio": float("nan")}
+
+    job_id = server.add("nan")
+    async with open_worker(server, "q", reg, lease_secs=10, wait_secs=5):
+        await wait_for(lambda: server.rows[job_id].status is Status.FAILED)
+    assert "handler result is not JSON" in server.rows[job_id].errors[0]
+    assert server.rows[job_id].result is None
+
+
 # --------------------------------------------------------------------------
 # Heartbeats
 

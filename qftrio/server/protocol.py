@@ -16,7 +16,9 @@ Each route function takes the engine, the raw body and the path parameters
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -77,15 +79,39 @@ def _field_errors(exc: pydantic.ValidationError) -> str:
 
 def parse_body(model: type[M], raw: bytes) -> M:
     """*raw* parsed into *model* (an empty body counts as ``{}``): 400 for
-    malformed JSON, 422 naming every field that breaks the schema."""
+    malformed JSON, 422 naming every field that breaks the schema, and 422
+    for a number JSON cannot hold."""
     if not raw.strip():
         raw = b"{}"
     try:
-        return model.model_validate_json(raw)
+        parsed = model.model_validate_json(raw)
     except pydantic.ValidationError as exc:
         if any(e["type"] == "json_invalid" for e in exc.errors(include_url=False)):
             raise errors.BadRequest("the body is not valid JSON", code="malformed_json") from None
         raise errors.InvalidInput(_field_errors(exc)) from None
+    if _NON_FINITE_HINT.search(raw):
+        _reject_non_finite(raw)
+    return parsed
+
+
+# JSON has no NaN or Infinity and no number beyond a double's range, but the
+# parser takes them, and a store would keep them as null or refuse them.
+# Such a number needs one of these in the text; only then is the body read
+# again, number by number.
+_NON_FINITE_HINT = re.compile(rb"NaN|Infinity|[eE][+-]?\d{3}|\d{309}")
+
+
+def _reject_non_finite(raw: bytes) -> None:
+    def constant(name: str) -> Any:
+        raise errors.InvalidInput(f"body: {name} is not a JSON number")
+
+    def number(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise errors.InvalidInput(f"body: {text[:40]} is beyond the range of a JSON number")
+        return value
+
+    json.loads(raw, parse_constant=constant, parse_float=number)
 
 
 def check_name(value: str, what: str) -> str:

@@ -49,7 +49,7 @@ from typing import Any, Literal
 import trio
 
 from .. import errors
-from .._json import dumps as json_dumps
+from .._json import dumps_strict as json_dumps
 from ..models import MAX_LEASE_JOBS, MAX_LEASE_SECS, MAX_WAIT_SECS, Job, Lease, valid_name
 from .registry import Handler, Registry
 from .transport import Batcher, CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, ReportReply, Transport
