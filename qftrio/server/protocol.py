@@ -89,16 +89,28 @@ def parse_body(model: type[M], raw: bytes) -> M:
         if any(e["type"] == "json_invalid" for e in exc.errors(include_url=False)):
             raise errors.BadRequest("the body is not valid JSON", code="malformed_json") from None
         raise errors.InvalidInput(_field_errors(exc)) from None
-    if _NON_FINITE_HINT.search(raw):
+    if _may_hold_non_finite(raw):
         _reject_non_finite(raw)
     return parsed
 
 
 # JSON has no NaN or Infinity and no number beyond a double's range, but the
 # parser takes them, and a store would keep them as null or refuse them.
-# Such a number needs one of these in the text; only then is the body read
-# again, number by number.
-_NON_FINITE_HINT = re.compile(rb"NaN|Infinity|[eE][+-]?\d{3}|\d{309}")
+# Such a number needs one of these in the text (a three-digit exponent, or
+# 309 digits in a row); only then is the body read again, number by number.
+# Each test is linear in the body's size.
+_EXPONENT_3 = re.compile(rb"[eE][+-]?\d{3}")
+_DIGITS_AS_ZEROS = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 309
+
+
+def _may_hold_non_finite(raw: bytes) -> bool:
+    return (
+        b"NaN" in raw
+        or b"Infinity" in raw
+        or _EXPONENT_3.search(raw) is not None
+        or _LONG_RUN in raw.translate(_DIGITS_AS_ZEROS)
+    )
 
 
 def _reject_non_finite(raw: bytes) -> None:
