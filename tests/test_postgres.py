@@ -236,6 +236,33 @@ async def test_listener_signals_all_queues_after_reconnecting(asyncio_loop: Any)
 # -- several servers on one database --------------------------------------------------
 
 
+async def test_jobs_a_hand_off_leaves_wake_the_other_servers(asyncio_loop: Any) -> None:
+    with trio.fail_after(30):
+        async with open_test_postgres_store() as store_a, other_store() as store_b:
+            # Safety polls out of reach: only the hand-off and NOTIFY deliver.
+            server_a = Engine(store_a, safety_poll_secs=120)
+            server_b = Engine(store_b, safety_poll_secs=120)
+            got: dict[str, list[Any]] = {}
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server_a.run_listener)
+                await nursery.start(server_b.run_listener)
+
+                async def long_poll(name: str, engine: Engine) -> None:
+                    got[name] = await engine.lease("q", max_jobs=1, wait_secs=30)
+
+                nursery.start_soon(long_poll, "a", server_a)
+                nursery.start_soon(long_poll, "b", server_b)
+                await trio.sleep(0.3)  # both parked
+                inserted = await server_a.enqueue("t", [EnqueueSpec(kind="k", payload={}, queue="q")] * 2)
+                with trio.fail_after(5):
+                    while len(got) < 2:
+                        await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
+            leased = sorted(lease.job.id for leases in got.values() for lease in leases)
+            assert leased == sorted(i.job.id for i in inserted)
+            assert len(got["a"]) == len(got["b"]) == 1
+
+
 async def test_many_servers_never_share_a_job(asyncio_loop: Any) -> None:
     n_jobs, n_servers, n_workers = 300, 3, 6
     with trio.fail_after(45):
