@@ -98,11 +98,15 @@ async def test_parked_long_polls_share_an_enqueued_batch(http, server) -> None:
             nursery.start_soon(waiter, max_jobs)
             await trio.sleep(0.1)  # parked oldest first
         body = {"jobs": [{"kind": "resize", "config": {"queue": "images"}} for _ in range(4)]}
+        enqueued_at = trio.current_time()
         r = await http.post("/api/v1/jobs/batch", json=body, headers=server.headers())
         assert r.status_code == 201
         enqueued = [j["id"] for j in r.json()["jobs"]]
-        await trio.sleep(0.5)
+        with trio.fail_after(5):
+            while len(got) < 3:
+                await trio.sleep(0.01)
         # Every poll holds jobs well before its wait runs out.
+        assert trio.current_time() - enqueued_at < 1.5
         assert sorted(len(jobs) for jobs in got) == [1, 1, 2]
     leased = [item for jobs in got for item in jobs]
     assert sorted(item["job"]["id"] for item in leased) == sorted(enqueued)
