@@ -420,6 +420,10 @@ class JobConfig(_Body):
     def _one_schedule(self) -> JobConfig:
         if self.delay_secs is not None and self.scheduled_at is not None:
             raise ValueError("give delay_secs or scheduled_at, not both")
+        # Times are written back with four-digit years; near the end of 9999
+        # in any time zone, UTC (or microsecond rounding) reaches 10000.
+        if self.scheduled_at is not None and self.scheduled_at.year > 9998:
+            raise ValueError("scheduled_at must be before the year 9999")
         return self
 
 

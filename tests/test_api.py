@@ -57,6 +57,14 @@ async def test_integers_of_any_size_come_back_exactly(http, server) -> None:
     assert fetched.payload == big and fetched.result == big
 
 
+async def test_scheduled_at_beyond_four_digit_years_is_refused(http, server) -> None:
+    r = await post_job(http, server, config={"scheduled_at": "9999-12-31T23:59:59.999999Z"})
+    assert r.status_code == 422 and "scheduled_at" in r.json()["error"]["message"]
+    r = await post_job(http, server, config={"scheduled_at": "9998-12-31T23:59:59-12:00"})
+    assert r.status_code == 201
+    assert r.json()["scheduled_at"].startswith("9999-01-01T11:59:59")
+
+
 async def test_numbers_json_cannot_hold_are_refused(http, server) -> None:
     for number in (b"NaN", b"-Infinity", b"1e400", b"-2.5E+999"):
         r = await http.post(
