@@ -243,6 +243,22 @@ def echo_registry() -> Registry:
     return reg
 
 
+def forever_registry() -> tuple[Registry, list[float]]:
+    """A registry whose ``forever`` handler runs until cancelled, and the
+    times at which it was."""
+    reg = Registry()
+    cancelled_at: list[float] = []
+
+    @reg.handler("forever")
+    async def forever(job: Job) -> dict[str, Any]:
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled_at.append(trio.current_time())
+
+    return reg, cancelled_at
+
+
 # --------------------------------------------------------------------------
 # The happy path
 
@@ -414,16 +430,7 @@ async def test_heartbeats_every_half_lease_keep_a_long_job(server: FakeServer, a
 
 
 async def test_conflict_aborts_the_handler_and_reports_nothing(server: FakeServer, autojump_clock: Any) -> None:
-    reg = Registry()
-    cancelled_at: list[float] = []
-
-    @reg.handler("forever")
-    async def forever(job: Job) -> dict[str, Any]:
-        try:
-            await trio.sleep_forever()
-        finally:
-            cancelled_at.append(trio.current_time())
-
+    reg, cancelled_at = forever_registry()
     job_id = server.add("forever")
     worker, rec = make_worker(server, reg, lease_secs=10)
     async with trio.open_nursery() as nursery:
@@ -439,16 +446,7 @@ async def test_conflict_aborts_the_handler_and_reports_nothing(server: FakeServe
 
 
 async def test_cancelled_status_aborts_the_handler_within_one_interval(server: FakeServer, autojump_clock: Any) -> None:
-    reg = Registry()
-    cancelled_at: list[float] = []
-
-    @reg.handler("forever")
-    async def forever(job: Job) -> dict[str, Any]:
-        try:
-            await trio.sleep_forever()
-        finally:
-            cancelled_at.append(trio.current_time())
-
+    reg, cancelled_at = forever_registry()
     job_id = server.add("forever")
     worker, rec = make_worker(server, reg, lease_secs=10)
     async with trio.open_nursery() as nursery:
@@ -468,16 +466,7 @@ async def test_cancelled_status_aborts_the_handler_within_one_interval(server: F
 async def test_failing_renewals_abort_before_the_lease_ends_with_a_retryable_fail(
     server: FakeServer, autojump_clock: Any
 ) -> None:
-    reg = Registry()
-    cancelled_at: list[float] = []
-
-    @reg.handler("forever")
-    async def forever(job: Job) -> dict[str, Any]:
-        try:
-            await trio.sleep_forever()
-        finally:
-            cancelled_at.append(trio.current_time())
-
+    reg, cancelled_at = forever_registry()
     job_id = server.add("forever")
     worker, rec = make_worker(server, reg, lease_secs=10)
     async with trio.open_nursery() as nursery:
@@ -824,16 +813,7 @@ async def test_no_handler_starts_after_a_hard_stop(server: FakeServer, autojump_
 
 
 async def test_abort_whose_fail_cannot_land_is_unreported(server: FakeServer, autojump_clock: Any) -> None:
-    reg = Registry()
-    cancelled_at: list[float] = []
-
-    @reg.handler("forever")
-    async def forever(job: Job) -> dict[str, Any]:
-        try:
-            await trio.sleep_forever()
-        finally:
-            cancelled_at.append(trio.current_time())
-
+    reg, cancelled_at = forever_registry()
     job_id = server.add("forever")
     server.down.update({"heartbeat", "fail"})
     worker, rec = make_worker(server, reg, lease_secs=10)
