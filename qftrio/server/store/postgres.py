@@ -318,6 +318,37 @@ WITH older AS (
 SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notified
 """
 
+def _page_query(
+    columns: str,
+    table: str,
+    tenant: str,
+    equal: dict[str, Any],
+    before: tuple[float, str] | None,
+    limit: int,
+) -> tuple[str, list[Any]]:
+    """One page of a tenant's rows of *table*, newest first by ``(created_at,
+    id)``, after the row *before*; *equal* maps columns to the value they
+    must have (None: any)."""
+    where = ["tenant = $1"]
+    args: list[Any] = [tenant]
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    for column, value in equal.items():
+        if value is not None:
+            where.append(f"{column} = {arg(value)}")
+    if before is not None:
+        created_at, last_id = before
+        key = _uuid(last_id)
+        if key is None:
+            raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
+        where.append(f"(created_at, id) < ({arg(float(created_at))}::float8, {arg(key)}::uuid)")
+    sql = f"SELECT {columns} FROM {table} WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT {arg(limit)}"
+    return sql, args
+
+
 _NEXT_AVAILABLE_SQL = """
 SELECT least(
     (SELECT min(scheduled_at) FROM qftrio_jobs
@@ -888,28 +919,13 @@ class PostgresStore(Store):
         limit: int = 50,
         before: tuple[float, str] | None = None,
     ) -> list[Job]:
-        where = ["tenant = $1"]
-        args: list[Any] = [tenant]
-
-        def arg(value: Any) -> str:
-            args.append(value)
-            return f"${len(args)}"
-
-        if queue is not None:
-            where.append(f"queue = {arg(queue)}")
-        if status is not None:
-            where.append(f"status = {arg(Status(status).value)}")
-        if kind is not None:
-            where.append(f"kind = {arg(kind)}")
-        if before is not None:
-            created_at, last_id = before
-            key = _uuid(last_id)
-            if key is None:
-                raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
-            where.append(f"(created_at, id) < ({arg(float(created_at))}::float8, {arg(key)}::uuid)")
-        sql = (
-            f"SELECT {_JOB_COLUMNS} FROM qftrio_jobs WHERE {' AND '.join(where)} "
-            f"ORDER BY created_at DESC, id DESC LIMIT {arg(limit)}"
+        sql, args = _page_query(
+            _JOB_COLUMNS,
+            "qftrio_jobs",
+            tenant,
+            {"queue": queue, "status": Status(status).value if status is not None else None, "kind": kind},
+            before,
+            limit,
         )
         return [_job(row) for row in await self._db.fetch(sql, *args)]
 
@@ -1459,24 +1475,13 @@ class PostgresStore(Store):
         limit: int = 50,
         before: tuple[float, str] | None = None,
     ) -> list[Workflow]:
-        where = ["tenant = $1"]
-        args: list[Any] = [tenant]
-
-        def arg(value: Any) -> str:
-            args.append(value)
-            return f"${len(args)}"
-
-        if status is not None:
-            where.append(f"status = {arg(WorkflowStatus(status).value)}")
-        if before is not None:
-            created_at, last_id = before
-            key = _uuid(last_id)
-            if key is None:
-                raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
-            where.append(f"(created_at, id) < ({arg(float(created_at))}::float8, {arg(key)}::uuid)")
-        sql = (
-            f"SELECT {_WORKFLOW_COLUMNS} FROM qftrio_workflows WHERE {' AND '.join(where)} "
-            f"ORDER BY created_at DESC, id DESC LIMIT {arg(limit)}"
+        sql, args = _page_query(
+            _WORKFLOW_COLUMNS,
+            "qftrio_workflows",
+            tenant,
+            {"status": WorkflowStatus(status).value if status is not None else None},
+            before,
+            limit,
         )
 
         async def list_(conn: asyncpg.Connection) -> list[Workflow]:
