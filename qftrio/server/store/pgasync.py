@@ -35,8 +35,8 @@ import json
 import logging
 import random
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import asyncpg
@@ -87,6 +87,19 @@ def translate_error(exc: BaseException) -> errors.ApiError | None:
             log.warning("database interface error", exc_info=exc)
         return errors.Unavailable(f"the database is unavailable ({type(exc).__name__})")
     return None
+
+
+@contextmanager
+def database_errors() -> Iterator[None]:
+    """Raise what :func:`translate_error` maps as qftrio's errors; anything
+    else unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        mapped = translate_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
 
 
 def _first_line(exc: BaseException) -> str:
@@ -188,21 +201,17 @@ class Database:
             await trio.lowlevel.checkpoint_if_cancelled()
 
     async def _run_retrying(self, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], transaction: bool) -> T:
-        for attempt in range(_RETRIES):
-            try:
-                return await trio_asyncio.aio_as_trio(_run_on_pool, loop=self._loop)(
-                    self._pool, self._timeout, transaction, fn, args
-                )
-            except _RETRY as exc:
-                if attempt + 1 == _RETRIES:
-                    raise errors.Unavailable("the database is too busy (transaction conflicts)") from exc
-                log.info("transaction conflict (%s); running it again", type(exc).__name__)
-                await trio.sleep(0.01 * (attempt + 1) * (1 + random.random()))
-            except Exception as exc:
-                mapped = translate_error(exc)
-                if mapped is None:
-                    raise
-                raise mapped from exc
+        with database_errors():
+            for attempt in range(_RETRIES):
+                try:
+                    return await trio_asyncio.aio_as_trio(_run_on_pool, loop=self._loop)(
+                        self._pool, self._timeout, transaction, fn, args
+                    )
+                except _RETRY as exc:
+                    if attempt + 1 == _RETRIES:
+                        raise errors.Unavailable("the database is too busy (transaction conflicts)") from exc
+                    log.info("transaction conflict (%s); running it again", type(exc).__name__)
+                    await trio.sleep(0.01 * (attempt + 1) * (1 + random.random()))
         raise AssertionError("unreachable")
 
     async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
@@ -275,7 +284,7 @@ async def open_database(
             "idle_in_transaction_session_timeout": str(int(statement_timeout * 2000)),
         },
     )
-    try:
+    with database_errors():
         pool = await trio_asyncio.aio_as_trio(asyncpg.create_pool, loop=loop)(
             dsn=url,
             # No floor: asyncpg (>= 0.32) would restore it from a background
@@ -291,11 +300,6 @@ async def open_database(
             # asyncio timers run on Trio's clock; keep them out of the I/O path
             max_inactive_connection_lifetime=0,
         )
-    except Exception as exc:
-        mapped = translate_error(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
     db = Database(pool, loop, timeout=timeout)
     try:
         yield db
@@ -362,15 +366,9 @@ class Listener:
         return pending
 
     async def _ping(self) -> None:
-        try:
-            # shielded, as Database.run explains
-            with trio.CancelScope(shield=True):
-                await trio_asyncio.aio_as_trio(self._conn.fetchval, loop=self._loop)("SELECT 1", timeout=self._timeout)
-        except Exception as exc:
-            mapped = translate_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
+        # shielded, as Database.run explains
+        with database_errors(), trio.CancelScope(shield=True):
+            await trio_asyncio.aio_as_trio(self._conn.fetchval, loop=self._loop)("SELECT 1", timeout=self._timeout)
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True) as scope:
@@ -395,27 +393,17 @@ async def open_listener(
         Unavailable: the database cannot be reached.
     """
     loop = running_loop()
-    try:
+    with database_errors():
         conn = await trio_asyncio.aio_as_trio(asyncpg.connect, loop=loop)(
             dsn=url,
             timeout=timeout,
             server_settings=_defaults_unless_in_url(url, {"application_name": application_name}),
         )
-    except Exception as exc:
-        mapped = translate_error(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
     listener = Listener(conn, loop, timeout=timeout)
     try:
         conn.add_termination_listener(listener._on_termination)
-        try:
+        with database_errors():
             await trio_asyncio.aio_as_trio(conn.add_listener, loop=loop)(channel, listener._on_notification)
-        except Exception as exc:
-            mapped = translate_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
         yield listener
     finally:
         await listener.aclose()
