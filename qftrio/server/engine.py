@@ -272,8 +272,9 @@ class Engine:
             for parked, leases in zip(handed, claimed):
                 queue = parked.claim.queue
                 full[queue] = full.get(queue, True) and len(leases) >= parked.claim.limit
+            later = {job.queue for job in created if job.scheduled_at > now}  # polls recompute their wait
             for queue in {job.queue for job in created}:
-                if full.get(queue, True) or any(j.queue == queue and j.scheduled_at > now for j in created):
+                if full.get(queue, True) or queue in later:
                     self.waker.notify(queue)
         return inserted
 
