@@ -418,7 +418,7 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
 async def _unless_disconnected(call: Awaitable[None], receive: Any) -> None:
     """Await *call*; abandon it if the client disconnects meanwhile (a long
     poll must not claim jobs for a caller that is gone)."""
-    result: list[None] = []
+    done = False
     failed: list[Exception] = []
 
     async def watch(cancel_scope: trio.CancelScope) -> None:
@@ -430,11 +430,12 @@ async def _unless_disconnected(call: Awaitable[None], receive: Any) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch, outer)
             try:
-                result.append(await call)
+                await call
+                done = True
             except Exception as exc:
                 failed.append(exc)  # raised below, not wrapped in the nursery's group
             nursery.cancel_scope.cancel()
     if failed:
         raise failed[0]
-    if not result:
+    if not done:
         raise _Disconnected
