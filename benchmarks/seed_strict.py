@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -128,7 +129,8 @@ def load(args: argparse.Namespace, kind: str, url: str, queue: str = "", server_
     started = time.perf_counter()
     argv = [sys.executable, __file__, "--child", kind, "--url", url, "--queue", queue or "-",
             "--lanes", str(args.lanes), "--duration", str(args.duration)]  # fmt: skip
-    env = dict(**__import__("os").environ, PYTHONPATH=str(b.BENCH_DIR))
+    environ = __import__("os").environ
+    env = {**environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(b.BENCH_DIR), environ.get("PYTHONPATH")]))}
     kids = [subprocess.Popen(argv, stdout=subprocess.PIPE, env=env) for _ in range(args.procs)]
     outs = []
     try:

@@ -1,10 +1,10 @@
 """Running the server: the store, the engine, its janitor and listener, the
-HTTP app on hypercorn, and in-process handlers, in one nursery.
+HTTP app on qftrio's HTTP/1.1 server, and in-process handlers, in one nursery.
 
 Shutdown order: the trigger fires; parked long-polls return empty at once;
-hypercorn stops accepting and gives in-flight requests
-``graceful_timeout_secs``; in-process workers drain within the same grace;
-then the janitor and listener are cancelled and the store closed.
+the HTTP server stops accepting, closes idle connections and gives requests
+in flight ``graceful_timeout_secs``; in-process workers drain within the same
+grace; then the janitor and listener are cancelled and the store closed.
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from .. import errors
 from .app import create_app
 from .auth import Credentials
 from .config import Config
 from .engine import Engine
+from .http11 import serve_asgi
 from .protocol import ProtocolFront
 from .store.sqlite import open_sqlite_store
 
@@ -118,51 +117,32 @@ async def run_server(
                     credentials,
                     max_body_bytes=config.max_body_bytes,
                 )
+                host, _, port = config.bind.rpartition(":")
                 try:
                     binds = await front.start(
-                        lambda task_status: hypercorn_serve(
-                            app, _hypercorn_config(config), shutdown_trigger=trigger, task_status=task_status
+                        lambda task_status: serve_asgi(
+                            app,
+                            host,
+                            int(port),
+                            shutdown_trigger=trigger,
+                            graceful_timeout_secs=config.graceful_timeout_secs,
+                            task_status=task_status,
                         )
                     )
-                except (OSError, BaseExceptionGroup) as exc:
-                    # hypercorn binds inside nurseries of its own, so the
-                    # error may come wrapped in a group
-                    failed = _os_error(exc)
-                    if failed is None:
-                        raise
-                    raise errors.ConfigError(f"cannot listen on {config.bind}: {failed.strerror or failed}") from None
+                except OSError as exc:
+                    raise errors.ConfigError(f"cannot listen on {config.bind}: {exc.strerror or exc}") from None
                 log.info("qftrio listening on %s", ", ".join(binds))
                 task_status.started(binds)
             else:
                 front.start_soon(trigger)
                 task_status.started([])
             await stop.wait()
-            # hypercorn drains its requests on its own; in-process workers
+            # the HTTP server drains its requests on its own; in-process workers
             # stop leasing and finish what they hold, within the same grace.
             for stop_worker in stoppers:
                 stop_worker()
             front.cancel_scope.deadline = trio.current_time() + config.graceful_timeout_secs
         background.cancel_scope.cancel()
-
-
-def _os_error(exc: BaseException) -> OSError | None:
-    if isinstance(exc, OSError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        matched, _ = exc.split(OSError)
-        while isinstance(matched, BaseExceptionGroup):
-            matched = matched.exceptions[0]
-        return matched
-    return None
-
-
-def _hypercorn_config(config: Config) -> HyperConfig:
-    hyper = HyperConfig()
-    hyper.bind = [config.bind]
-    hyper.graceful_timeout = config.graceful_timeout_secs
-    hyper.accesslog = None
-    hyper.errorlog = logging.getLogger("hypercorn.error")
-    return hyper
 
 
 async def _start_handlers(nursery: trio.Nursery, engine: Engine, config: Config) -> list[Callable[[], None]]:
