@@ -4,7 +4,6 @@ library as the fallback for what orjson refuses (integers beyond 64 bits)."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
@@ -12,16 +11,29 @@ import orjson
 __all__ = ["dumps", "dumps_str", "dumps_strict", "loads"]
 
 # orjson reads an integer beyond 64 bits as a float, silently; the standard
-# library reads it exactly. Such integers have 19 digits or more.
-_LONG_NUMBER = re.compile(r"\d{19}")
-_LONG_NUMBER_BYTES = re.compile(rb"\d{19}")
+# library reads it exactly. Such integers have 19 digits or more. Finding a run
+# of 19 digits by mapping every digit to "0" and every other byte to " " is
+# about 8 times faster than a regular expression (a lease answer of 100 jobs:
+# 52 against 445 µs).
+_DIGITS_TO_ZERO = bytes(48 if 48 <= i < 58 else 32 for i in range(256))
+_LONG_RUN = b"0" * 19
 
 
-def loads(data: bytes | str) -> Any:
+def _may_hold_long_integer(data: bytes | bytearray | memoryview | str) -> bool:
+    if isinstance(data, str):
+        try:
+            data = data.encode()
+        except UnicodeEncodeError:
+            return True  # lone surrogates: the standard library decides
+    elif isinstance(data, memoryview):
+        data = data.tobytes()
+    return _LONG_RUN in data.translate(_DIGITS_TO_ZERO)
+
+
+def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """JSON text to Python, every integer exact (and numbers beyond a
     double's range read as the standard library reads them)."""
-    found = _LONG_NUMBER.search(data) if isinstance(data, str) else _LONG_NUMBER_BYTES.search(data)
-    if found is None:
+    if not _may_hold_long_integer(data):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
