@@ -9,8 +9,19 @@ fastest plain request the server answers, from the same load generator:
 ``GET /healthz`` (which pings the store), a ``GET`` of an unknown route, or a
 ``POST`` lease without a credential (401 from the protocol front), with the
 same lanes and processes, in the same run (/healthz before and after the seed
-phase). Each lane has its own HTTP connection (one httpx client per lane, so
-httpx's pool is not what is measured).
+phase). Each lane has its own HTTP connection.
+
+The load generator is, by default, a minimal HTTP/1.1 client on Trio sockets
+(``--client raw``: keep-alive, one request at a time per connection, answers
+read by ``Content-Length``), cheap enough that the server, not the load
+generator, is what runs out of CPU. ``--client httpx`` uses one
+``httpx.AsyncClient`` per lane instead (so httpx's pool is not what is
+measured); httpx costs several times the server's CPU per request, and then
+the load generator's ceiling is measured, not the server's.
+
+Besides the rates, the server's CPU time per request and per job is printed
+(from ``/proc``), and the ratio those give: the ratio the rates would have if
+the server were busy throughout every phase.
 
 Reported: seed jobs/s, seed requests/s (2 per job), each plain rate, the
 ratio jobs/s ÷ the fastest plain rate (the target's), and, since a job costs
@@ -24,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -39,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     p.add_argument("--lanes", type=int, default=8, help="concurrent lanes per load process (default 8)")
     p.add_argument("--procs", type=int, default=1, help="load-generator processes (default 1)")
+    p.add_argument("--client", choices=["raw", "httpx"], default="raw", help="the load generator's HTTP client (default raw)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per phase (default 10)")
     p.add_argument("--jobs", type=int, default=30_000, help="jobs enqueued for the seed phase (default 30000); the phase ends early if they run out")
     p.add_argument("--profile-server", metavar="FILE", help="py-spy record the server during the seed phase (.svg, or .txt for raw stacks)")
@@ -54,23 +67,81 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- the load generator (child process) ---------------------------------------------
 
 
+class RawHttp:
+    """A minimal HTTP/1.1 client on one Trio connection: one request at a
+    time, answers framed by ``Content-Length`` (which qftrio always sends)."""
+
+    def __init__(self, stream, host: str, headers: dict[str, str]) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+        self.fixed = "".join(f"{k}: {v}\r\n" for k, v in {"Host": host, **headers}.items()).encode()
+
+    async def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        head = b"%s %s HTTP/1.1\r\n%s" % (method.encode(), path.encode(), self.fixed)
+        if body is not None:
+            head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
+        await self.stream.send_all(head + b"\r\n" + (body or b""))
+        buffer = self.buffer
+        while (end := buffer.find(b"\r\n\r\n")) < 0:
+            await self._fill()
+        lines = bytes(buffer[:end]).split(b"\r\n")
+        del buffer[: end + 4]
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        while len(buffer) < length:
+            await self._fill()
+        answer = bytes(buffer[:length])
+        del buffer[:length]
+        return int(lines[0][9:12]), answer
+
+    async def _fill(self) -> None:
+        data = await self.stream.receive_some(65536)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        self.buffer += data
+
+
 def child(args: argparse.Namespace) -> int:
     import httpx
+    import orjson
     import trio
 
     done = 0
     errors = 0
     last = 0.0
+    host, port = args.url.removeprefix("http://").rsplit(":", 1)
+
+    @contextlib.asynccontextmanager
+    async def connection(headers: dict[str, str]):
+        """(method, path, json body) -> (status, body bytes), on one connection."""
+        if args.client == "raw":
+            async with await trio.open_tcp_stream(host, int(port)) as stream:
+                raw = RawHttp(stream, f"{host}:{port}", headers)
+
+                async def call(method: str, path: str, body: object = None) -> tuple[int, bytes]:
+                    return await raw.request(method, path, None if body is None else orjson.dumps(body))
+
+                yield call
+        else:
+            limits = httpx.Limits(max_connections=1)
+            async with httpx.AsyncClient(base_url=args.url, headers=headers, limits=limits, timeout=30) as c:
+
+                async def call(method: str, path: str, body: object = None) -> tuple[int, bytes]:
+                    r = await c.request(method, path, content=None if body is None else orjson.dumps(body))
+                    return r.status_code, r.content
+
+                yield call
 
     async def lane_plain(path: str, stop_at: float) -> None:
         nonlocal done, errors, last
-        async with httpx.AsyncClient(base_url=args.url, limits=httpx.Limits(max_connections=1), timeout=30) as c:
+        method, _, path = path.rpartition(" ")
+        async with connection({}) as call:
             while trio.current_time() < stop_at:
-                if path.startswith("POST "):
-                    r = await c.post(path[5:], json={})
-                else:
-                    r = await c.get(path)
-                if r.status_code in (200, 401, 404):
+                status, _ = await call(method or "GET", path, {} if method == "POST" else None)
+                if status in (200, 401, 404):
                     done += 1
                 else:
                     errors += 1
@@ -78,23 +149,24 @@ def child(args: argparse.Namespace) -> int:
 
     async def lane_seed(stop_at: float) -> None:
         nonlocal done, errors, last
-        async with httpx.AsyncClient(
-            base_url=args.url, headers=b.worker_headers(), limits=httpx.Limits(max_connections=1), timeout=30
-        ) as c:
+        async with connection(b.worker_headers()) as call:
             while trio.current_time() < stop_at:
-                r = await c.post(f"/api/v1/queues/{args.queue}/lease", json={"max_jobs": 1, "lease_secs": 60, "wait_secs": 0})
-                if r.status_code != 200:
+                status, answer = await call(
+                    "POST", f"/api/v1/queues/{args.queue}/lease", {"max_jobs": 1, "lease_secs": 60, "wait_secs": 0}
+                )
+                if status != 200:
                     errors += 1
                     continue
-                jobs = r.json()["jobs"]
+                jobs = orjson.loads(answer)["jobs"]
                 if not jobs:
                     return  # ran out of work
                 lease = jobs[0]
-                r = await c.post(
+                status, _ = await call(
+                    "POST",
                     f"/api/v1/jobs/{lease['job']['id']}/complete",
-                    json={"lease_token": lease["lease_token"], "result": {}},
+                    {"lease_token": lease["lease_token"], "result": {}},
                 )
-                if r.status_code == 204:
+                if status == 204:
                     done += 1
                     last = time.perf_counter()
                 else:
@@ -128,7 +200,7 @@ def load(args: argparse.Namespace, kind: str, url: str, queue: str = "", server_
     server_cpu = b.cpu_seconds(server_pid) if server_pid else 0.0
     started = time.perf_counter()
     argv = [sys.executable, __file__, "--child", kind, "--url", url, "--queue", queue or "-",
-            "--lanes", str(args.lanes), "--duration", str(args.duration)]  # fmt: skip
+            "--lanes", str(args.lanes), "--duration", str(args.duration), "--client", args.client]  # fmt: skip
     environ = __import__("os").environ
     env = {**environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(b.BENCH_DIR), environ.get("PYTHONPATH")]))}
     kids = [subprocess.Popen(argv, stdout=subprocess.PIPE, env=env) for _ in range(args.procs)]
@@ -152,12 +224,16 @@ def load(args: argparse.Namespace, kind: str, url: str, queue: str = "", server_
         "elapsed": elapsed,
         "rate": done / elapsed,
         "server_busy": (b.cpu_seconds(server_pid) - server_cpu) / wall if server_pid else float("nan"),
+        "server_us": (b.cpu_seconds(server_pid) - server_cpu) / max(done, 1) * 1e6 if server_pid else float("nan"),
         "load_busy": sum(o["cpu"] for o in outs) / wall,
     }
 
 
 def busy(r: dict) -> str:
-    return f"server CPU {r['server_busy']:.0%} of a core, load generator {r['load_busy']:.0%}"
+    return (
+        f"server CPU {r['server_busy']:.0%} of a core ({r['server_us']:,.0f} µs each), "
+        f"load generator {r['load_busy']:.0%}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,8 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     healthz = (before["rate"] + after["rate"]) / 2
     # The strictest ceiling: the fastest plain request the server answered.
     ceiling = max(healthz, nf["rate"], unauth["rate"])
+    plain_us = min(before["server_us"], after["server_us"], nf["server_us"], unauth["server_us"])
     b.say(
-        f"RESULT seed_strict store={args.store} lanes={args.lanes} procs={args.procs}: seed {seed['rate']:,.0f} jobs/s, "
+        f"server CPU per job {seed['server_us']:,.0f} µs; per plain request: healthz "
+        f"{min(before['server_us'], after['server_us']):,.0f}, 404 {nf['server_us']:,.0f}, 401 {unauth['server_us']:,.0f} µs; "
+        f"ratio by server CPU = {plain_us / seed['server_us']:.0%} of the cheapest "
+        f"({min(before['server_us'], after['server_us']) / seed['server_us']:.0%} of healthz)"
+    )
+    b.say(
+        f"RESULT seed_strict store={args.store} client={args.client} lanes={args.lanes} procs={args.procs}: seed {seed['rate']:,.0f} jobs/s, "
         f"plain-request ceiling {ceiling:,.0f} req/s (healthz {healthz:,.0f}, 404 {nf['rate']:,.0f}, "
         f"401 {unauth['rate']:,.0f}), ratio jobs/s / ceiling = {seed['rate'] / ceiling:.0%} "
         f"(requests/s / ceiling = {2 * seed['rate'] / ceiling:.0%}); target >= 40%"
