@@ -276,6 +276,11 @@ class Engine:
             for queue in {job.queue for job in created}:
                 if full.get(queue, True) or queue in later:
                     self.waker.notify(queue)
+        if handed:
+            # Let the polls send their jobs before this answer is sent: a
+            # worker is waiting on them, the enqueuer only on a receipt.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return inserted
 
     @staticmethod
