@@ -361,6 +361,18 @@ async def test_http_1_0_request_is_answered_then_closed(server) -> None:
     assert response.header("transfer-encoding") is None  # HTTP/1.0 has no chunked
 
 
+async def test_http_1_0_keep_alive_is_answered_in_kind(server) -> None:
+    with trio.fail_after(10):
+        async with connect(server.url) as conn:
+            for _ in range(2):
+                await conn.send(
+                    request("GET", "/healthz", version="HTTP/1.0", host=False, headers=[("Connection", "keep-alive")])
+                )
+                response = await conn.read_response()
+                assert response.status == 200 and response.json() == {"status": "ok"}
+                assert (response.header("connection") or "").lower() == "keep-alive"
+
+
 async def test_connection_close_is_honoured(server) -> None:
     with trio.fail_after(10):
         async with connect(server.url) as conn:

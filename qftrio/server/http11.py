@@ -548,6 +548,8 @@ class _Exchange:
             self.keep_alive = False
         if not self.keep_alive:
             lines.append(b"connection: close\r\n")
+        elif not self.request_http_1_1:
+            lines.append(b"connection: keep-alive\r\n")  # HTTP/1.0 closes by default
         lines.append(b"date: %s\r\n\r\n" % _date())
         return b"".join(lines)
 

@@ -297,9 +297,9 @@ class ProtocolFront:
     async def _via_app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """Let the Quart app answer, but not before the request body is in
         (Quart reads it in the background, whatever the route does with it).
-        hypercorn closes a connection whose response ends before its
-        request did, and a client's next request on it (sent after a refusal
-        that came before the body was read) would never be answered. A body
+        The HTTP server closes a connection whose answer was sent before its
+        request's body was in, and a client's next request on it (sent after
+        a refusal that came before the body was read) would fail. A body
         that is not in within ``BODY_GRACE_SECS`` gets ``Connection: close``
         on the answer instead."""
         body_in = trio.Event()
