@@ -464,3 +464,23 @@ async def test_shutdown_closes_idle_connections_and_finishes_in_flight_requests(
     assert response.status == 201, response.body
     assert response.json()["payload"] == {"late": True}
     assert response.says_close, response.headers
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/api/v1/queues/q/lease", b'{"max_jobs": 1, "wait_secs": 5}'),  # the protocol front
+        ("/api/v1/workflows", None),  # Quart, its body cut short
+    ],
+)
+async def test_a_client_that_leaves_mid_request_is_not_an_error(server, caplog, path: str, body: bytes | None) -> None:
+    headers = [("Authorization", f"Bearer {server.worker_token}")]
+    raw = request("POST", path, headers=headers, body=body or b"{}")
+    if body is None:
+        raw = raw[:-1]  # the body's last byte never comes
+    with trio.fail_after(10):
+        async with connect(server.url) as conn:
+            await conn.send(raw)
+            await trio.sleep(0.2)
+        await trio.sleep(0.3)  # the server sees the end of the stream
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []

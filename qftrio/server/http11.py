@@ -270,8 +270,8 @@ class _Exchange:
                 await self._answer_500()
             return False
         if not self.complete:
-            if self.started:
-                return False  # an unfinished answer: only closing can end it
+            if self.started or connection.eof:
+                return False  # an unfinished answer, or nobody left to answer
             log.error("no answer to %s %s", scope["method"], scope["path"])
             self.keep_alive = False
             await self._answer_500()
