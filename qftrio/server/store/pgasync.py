@@ -31,7 +31,6 @@ real time whatever clock the client runs on.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import urllib.parse
@@ -44,6 +43,7 @@ import trio
 import trio_asyncio
 
 from ... import errors
+from ..._json import dumps_strict, loads
 
 __all__ = ["Database", "Listener", "open_database", "open_listener", "translate_error", "running_loop"]
 
@@ -117,9 +117,9 @@ def running_loop() -> trio_asyncio.TrioEventLoop:
 
 
 def _dumps(value: Any) -> str:
-    # allow_nan=False: PostgreSQL's jsonb has no NaN; asyncpg reports the
-    # ValueError as a DataError, which becomes a 422.
-    return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    # Strict: PostgreSQL's jsonb has no NaN; asyncpg reports the ValueError
+    # as a DataError, which becomes a 422.
+    return dumps_strict(value).decode()
 
 
 def _defaults_unless_in_url(url: str, settings: dict[str, str]) -> dict[str, str]:
@@ -132,8 +132,8 @@ def _defaults_unless_in_url(url: str, settings: dict[str, str]) -> dict[str, str
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     # asyncio-flavoured: runs on every new pooled connection, reconnects included
-    await conn.set_type_codec("jsonb", encoder=_dumps, decoder=json.loads, schema="pg_catalog")
-    await conn.set_type_codec("json", encoder=_dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec("jsonb", encoder=_dumps, decoder=loads, schema="pg_catalog")
+    await conn.set_type_codec("json", encoder=_dumps, decoder=loads, schema="pg_catalog")
 
 
 async def _run_on_pool(
