@@ -330,6 +330,12 @@ MALFORMED = [
         id="header-block-over-64k",
     ),
     pytest.param((_JOBS + "Transfer-Encoding: gzip\r\n\r\n").encode(), 501, id="transfer-encoding-gzip"),
+    pytest.param(b"GET /healthz HTTP/1.1\r\nHost: qftrio.test\r\nX-A: 1\r\n  folded\r\n\r\n", 400, id="obs-fold"),
+    pytest.param(b"GET /healthz HTTP/1.1\r\nHost : qftrio.test\r\n\r\n", 400, id="space-before-colon"),
+    pytest.param((_JOBS + "Transfer-Encoding: chunked\r\n\r\nzz\r\n").encode(), 400, id="chunk-size-not-hex"),
+    pytest.param((_JOBS + "Transfer-Encoding: chunked\r\n\r\n0x2\r\n{}\r\n0\r\n\r\n").encode(), 400, id="chunk-size-0x"),
+    pytest.param((_JOBS + "Transfer-Encoding: chunked\r\n\r\n+2\r\n{}\r\n0\r\n\r\n").encode(), 400, id="chunk-size-signed"),
+    pytest.param((_JOBS + "Transfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n").encode(), 400, id="chunk-without-crlf"),
 ]
 
 

@@ -53,6 +53,7 @@ READ_SIZE = 65536
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _TARGET = re.compile(rb"[\x21-\x7e]+")
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _FIELD_VALUE_BAD = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _NO_BODY_STATUS = frozenset({204, 304})
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
@@ -69,6 +70,10 @@ class _BadRequest(Exception):
 
 class _Closed(Exception):
     """The client went away, or stopped sending or taking data."""
+
+
+class _BadFraming(_Closed):
+    """A chunked body broke its framing: nothing more can be read."""
 
 
 class _Date:
@@ -240,6 +245,7 @@ class _Exchange:
         self.body_done = True
         self.expect_continue = False
         self.body_delivered = False
+        self.bad_framing = False
         # answer
         self.started = False
         self.head_sent = False
@@ -270,6 +276,10 @@ class _Exchange:
                 await self._answer_500()
             return False
         if not self.complete:
+            if self.bad_framing and not self.started:
+                with contextlib.suppress(_Closed):
+                    await connection._refuse(_BadRequest(400, "bad_request", "malformed chunked body"))
+                return False
             if self.started or connection.eof:
                 return False  # an unfinished answer, or nobody left to answer
             log.error("no answer to %s %s", scope["method"], scope["path"])
@@ -383,6 +393,9 @@ class _Exchange:
                     if not self.connection.buffer:
                         await self.connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 body = await self._read_body()
+            except _BadFraming:
+                self.bad_framing = True
+                return {"type": "http.disconnect"}
             except _Closed:
                 return {"type": "http.disconnect"}
             self.body_delivered = self.body_done
@@ -412,13 +425,10 @@ class _Exchange:
         while self.remaining == 0:
             line = await self._chunk_line()
             size_text = line.split(b";", 1)[0].strip(b" \t")
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                size = -1
-            if size < 0 or not size_text or len(size_text) > 16:
+            if not _CHUNK_SIZE.fullmatch(size_text):
                 self.connection.eof = True  # the stream's framing is lost
-                raise _Closed
+                raise _BadFraming
+            size = int(size_text, 16)
             if size == 0:
                 while await self._chunk_line():  # trailers, ignored
                     pass
@@ -435,7 +445,7 @@ class _Exchange:
                 await self._fill()
             if buffer[:2] != b"\r\n":
                 self.connection.eof = True
-                raise _Closed
+                raise _BadFraming
             del buffer[:2]
         return data
 
@@ -449,7 +459,7 @@ class _Exchange:
                 return line
             if len(buffer) > MAX_CHUNK_LINE_BYTES:
                 self.connection.eof = True
-                raise _Closed
+                raise _BadFraming
             await self._fill()
 
     async def _wait_for_disconnect(self) -> None:
