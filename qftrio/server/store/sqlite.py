@@ -508,7 +508,7 @@ class SqliteStore(Store):
 
     Args:
         path: the database file (``":memory:"`` for a private in-memory one).
-        threaded: run SQLite calls in a worker thread (the default). ``False``
+        threaded: run SQLite calls in the store's own thread (the default). ``False``
             runs them inline on the event loop: only for tests that need
             Trio's mock clock, which a thread would let jump.
     """
