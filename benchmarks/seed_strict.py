@@ -43,6 +43,8 @@ import sys
 import time
 import uuid
 
+import trio
+
 import _bench as b
 
 
@@ -68,36 +70,68 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class RawHttp:
-    """A minimal HTTP/1.1 client on one Trio connection: one request at a
-    time, answers framed by ``Content-Length`` (which qftrio always sends)."""
+    """A minimal HTTP/1.1 client on one Trio connection at a time: one
+    request at a time, answers framed by ``Content-Length`` (which qftrio
+    always sends). Like httpx, it opens a new connection after the server
+    closes one (``Connection: close``, or a closed idle connection, on which
+    the request is sent again once)."""
 
-    def __init__(self, stream, host: str, headers: dict[str, str]) -> None:
-        self.stream = stream
+    def __init__(self, host: str, port: int, headers: dict[str, str]) -> None:
+        self.host, self.port = host, port
+        self.stream: trio.SocketStream | None = None
         self.buffer = bytearray()
-        self.fixed = "".join(f"{k}: {v}\r\n" for k, v in {"Host": host, **headers}.items()).encode()
+        self.fixed = "".join(f"{k}: {v}\r\n" for k, v in {"Host": f"{host}:{port}", **headers}.items()).encode()
+
+    async def aclose(self) -> None:
+        if self.stream is not None:
+            await self.stream.aclose()
+            self.stream = None
 
     async def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
         head = b"%s %s HTTP/1.1\r\n%s" % (method.encode(), path.encode(), self.fixed)
         if body is not None:
             head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
-        await self.stream.send_all(head + b"\r\n" + (body or b""))
+        data = head + b"\r\n" + (body or b"")
+        while True:
+            fresh = self.stream is None
+            if self.stream is None:
+                self.stream = await trio.open_tcp_stream(self.host, self.port)
+                self.buffer.clear()
+            try:
+                await self.stream.send_all(data)
+                status, answer, close = await self._answer()
+            except (ConnectionError, trio.BrokenResourceError):
+                await self.aclose()
+                if fresh:
+                    raise
+                continue  # the server had closed the idle connection
+            if close:
+                await self.aclose()
+            return status, answer
+
+    async def _answer(self) -> tuple[int, bytes, bool]:
         buffer = self.buffer
         while (end := buffer.find(b"\r\n\r\n")) < 0:
             await self._fill()
         lines = bytes(buffer[:end]).split(b"\r\n")
         del buffer[: end + 4]
         length = 0
+        close = False
         for line in lines[1:]:
             name, _, value = line.partition(b":")
-            if name.lower() == b"content-length":
+            name = name.lower()
+            if name == b"content-length":
                 length = int(value)
+            elif name == b"connection":
+                close = b"close" in value.lower()
         while len(buffer) < length:
             await self._fill()
         answer = bytes(buffer[:length])
         del buffer[:length]
-        return int(lines[0][9:12]), answer
+        return int(lines[0][9:12]), answer, close
 
     async def _fill(self) -> None:
+        assert self.stream is not None
         data = await self.stream.receive_some(65536)
         if not data:
             raise ConnectionError("the server closed the connection")
@@ -107,7 +141,6 @@ class RawHttp:
 def child(args: argparse.Namespace) -> int:
     import httpx
     import orjson
-    import trio
 
     done = 0
     errors = 0
@@ -118,13 +151,15 @@ def child(args: argparse.Namespace) -> int:
     async def connection(headers: dict[str, str]):
         """(method, path, json body) -> (status, body bytes), on one connection."""
         if args.client == "raw":
-            async with await trio.open_tcp_stream(host, int(port)) as stream:
-                raw = RawHttp(stream, f"{host}:{port}", headers)
+            raw = RawHttp(host, int(port), headers)
+            try:
 
                 async def call(method: str, path: str, body: object = None) -> tuple[int, bytes]:
                     return await raw.request(method, path, None if body is None else orjson.dumps(body))
 
                 yield call
+            finally:
+                await raw.aclose()
         else:
             limits = httpx.Limits(max_connections=1)
             async with httpx.AsyncClient(base_url=args.url, headers=headers, limits=limits, timeout=30) as c:
