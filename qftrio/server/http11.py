@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import logging
-import math
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -155,16 +154,20 @@ class _Connection:
         """Append what the client sends next; False on end of stream or
         when *timeout* passes with nothing."""
         with trio.move_on_after(timeout):
-            try:
-                data = await self.stream.receive_some(READ_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
-            if not data:
-                self.eof = True
-                return False
-            self.buffer += data
-            return True
+            return await self._receive()
         return False
+
+    async def _receive(self) -> bool:
+        """:meth:`_receive_into_buffer` without a time limit of its own."""
+        try:
+            data = await self.stream.receive_some(READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if not data:
+            self.eof = True
+            return False
+        self.buffer += data
+        return True
 
     async def _read_head(self) -> tuple[bytes, list[bytes]] | None:
         """The next request's head, or None if the client is done (end of
@@ -194,15 +197,16 @@ class _Connection:
                     raise _Closed
                 return None
             if not buffer:
-                with trio.CancelScope() as idle:
-                    if self.server.closing:
-                        return None
+                if self.server.closing:
+                    return None
+                received = False
+                with trio.CancelScope(deadline=trio.current_time() + KEEP_ALIVE_SECS) as idle:
                     self.server.idle.add(idle)
                     try:
-                        received = await self._receive_into_buffer(KEEP_ALIVE_SECS)
+                        received = await self._receive()
                     finally:
                         self.server.idle.discard(idle)
-                if idle.cancelled_caught or not received:
+                if not received:
                     return None
                 deadline = trio.current_time() + HEAD_TIMEOUT_SECS
                 continue
@@ -372,7 +376,7 @@ class _Exchange:
             "http_version": http_version,
             "method": method_text,
             "scheme": "http",
-            "path": unquote(raw_path.decode("ascii")),
+            "path": unquote(raw_path.decode("ascii")) if b"%" in raw_path else raw_path.decode("ascii"),
             "raw_path": raw_path,
             "query_string": query,
             "root_path": "",
@@ -469,7 +473,7 @@ class _Exchange:
         while not self.complete and not connection.eof:
             if len(connection.buffer) > MAX_HEAD_BYTES:
                 await trio.sleep_forever()  # enough kept; the answer ends this wait
-            await connection._receive_into_buffer(math.inf)
+            await connection._receive()
 
     # -- the answer -------------------------------------------------------
 
