@@ -48,6 +48,8 @@ HEAD_TIMEOUT_SECS = 30.0
 BODY_TIMEOUT_SECS = 30.0
 WRITE_TIMEOUT_SECS = 30.0
 LIFESPAN_TIMEOUT_SECS = 30.0
+LINGER_SECS = 2.0
+LINGER_BYTES = 16 * 1024 * 1024
 READ_SIZE = 65536
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -113,8 +115,11 @@ class _Server:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
+        connection = _Connection(self, stream)
         try:
-            await _Connection(self, stream).run()
+            await connection.run()
+            if connection.linger:
+                await connection.linger_close()
         except _Closed:
             pass
         finally:
@@ -131,6 +136,8 @@ class _Connection:
         self.stream = stream
         self.buffer = bytearray()
         self.eof = False
+        #: The client may still be sending when the connection closes.
+        self.linger = False
         try:
             self.local = _address(stream.socket.getsockname())
             self.peer = _address(stream.socket.getpeername())
@@ -142,12 +149,32 @@ class _Connection:
             try:
                 head = await self._read_head()
             except _BadRequest as exc:
+                self.linger = True
                 with contextlib.suppress(_Closed):
                     await self._refuse(exc)
                 return
             if head is None:
                 return
-            if not await _Exchange(self, *head).run():
+            exchange = _Exchange(self, *head)
+            if not await exchange.run():
+                self.linger = not exchange.body_done
+                return
+
+    async def linger_close(self) -> None:
+        """Stop sending, and read (and drop) what the client still sends,
+        for at most ``LINGER_SECS`` and ``LINGER_BYTES``: closing a socket
+        with unread data resets the connection, and the client would lose
+        the answer (a 413 sent before the body was read) before reading it."""
+        with trio.move_on_after(LINGER_SECS):
+            try:
+                await self.stream.send_eof()
+                received = 0
+                while received < LINGER_BYTES:
+                    data = await self.stream.receive_some(READ_SIZE)
+                    if not data:
+                        return
+                    received += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
 
     async def _receive_into_buffer(self, timeout: float) -> bool:
