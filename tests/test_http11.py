@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import email.utils
+import functools
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 import trio
 
+from qftrio.server.http11 import serve_asgi
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import open_sqlite_store
 
@@ -507,3 +509,29 @@ async def test_an_oversized_body_gets_its_413_before_the_connection_closes(serve
             await conn.expect_closed()
     assert_json_error(response, 413)
     assert response.says_close
+
+
+async def test_connections_beyond_the_limit_wait_for_one_to_close(nursery) -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+    stop = trio.Event()
+    (url,) = await nursery.start(
+        functools.partial(
+            serve_asgi, app, "127.0.0.1", 0, shutdown_trigger=stop.wait, graceful_timeout_secs=1, max_connections=2
+        )
+    )
+    with trio.fail_after(10):
+        async with connect(url) as first, connect(url) as second, connect(url) as third:
+            for conn in (first, second):
+                await conn.send(request("GET", "/"))
+                assert (await conn.read_response()).status == 200
+            await third.send(request("GET", "/"))
+            with trio.move_on_after(0.5) as waited:
+                await third.read_response()
+            assert waited.cancelled_caught, "a third connection was served while two were open"
+            await first.stream.aclose()
+            assert (await third.read_response()).status == 200
+    stop.set()

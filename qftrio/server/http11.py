@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -50,6 +51,9 @@ WRITE_TIMEOUT_SECS = 30.0
 LIFESPAN_TIMEOUT_SECS = 30.0
 LINGER_SECS = 2.0
 LINGER_BYTES = 16 * 1024 * 1024
+#: File descriptors kept free of connections (the store's, logs, sockets of
+#: the server's own clients) when the connection limit follows the process's.
+RESERVED_FDS = 256
 READ_SIZE = 65536
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -96,9 +100,12 @@ _date = _Date()
 
 
 class _Server:
-    def __init__(self, app: Any, lifespan_state: dict[str, Any]) -> None:
+    def __init__(self, app: Any, lifespan_state: dict[str, Any], max_connections: int) -> None:
         self.app = app
         self.state = lifespan_state
+        self.max_connections = max_connections
+        self.slots = trio.Semaphore(max_connections)
+        self.full_logged_at = -math.inf
         self.closing = False
         self.idle: set[trio.CancelScope] = set()
         self.connections = 0
@@ -115,8 +122,8 @@ class _Server:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
-        connection = _Connection(self, stream)
         try:
+            connection = _Connection(self, stream)
             await connection.run()
             if connection.linger:
                 await connection.linger_close()
@@ -128,6 +135,7 @@ class _Server:
                 self.drained.set()
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
+            self.slots.release()
 
 
 class _Connection:
@@ -660,18 +668,23 @@ async def serve_asgi(
     *,
     shutdown_trigger: Callable[[], Awaitable[None]],
     graceful_timeout_secs: float,
+    max_connections: int | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve *app* on *host*:*port* until *shutdown_trigger* returns, then
     stop accepting, close idle connections, and give requests in flight
     *graceful_timeout_secs* to finish.
 
+    At most *max_connections* are open at once (by default the process's
+    limit on open files, less ``RESERVED_FDS``); more wait in the listen
+    backlog until one closes.
+
     Calls ``task_status.started(urls)`` once listening, with the bound URLs
     (port 0 binds a free port). Raises ``OSError`` if it cannot listen.
     """
     state: dict[str, Any] = {}
     listeners = await trio.open_tcp_listeners(port, host=host.strip("[]") or None)
-    server = _Server(app, state)
+    server = _Server(app, state, max_connections or _default_max_connections())
     try:
         async with _lifespan(app, state):
             async with trio.open_nursery() as connections:
@@ -694,11 +707,32 @@ async def serve_asgi(
                 await listener.aclose()
 
 
+def _default_max_connections() -> int:
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 1024
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(16, soft - RESERVED_FDS)
+
+
 async def _accept(listener: trio.SocketListener, server: _Server, connections: trio.Nursery) -> None:
     while True:
+        if server.slots.value == 0:
+            now = trio.current_time()
+            if now - server.full_logged_at > 60:
+                server.full_logged_at = now
+                log.warning("%d connections open, the most allowed: new ones wait", server.max_connections)
+        await server.slots.acquire()
         try:
             stream = await listener.accept()
-        except OSError as exc:
+        except BaseException as exc:
+            server.slots.release()
+            if not isinstance(exc, OSError):
+                raise
             # out of file descriptors and the like: wait, then go on
             log.warning("accepting a connection failed: %s", exc)
             await trio.sleep(0.1)
