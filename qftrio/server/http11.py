@@ -12,12 +12,14 @@ body, ``receive()`` watches the socket, so a client that goes away is seen
 as ``http.disconnect`` (a long poll relies on that); bytes of a pipelined
 next request read meanwhile are kept for it.
 
-Malformed requests get a JSON error (400, 431, 501 or 505) and the
-connection is closed. Limits: a request head of at most ``MAX_HEAD_BYTES``
-and ``MAX_HEADERS`` lines; ``HEAD_TIMEOUT_SECS`` to send a head once begun,
-``BODY_TIMEOUT_SECS`` without progress in a body, ``WRITE_TIMEOUT_SECS`` for
-a client to take an answer; idle connections close after
-``KEEP_ALIVE_SECS``.
+Malformed requests get a JSON error (400, 408, 417, 431, 501 or 505) and
+the connection is closed, after lingering (``LINGER_SECS``) if the client may
+still be sending, so that it can read the answer. Limits: a request head of
+at most ``MAX_HEAD_BYTES`` and ``MAX_HEADERS`` lines; ``HEAD_TIMEOUT_SECS``
+to send a head once begun, ``BODY_TIMEOUT_SECS`` without progress in a body,
+``WRITE_TIMEOUT_SECS`` for a client to take an answer; idle connections
+close after ``KEEP_ALIVE_SECS``; open connections are capped by the
+process's file limit.
 """
 
 from __future__ import annotations
