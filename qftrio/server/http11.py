@@ -7,7 +7,9 @@ shutdown. It does not speak HTTP/2, TLS or WebSocket: put a proxy in front
 for those.
 
 Each connection is one task, and each request's application call runs in
-it (no task per request). While the application waits after the request
+it (no task per request). A body the application did not read (a request
+refused on its headers) is read after the answer, so the connection carries
+the client's next request. While the application waits after the request
 body, ``receive()`` watches the socket, so a client that goes away is seen
 as ``http.disconnect`` (a long poll relies on that); bytes of a pipelined
 next request read meanwhile are kept for it.
@@ -53,6 +55,11 @@ WRITE_TIMEOUT_SECS = 30.0
 LIFESPAN_TIMEOUT_SECS = 30.0
 LINGER_SECS = 2.0
 LINGER_BYTES = 16 * 1024 * 1024
+#: A request body the application left unread is read after its answer, so
+#: the connection carries the next request, if it is no longer than this and
+#: comes within ``DRAIN_SECS``; otherwise the connection is closed.
+DRAIN_BYTES = 1024 * 1024
+DRAIN_SECS = 5.0
 #: File descriptors kept free of connections (the store's, logs, sockets of
 #: the server's own clients) when the connection limit follows the process's.
 RESERVED_FDS = 256
@@ -327,7 +334,24 @@ class _Exchange:
             self.keep_alive = False
             await self._answer_500()
             return False
+        if self.keep_alive and not self.body_done:
+            await self._drain()
         return self.keep_alive and self.body_done and not connection.eof
+
+    def _drainable(self) -> bool:
+        """Whether the unread rest of the body is worth reading to keep the
+        connection (a client still waiting for ``100 Continue`` sends none)."""
+        return not self.expect_continue and (self.chunked or self.remaining <= DRAIN_BYTES)
+
+    async def _drain(self) -> None:
+        """Read and drop the rest of the request body (see ``DRAIN_BYTES``)."""
+        drained = 0
+        with trio.move_on_after(DRAIN_SECS):
+            while not self.body_done and drained <= DRAIN_BYTES:
+                try:
+                    drained += len(await self._read_body())
+                except _Closed:
+                    return
 
     def _scope(self) -> dict[str, Any]:
         parts = self.request_line.split(b" ")
@@ -595,7 +619,7 @@ class _Exchange:
             self.out_chunked = True
         else:
             framed_by_close = True
-        if framed_by_close or not self.body_done or self.connection.server.closing:
+        if framed_by_close or self.connection.server.closing or not (self.body_done or self._drainable()):
             self.keep_alive = False
         if not self.keep_alive:
             lines.append(b"connection: close\r\n")

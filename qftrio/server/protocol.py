@@ -267,9 +267,6 @@ def _match(path: str) -> tuple[Route, dict[str, str], Caller] | None:
 
 # -- the ASGI front --------------------------------------------------------------
 
-#: How long an answer waits for the rest of its request's body.
-BODY_GRACE_SECS = 5.0
-
 
 class _Disconnected(Exception):
     pass
@@ -291,56 +288,19 @@ class ProtocolFront:
             if found is not None:
                 await self._serve(*found, scope, receive, send)
                 return
-        if scope["type"] == "http":
-            await self._via_app(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
-
-    async def _via_app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """Let the Quart app answer, but not before the request body is in
-        (Quart reads it in the background, whatever the route does with it).
-        The HTTP server closes a connection whose answer was sent before its
-        request's body was in, and a client's next request on it (sent after
-        a refusal that came before the body was read) would fail. A body
-        that is not in within ``BODY_GRACE_SECS`` gets ``Connection: close``
-        on the answer instead."""
-        body_in = trio.Event()
-
-        async def receive_tracked() -> dict[str, Any]:
-            message = await receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_in.set()
-            return message
-
-        async def send_after_body(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start" and not body_in.is_set():
-                with trio.move_on_after(BODY_GRACE_SECS):
-                    await body_in.wait()
-                if not body_in.is_set():
-                    message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
-            await send(message)
-
-        await self.app(scope, receive_tracked, send_after_body)
+        await self.app(scope, receive, send)
 
     async def _serve(
         self, route: Route, params: dict[str, str], caller: Caller, scope: dict[str, Any], receive: Any, send: Any
     ) -> None:
         try:
+            # A refusal leaves the body unread; the HTTP server reads it
+            # after the answer, so the connection stays usable.
             authorization = _header(scope, b"authorization")
-            try:
-                if caller == "tenant":
-                    params["tenant"] = self.credentials.tenant(authorization)
-                else:
-                    self.credentials.worker(authorization)
-            except errors.ApiError as exc:
-                # Read the body anyway: a connection with a request body
-                # left unread cannot carry the client's next request.
-                try:
-                    await self._read_body(scope, receive)
-                except errors.PayloadTooLarge:
-                    await _send(send, exc.status_code, exc.to_wire(), close=True)
-                    return
-                raise exc from None
+            if caller == "tenant":
+                params["tenant"] = self.credentials.tenant(authorization)
+            else:
+                self.credentials.worker(authorization)
             raw = await self._read_body(scope, receive)
             if route is lease:
                 body = lease_request(raw, **params)
