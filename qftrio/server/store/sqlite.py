@@ -469,9 +469,9 @@ def _database_error(exc: Exception) -> Exception:
 class _StoreThread:
     """The thread that runs the store's SQLite calls, one at a time.
 
-    Cheaper per call than ``trio.to_thread.run_sync`` (65–89 against 100–110
-    µs of CPU here): one queue put to hand a call over, one
-    ``run_sync_soon`` to hand it back. A call is not abandoned when its
+    Cheaper per call than ``trio.to_thread.run_sync`` (a one-``SELECT``
+    transaction: 97–111 against 117–156 µs of CPU, ``benchmarks/store_call.py``):
+    one queue put to hand a call over, one ``run_sync_soon`` to hand it back. A call is not abandoned when its
     caller is cancelled: a transaction that started finishes.
     """
 
