@@ -301,6 +301,41 @@ async def test_batch_reports_have_per_item_outcomes(storage: Store) -> None:
         assert (await storage.job_get(lease.job.id)).result == {"i": i}
 
 
+async def test_batch_complete_mixes_every_outcome(storage: Store) -> None:
+    """One batch holding a fresh complete, a replay of an earlier one, the
+    same pair twice, a stale token, an unknown id, a malformed id and a
+    cancelled job: each item gets its own outcome, only current tokens write."""
+    done, fresh, twice, cancelled = await insert(storage, *[new() for _ in range(4)])
+    leases = {x.job.id: x for x in await storage.jobs_claim("q", limit=4, lease_secs=30, worker_id="w", now=T0 + 1)}
+    await storage.jobs_complete([CompleteItem(done, leases[done].lease_token, {"v": 0})], now=T0 + 2)
+    await storage.job_cancel(cancelled, tenant="t1", now=T0 + 2)
+    items = [
+        CompleteItem(done, leases[done].lease_token, {"v": 1}),
+        CompleteItem(fresh, leases[fresh].lease_token, {"v": 2}),
+        CompleteItem(twice, leases[twice].lease_token, {"v": 3}),
+        CompleteItem(twice, leases[twice].lease_token, {"v": 3}),
+        CompleteItem(fresh, leases[done].lease_token, {"v": 4}),
+        CompleteItem(str(uuid.uuid4()), leases[fresh].lease_token, {}),
+        CompleteItem("not-a-uuid", leases[fresh].lease_token, {}),
+        CompleteItem(cancelled, leases[cancelled].lease_token, {}),
+    ]
+    results = await storage.jobs_complete(items, now=T0 + 3)
+    assert [(r.outcome, r.applied) for r in results] == [
+        (Outcome.OK, False),
+        (Outcome.OK, True),
+        (Outcome.OK, True),
+        (Outcome.OK, False),
+        (Outcome.CONFLICT, False),
+        (Outcome.NOT_FOUND, False),
+        (Outcome.NOT_FOUND, False),
+        (Outcome.CONFLICT, False),
+    ]
+    assert [r.queue for r in results[:4]] == ["q"] * 4
+    assert (await storage.job_get(done)).result == {"v": 0}
+    assert (await storage.job_get(fresh)).result == {"v": 2}
+    assert (await storage.job_get(twice)).result == {"v": 3}
+    assert (await storage.job_get(cancelled)).status is Status.CANCELLED
+
 async def test_cancel(storage: Store) -> None:
     pending, running, done = await insert(storage, new(queue="a"), new(queue="b"), new(queue="c"))
     job = await storage.job_cancel(pending, tenant="t1", now=T0 + 1)

@@ -405,7 +405,20 @@ ORDER BY i.ord
 """
 
 
-# The common case in one statement and one round trip: completes jobs outside
+# The common case: completes the running jobs outside workflows whose token
+# is current, and says which (by position). No row is locked before its
+# update, and nothing is read for the items it leaves: those (replays, stale
+# tokens, unknown ids, workflow steps) go through ``_COMPLETE_PLAIN_SQL``
+# after it. Locking each row first, for an outcome of every item, doubled the
+# statement's cost (4.9 against 2.5 ms for 100 jobs).
+_COMPLETE_CURRENT_SQL = """
+UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
+FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
+WHERE j.id = i.id AND j.status = 'running' AND j.lease_token = i.token AND j.workflow_id IS NULL
+RETURNING i.ord, j.queue
+"""
+
+# Every outcome, in one statement: completes jobs outside
 # workflows. Workflow steps are only reported (``step``): they complete in a
 # transaction that locks their workflow first (``_COMPLETE_SQL``). A job's
 # workflow never changes, so telling them apart needs no lock.
@@ -1136,13 +1149,29 @@ class PostgresStore(Store):
                 unblocked = await self._after_complete(conn, applied, now=now)
             return rows, unblocked
 
-        rows: list[Any] = await self._db.fetch(
-            _COMPLETE_PLAIN_SQL,
-            [_uuid_param(i.job_id) for i in unique],
-            [_uuid_param(i.lease_token) for i in unique],
-            [i.result for i in unique],
-            now,
-        )
+        keys = [_uuid_param(i.job_id) for i in unique]
+        tokens = [_uuid_param(i.lease_token) for i in unique]
+        results_in = [i.result for i in unique]
+        rows: list[Any] = [None] * len(unique)
+        for row in await self._db.fetch(_COMPLETE_CURRENT_SQL, keys, tokens, results_in, now):
+            rows[row["ord"] - 1] = {
+                "status": Status.COMPLETED.value,
+                "queue": row["queue"],
+                "current": True,
+                "applied": True,
+                "step": False,
+            }
+        rest = [k for k, row in enumerate(rows) if row is None]
+        if rest:
+            others = await self._db.fetch(
+                _COMPLETE_PLAIN_SQL,
+                [keys[k] for k in rest],
+                [tokens[k] for k in rest],
+                [results_in[k] for k in rest],
+                now,
+            )
+            for k, row in zip(rest, others, strict=True):
+                rows[k] = row
         unblocked: set[int] = set()  # positions in `unique` whose completion enqueued steps
         at = [k for k, row in enumerate(rows) if row["step"]]
         if at:
