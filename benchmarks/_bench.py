@@ -325,6 +325,23 @@ def enqueue_noop(
         return time.perf_counter() - t0
 
 
+def reports_seen(urls: Sequence[str]) -> int:
+    """Completed plus failed attempts the servers at *urls* have recorded since
+    they started, from their ``/metrics`` counters: a poll that costs the
+    server microseconds and the database nothing. (``/stats`` counts a
+    queue's rows in the database: tens of milliseconds of PostgreSQL's CPU
+    per call with 50,000 jobs in the table, taken from the run it watches.)"""
+    total = 0
+    for url in urls:
+        r = httpx.get(f"{url}/metrics", timeout=30)
+        r.raise_for_status()
+        for line in r.text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in ("qftrio_jobs_completed_total", "qftrio_jobs_failed_total"):
+                total += int(float(value))
+    return total
+
+
 def queue_counts(url: str, queue: str) -> dict[str, int]:
     r = httpx.get(f"{url}/api/v1/queues/{queue}/stats", headers=tenant_headers(), timeout=30)
     r.raise_for_status()

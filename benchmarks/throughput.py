@@ -55,6 +55,8 @@ def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_ur
     enqueue_secs = b.enqueue_noop(servers[0].url, queue, args.jobs, batch=args.enqueue_batch)
     started = time.perf_counter()
     cpu_before = {s.pid: b.cpu_seconds(s.pid) for s in servers}
+    urls = [s.url for s in servers]
+    reports_before = b.reports_seen(urls)
     pg_before = b.postgres_cpu_seconds() if args.store == "postgres" else 0.0
     workers = [
         b.start_worker(procs, servers[i % len(servers)].url, queue, lanes=args.lanes, batch=args.batch,
@@ -68,14 +70,13 @@ def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_ur
                 spies.append(b.start_pyspy(procs, path, pid, gil=args.profile_gil))
     deadline = time.monotonic() + max(60.0, args.jobs / 100)
     while True:
-        counts = b.queue_counts(servers[0].url, queue)
-        if counts["completed"] + counts["failed"] >= args.jobs:
+        if b.reports_seen(urls) - reports_before >= args.jobs:
             break
         for w in workers:
             if w.poll() is not None:
                 raise RuntimeError(f"a worker exited with {w.returncode}:\n{procs.log_tail(w)}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"not drained in time: {counts}")
+            raise RuntimeError(f"not drained in time: {b.queue_counts(servers[0].url, queue)}")
         time.sleep(0.2)
     wall = time.perf_counter() - started
     cpu = {
@@ -86,6 +87,7 @@ def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_ur
     for spy in spies:  # py-spy writes its file on SIGINT/SIGTERM
         b.stop_pyspy(procs, spy)
     procs.stop_many(workers)
+    counts = b.queue_counts(servers[0].url, queue)
     n, first, last = b.completed_span(args.store, queue, database_url=database_url, sqlite_path=procs.workdir / "qftrio.db")
     return {
         "run": run,
