@@ -61,6 +61,7 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
 
 def _serve(args: argparse.Namespace) -> int:
     from .server.config import Config, parse_tenants
+    from ._gc import settle_after_imports
     from .server.serve import serve
 
     config = Config.from_env(
@@ -78,6 +79,7 @@ def _serve(args: argparse.Namespace) -> int:
         pool_size=args.pool_size,
         retention_secs=args.retention_secs,
     )
+    settle_after_imports()
     trio.run(functools.partial(serve, config, shutdown_trigger=_wait_for_signal))
     return 0
 

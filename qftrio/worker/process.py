@@ -15,6 +15,7 @@ import sys
 import trio
 
 from .. import errors
+from .._gc import settle_after_imports
 from ..client import Client
 from .registry import Registry, load_registry
 from .runtime import Worker, validate_options
@@ -59,6 +60,7 @@ def run_worker_process(
     except errors.ConfigError as exc:
         _say(str(exc))
         return EXIT_CONFIG
+    settle_after_imports()
     try:
         return trio.run(
             _main, url, token, queue, registry, dict(
