@@ -16,13 +16,16 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import math
+import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
 
 import httpx
 import pydantic
 
 from . import errors
+from ._http import Answer, HttpError, HttpPool
 from ._json import dumps_strict as json_dumps, loads as json_loads
 from .models import (
     CompleteItem,
@@ -80,6 +83,18 @@ class ReportReply:
 
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+
+# RFC 3986 path characters (and "%", so that an escape already made stays).
+_PATH_SAFE = "/:@!$&'()*+,;=~-._%"
+
+
+def _proxied(url: str) -> bool:
+    """Whether the environment names a proxy for *url*, as httpx reads it."""
+    proxies = urllib.request.getproxies_environment()
+    parts = urlsplit(url)
+    if not (proxies.get(parts.scheme) or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass_environment(parts.hostname or "", proxies)
 
 
 def _body(model: pydantic.BaseModel) -> dict[str, Any]:
@@ -154,6 +169,11 @@ class Client:
         max_connections: the connection pool's size. The worker runtime
             keeps it small on purpose: it batches its reports instead.
         transport: an httpx transport to use instead of the network (tests).
+
+    Calls go through qftrio's own HTTP/1.1 client (:mod:`qftrio._http`),
+    except when *transport* is given or the environment names a proxy for
+    *url* (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, minus
+    ``NO_PROXY``): then through an ``httpx.AsyncClient``, which honours them.
     """
 
     def __init__(
@@ -170,13 +190,26 @@ class Client:
             headers["Authorization"] = f"Bearer {token}"
         self.url = url.rstrip("/")
         self.timeout = timeout
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
-        )
+        self._pool: HttpPool | None = None
+        self._http: httpx.AsyncClient | None = None
+        if transport is None and urlsplit(self.url).scheme in ("http", "https") and not _proxied(self.url):
+            try:
+                self._pool = HttpPool(
+                    self.url,
+                    headers,
+                    max_connections=max_connections,
+                    ssl_context=httpx.create_ssl_context() if self.url.startswith("https:") else None,
+                )
+            except ValueError:
+                pass  # not a URL it can reach; httpx gives the error on the first call
+        if self._pool is None:
+            self._http = httpx.AsyncClient(
+                base_url=self.url,
+                headers=headers,
+                timeout=httpx.Timeout(timeout),
+                limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+                transport=transport,
+            )
 
     async def __aenter__(self) -> Client:
         return self
@@ -186,6 +219,10 @@ class Client:
 
     async def aclose(self) -> None:
         """Close the connection pool. Idempotent."""
+        if self._pool is not None:
+            await self._pool.aclose()
+            return
+        assert self._http is not None
         try:
             await self._http.aclose()
         except httpx.HTTPError:  # a broken connection while closing changes nothing
@@ -201,7 +238,7 @@ class Client:
         json_body: Any = None,
         params: Mapping[str, Any] | None = None,
         timeout: float | None = None,
-    ) -> httpx.Response:
+    ) -> httpx.Response | Answer:
         kwargs: dict[str, Any] = {}
         if json_body is not None:
             try:
@@ -209,6 +246,20 @@ class Client:
             except ValueError as exc:
                 raise errors.InvalidInput(f"the request cannot be sent as JSON: {exc}") from None
             kwargs["headers"] = _JSON_HEADERS
+        if self._pool is not None:
+            target = quote(path, safe=_PATH_SAFE)
+            if params:
+                target += "?" + urlencode({k: v for k, v in params.items() if v is not None})
+            try:
+                answer = await self._pool.request(
+                    method, target, kwargs.get("content"), timeout=self.timeout if timeout is None else timeout
+                )
+            except HttpError as exc:
+                raise errors.TransportError(f"{method} {self.url}{path}: {exc}") from None
+            if answer.status_code >= 400:
+                raise self._error(answer)
+            return answer
+        assert self._http is not None
         if params:
             kwargs["params"] = {k: v for k, v in params.items() if v is not None}
         if timeout is not None:
@@ -224,10 +275,10 @@ class Client:
         return response
 
     @staticmethod
-    def _error(response: httpx.Response) -> errors.ApiError:
+    def _error(response: httpx.Response | Answer) -> errors.ApiError:
         code = message = None
         try:
-            err = response.json()["error"]
+            err = json_loads(response.content)["error"]
             code, message = err.get("code"), err.get("message")
         except (ValueError, KeyError, TypeError, AttributeError):
             text = response.text.strip()
