@@ -28,6 +28,7 @@ import trio
 
 from ... import _json, errors
 from ...models import (
+    STATUS_OF,
     ErrorEntry,
     Job,
     Lease,
@@ -164,7 +165,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         queue=queue,
         kind=kind,
         payload=_json.loads(payload),
-        status=Status(status),
+        status=STATUS_OF[status],
         priority=priority,
         attempt=attempt,
         max_attempts=max_attempts,
@@ -175,7 +176,9 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         worker_id=worker_id,
         result=_loads(result),
         error=error,
-        errors=tuple(ErrorEntry(attempt=e["attempt"], error=e["error"], at=e["at"]) for e in _json.loads(errors_)),
+        errors=()
+        if errors_ == "[]"
+        else tuple(ErrorEntry(attempt=e["attempt"], error=e["error"], at=e["at"]) for e in _json.loads(errors_)),
         workflow_id=workflow_id,
         step=step,
         context=_loads(context),
