@@ -66,13 +66,15 @@ async def test_scheduled_at_beyond_four_digit_years_is_refused(http, server) -> 
 
 
 async def test_numbers_json_cannot_hold_are_refused(http, server) -> None:
-    for number in (b"NaN", b"-Infinity", b"1e400", b"-2.5E+999"):
-        r = await http.post(
-            "/api/v1/jobs",
-            content=b'{"kind": "k", "payload": {"ratio": [1, ' + number + b"]}}",
-            headers={**server.headers("acme"), "Content-Type": "application/json"},
-        )
-        assert r.status_code == 422 and number.decode().lstrip("-") in r.json()["error"]["message"], r.text
+    shapes = (b'{"ratio": [1, %s]}', b'{"ratio": [%s]}', b'{"ratio":\n\t%s}')
+    for number in (b"NaN", b"-Infinity", b"1e400", b"-2.5E+999", b"12.75e0400"):
+        for shape in shapes:
+            r = await http.post(
+                "/api/v1/jobs",
+                content=b'{"kind": "k", "payload": ' + shape % number + b"}",
+                headers={**server.headers("acme"), "Content-Type": "application/json"},
+            )
+            assert r.status_code == 422 and number.decode().lstrip("-") in r.json()["error"]["message"], r.text
     assert (await http.get("/api/v1/jobs", headers=server.headers())).json()["jobs"] == []
     # The same characters in strings, and large finite numbers, are fine.
     r = await post_job(http, server, payload={"note": "NaN, Infinity, 1e400", "big": 1e300})

@@ -98,10 +98,12 @@ def parse_body(model: type[M], raw: bytes) -> M:
 
 # JSON has no NaN or Infinity and no number beyond a double's range, but the
 # parser takes them, and a store would keep them as null or refuse them.
-# Such a number needs one of these in the text (a three-digit exponent, or
-# 309 digits in a row); only then is the body read again, number by number.
-# Each test is linear in the body's size.
-_EXPONENT_3 = re.compile(rb"[eE][+-]?\d{3}")
+# Such a number needs one of these in the text (a number with a three-digit
+# exponent, or 309 digits in a row); only then is the body read again,
+# number by number. Each test is linear in the body's size. A number starts
+# after ":", "[" or ",": a bare "4e123" inside a UUID (in almost every
+# report) is not one.
+_EXPONENT_3 = re.compile(rb"[:\[,]\s*-?\d+(?:\.\d+)?[eE][+-]?\d{3}")
 _DIGITS_AS_ZEROS = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 309
 
