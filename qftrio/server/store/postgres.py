@@ -1167,14 +1167,21 @@ class PostgresStore(Store):
         tokens = [_uuid_param(i.lease_token) for i in unique]
         results_in = [i.result for i in unique]
         rows: list[Any] = [None] * len(unique)
+        # The jobs of a batch are mostly of one queue: one row (and below,
+        # one result) per queue serves them all.
+        done_in: dict[str, dict[str, Any]] = {}
         for row in await self._db.fetch(_COMPLETE_CURRENT_SQL, keys, tokens, results_in, now):
-            rows[row["ord"] - 1] = {
-                "status": Status.COMPLETED.value,
-                "queue": row["queue"],
-                "current": True,
-                "applied": True,
-                "step": False,
-            }
+            queue = row["queue"]
+            done = done_in.get(queue)
+            if done is None:
+                done = done_in[queue] = {
+                    "status": Status.COMPLETED.value,
+                    "queue": queue,
+                    "current": True,
+                    "applied": True,
+                    "step": False,
+                }
+            rows[row["ord"] - 1] = done
         rest = [k for k, row in enumerate(rows) if row is None]
         if rest:
             others = await self._db.fetch(
@@ -1195,21 +1202,30 @@ class PostgresStore(Store):
                 if row["ord"] in step_unblocked:
                     unblocked.add(k)
         results = []
+        applied_in: dict[str, ReportResult] = {}
         for k, row in enumerate(rows):
             if row["status"] is None:
                 results.append(ReportResult(outcome=Outcome.NOT_FOUND))
             elif not row["current"]:
                 results.append(ReportResult(outcome=Outcome.CONFLICT))
-            elif row["applied"]:
+            elif row["applied"] and k in unblocked:
                 results.append(
                     ReportResult(
                         outcome=Outcome.OK,
                         queue=row["queue"],
                         status=Status.COMPLETED,
                         applied=True,
-                        ready_queues=(WORKFLOW_QUEUE,) if k in unblocked else (),
+                        ready_queues=(WORKFLOW_QUEUE,),
                     )
                 )
+            elif row["applied"]:
+                queue = row["queue"]
+                result = applied_in.get(queue)
+                if result is None:
+                    result = applied_in[queue] = ReportResult(
+                        outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True
+                    )
+                results.append(result)
             elif row["status"] == Status.COMPLETED.value:
                 results.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=Status.COMPLETED))
             else:
