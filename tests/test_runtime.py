@@ -68,8 +68,9 @@ class FakeServer(Transport):
     """The protocol's rules in memory, timed by Trio's clock.
 
     ``down`` holds the names of calls ("lease", "heartbeat", "complete",
-    "fail") that currently fail with a TransportError; ``refuse`` makes every
-    call answer 401.
+    "fail") that currently fail with a TransportError; ``slow`` maps names
+    to seconds each such call takes on top; ``refuse`` makes every call
+    answer 401.
     """
 
     coalesce_secs = 0.005
@@ -77,6 +78,7 @@ class FakeServer(Transport):
     def __init__(self) -> None:
         self.rows: dict[str, Row] = {}
         self.down: set[str] = set()
+        self.slow: dict[str, float] = {}
         self.refuse = False
         self.calls: list[tuple[float, str, list[str]]] = []
         self._seq = itertools.count()
@@ -107,7 +109,7 @@ class FakeServer(Transport):
 
     async def _enter(self, name: str, ids: list[str]) -> None:
         self.calls.append((trio.current_time(), name, ids))
-        await trio.sleep(LATENCY)
+        await trio.sleep(LATENCY + self.slow.get(name, 0))
         if self.refuse:
             raise errors.Unauthorized("unknown token")
         if name in self.down:
@@ -532,6 +534,28 @@ async def test_reports_are_given_up_when_the_lease_ends(server: FakeServer, auto
     assert len(tries) >= 4 and tries[-1] < lease_end
     assert "connection refused" in (rec.of("unreported")[0].error or "")
     assert server.rows[job_id].status is Status.RUNNING
+
+
+async def test_a_report_call_in_flight_when_the_lease_ends_gets_its_time(
+    server: FakeServer, autojump_clock: Any
+) -> None:
+    # Each complete takes 6 s and fails (a server that times out): the
+    # second one is in flight when the lease ends, and is let finish; no
+    # call starts after the lease's end.
+    job_id = server.add("echo")
+    server.down.add("complete")
+    server.slow["complete"] = 6
+    worker, rec = make_worker(server, echo_registry(), lease_secs=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await wait_for(lambda: bool(rec.of("unreported")))
+        t = trio.current_time()
+        worker.stop()
+    lease_end = server.times("lease")[0] + 10
+    # (the job is leased again once its lease has ended: those reports are not this lease's)
+    tries = [at for at in server.times("complete", job_id) if at < lease_end]
+    assert len(tries) == 2 and lease_end < tries[-1] + 6
+    assert tries[-1] + 6 <= t <= tries[-1] + 6 + 0.1  # (t is polled every 0.05 s)
 
 
 async def test_late_report_refused_is_lost(server: FakeServer, autojump_clock: Any) -> None:
