@@ -15,7 +15,7 @@ per call on 127.0.0.1 with a 50 KB answer, this client about 90
 A worker sends one lease and one report call per 100 jobs, so that was
 about 11 µs per job, the largest share of a worker's CPU after its own
 scheduling. httpx stays for what this does not do: proxies taken from the
-environment, and a caller's own ``httpx`` transport.
+environment, a caller's own ``httpx`` transport, and callers on asyncio.
 """
 
 from __future__ import annotations
@@ -140,12 +140,16 @@ class HttpPool:
         assert scope.cancelled_caught
         raise HttpError("timed out")
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
         """Close every idle connection; calls in flight close theirs when
         they end. Idempotent."""
         self._closed = True
         while self._idle:
             self._idle.pop().close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, as a checkpoint."""
+        self.close()
         await trio.lowlevel.checkpoint()
 
     def _take_idle(self) -> _Connection | None:

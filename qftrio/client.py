@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import pydantic
+import trio
 
 from . import errors
 from ._http import Answer, HttpError, HttpPool
@@ -184,10 +185,11 @@ class Client:
             keeps it small on purpose: it batches its reports instead.
         transport: an httpx transport to use instead of the network (tests).
 
-    Calls go through qftrio's own HTTP/1.1 client (:mod:`qftrio._http`),
-    except when *transport* is given or the environment names a proxy for
-    *url* (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, minus
-    ``NO_PROXY``): then through an ``httpx.AsyncClient``, which honours them.
+    Under Trio, calls go through qftrio's own HTTP/1.1 client
+    (:mod:`qftrio._http`), except when *transport* is given or the
+    environment names a proxy for *url* (``HTTP_PROXY``, ``HTTPS_PROXY``,
+    ``ALL_PROXY``, minus ``NO_PROXY``). Those calls, and calls made under
+    asyncio, go through an ``httpx.AsyncClient``.
     """
 
     def __init__(
@@ -204,6 +206,9 @@ class Client:
             headers["Authorization"] = f"Bearer {token}"
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._headers = headers
+        self._max_connections = max_connections
+        self._transport = transport
         self._pool: HttpPool | None = None
         self._http: httpx.AsyncClient | None = None
         if transport is None and urlsplit(self.url).scheme in ("http", "https") and not _proxied(self.url):
@@ -217,14 +222,21 @@ class Client:
             except ValueError:
                 pass  # not a URL it can reach; httpx gives the error on the first call
         if self._pool is None:
+            self._httpx_client()
+
+    def _httpx_client(self) -> httpx.AsyncClient:
+        if self._http is None:
             httpx = _httpx()
             self._http = httpx.AsyncClient(
                 base_url=self.url,
-                headers=headers,
-                timeout=httpx.Timeout(timeout),
-                limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-                transport=transport,
+                headers=self._headers,
+                timeout=httpx.Timeout(self.timeout),
+                limits=httpx.Limits(
+                    max_connections=self._max_connections, max_keepalive_connections=self._max_connections
+                ),
+                transport=self._transport,
             )
+        return self._http
 
     async def __aenter__(self) -> Client:
         return self
@@ -235,9 +247,9 @@ class Client:
     async def aclose(self) -> None:
         """Close the connection pool. Idempotent."""
         if self._pool is not None:
-            await self._pool.aclose()
+            self._pool.close()
+        if self._http is None:
             return
-        assert self._http is not None
         try:
             await self._http.aclose()
         except _httpx().HTTPError:  # a broken connection while closing changes nothing
@@ -261,7 +273,7 @@ class Client:
             except ValueError as exc:
                 raise errors.InvalidInput(f"the request cannot be sent as JSON: {exc}") from None
             kwargs["headers"] = _JSON_HEADERS
-        if self._pool is not None:
+        if self._pool is not None and trio.lowlevel.in_trio_task():
             target = quote(path, safe=_PATH_SAFE)
             if params:
                 target += "?" + urlencode({k: v for k, v in params.items() if v is not None})
@@ -274,14 +286,14 @@ class Client:
             if answer.status_code >= 400:
                 raise self._error(answer)
             return answer
-        assert self._http is not None
+        http = self._httpx_client()
         httpx = _httpx()
         if params:
             kwargs["params"] = {k: v for k, v in params.items() if v is not None}
         if timeout is not None:
             kwargs["timeout"] = httpx.Timeout(timeout)
         try:
-            response = await self._http.request(method, path, **kwargs)
+            response = await http.request(method, path, **kwargs)
         except httpx.TimeoutException:
             raise errors.TransportError(f"{method} {self.url}{path}: timed out") from None
         except httpx.HTTPError as exc:

@@ -6,12 +6,15 @@ environment names a proxy."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
+import http.server
 import json
 import shutil
 import ssl
 import subprocess
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -348,3 +351,43 @@ async def test_https(nursery: trio.Nursery, certificate: tuple[Path, Path], monk
     async with Client(url, "t") as client:
         with pytest.raises(errors.TransportError, match="TLS handshake failed"):
             await client.health()
+
+
+def test_under_asyncio_calls_go_through_httpx() -> None:
+    """An asyncio application (a web app enqueuing jobs, say) can use the
+    same client: off Trio it sends through httpx."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            if self.path == "/healthz":
+                answer, status = b'{"status": "ok"}', 200
+            else:
+                answer, status = b'{"error": {"code": "not_found", "message": "no such job"}}', 404
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    async def main() -> None:
+        async with Client(f"http://127.0.0.1:{server.server_address[1]}", "t") as client:
+            assert await client.health() == {"status": "ok"}
+            with pytest.raises(errors.NotFound, match="no such job"):
+                await client.job_get("j1")
+
+    try:
+        asyncio.run(main())
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert seen == ["/healthz", "/api/v1/jobs/j1"]
