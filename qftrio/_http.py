@@ -106,6 +106,8 @@ class HttpPool:
         default_port = self._port == (443 if self._tls else 80)
         host = f"[{self._host}]" if ":" in self._host else self._host
         all_headers = {"Host": host if default_port else f"{host}:{self._port}", **headers}
+        if any(c in text for item in all_headers.items() for text in item for c in "\r\n\0"):
+            raise ValueError("a header holds a line break")
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in all_headers.items()).encode("latin-1")
         self._slots = trio.Semaphore(max_connections)
         self._idle: list[_Connection] = []

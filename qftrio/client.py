@@ -27,9 +27,6 @@ import trio
 from . import errors
 from ._http import Answer, HttpError, HttpPool
 from ._json import dumps_strict as json_dumps, loads as json_loads
-if TYPE_CHECKING:
-    import httpx
-
 from .models import (
     CompleteItem,
     FailItem,
@@ -47,6 +44,9 @@ from .models import (
     format_time,
     parse_time,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "Client",
@@ -92,8 +92,8 @@ _PATH_SAFE = "/:@!$&'()*+,;=~-._%"
 
 
 def _httpx() -> Any:
-    """httpx, imported when first needed: 90 ms of start-up, for proxies,
-    caller-supplied transports and the TLS settings only."""
+    """httpx, imported when first needed (90 ms of start-up): for proxies,
+    caller-supplied transports, callers on asyncio and the TLS settings."""
     import httpx
 
     return httpx

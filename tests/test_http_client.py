@@ -391,3 +391,11 @@ def test_under_asyncio_calls_go_through_httpx() -> None:
         server.server_close()
         thread.join(5)
     assert seen == ["/healthz", "/api/v1/jobs/j1"]
+
+
+async def test_a_token_with_a_line_break_is_never_sent(nursery: trio.Nursery) -> None:
+    server = await start(nursery, echo)
+    async with Client(server.url, "t\r\nX-Injected: 1") as client:
+        with pytest.raises(errors.TransportError):
+            await client.health()
+    assert all(b"X-Injected" not in head for head in server.requests)
