@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import pydantic
-import trio
+import sniffio
 
 from . import errors
 from ._http import Answer, HttpError, HttpPool
@@ -273,7 +273,7 @@ class Client:
             except ValueError as exc:
                 raise errors.InvalidInput(f"the request cannot be sent as JSON: {exc}") from None
             kwargs["headers"] = _JSON_HEADERS
-        if self._pool is not None and trio.lowlevel.in_trio_task():
+        if self._pool is not None and sniffio.current_async_library() == "trio":
             target = quote(path, safe=_PATH_SAFE)
             if params:
                 target += "?" + urlencode({k: v for k, v in params.items() if v is not None})
