@@ -238,6 +238,41 @@ async def test_heartbeat(storage: Store) -> None:
     assert (await storage.job_get(job_id)).locked_until == T0 + 65
 
 
+async def test_batch_heartbeat_mixes_every_outcome(storage: Store) -> None:
+    live, done, cancelled = await insert(storage, *[new() for _ in range(3)])
+    leases = {x.job.id: x for x in await storage.jobs_claim("q", limit=3, lease_secs=10, worker_id="w", now=T0 + 1)}
+    await storage.jobs_complete([CompleteItem(done, leases[done].lease_token, {})], now=T0 + 2)
+    await storage.job_cancel(cancelled, tenant="t1", now=T0 + 2)
+    results = await storage.jobs_heartbeat(
+        [
+            HeartbeatItem(live, leases[live].lease_token, 30),
+            HeartbeatItem(done, leases[done].lease_token, 30),
+            HeartbeatItem(live, leases[live].lease_token, 40),
+            HeartbeatItem(cancelled, leases[cancelled].lease_token, 30),
+            HeartbeatItem(live, leases[done].lease_token, 30),
+            HeartbeatItem(str(uuid.uuid4()), leases[live].lease_token, 30),
+            HeartbeatItem("not-a-uuid", leases[live].lease_token, 30),
+        ],
+        now=T0 + 3,
+    )
+    assert [(r.outcome, r.status) for r in results] == [
+        (Outcome.OK, Status.RUNNING),
+        (Outcome.OK, Status.COMPLETED),
+        (Outcome.OK, Status.RUNNING),
+        (Outcome.OK, Status.CANCELLED),
+        (Outcome.CONFLICT, None),
+        (Outcome.NOT_FOUND, None),
+        (Outcome.NOT_FOUND, None),
+    ]
+    assert [r.locked_until for r in results[:4]] == [T0 + 33, None, T0 + 43, None]
+    # (which of the two extensions of one batch stays is not specified)
+    assert (await storage.job_get(live)).locked_until in (T0 + 33, T0 + 43)
+    # jobs no longer running are left as they were
+    for job_id, status, locked_until in ((done, Status.COMPLETED, None), (cancelled, Status.CANCELLED, T0 + 11)):
+        job = await storage.job_get(job_id)
+        assert (job.status, job.locked_until) == (status, locked_until)
+
+
 async def test_complete_and_replay(storage: Store) -> None:
     (job_id,) = await insert(storage, new())
     lease = await claim_one(storage)

@@ -373,6 +373,16 @@ SELECT least(
 
 # One statement per batch: lock the rows (id order), extend those whose token
 # is current and that are running, and report every item's row as locked.
+# Heartbeats the way completes go (``_COMPLETE_CURRENT_SQL``): the current
+# leases are extended without being locked first, the other items take the
+# statement that reads every outcome.
+_HEARTBEAT_CURRENT_SQL = """
+UPDATE qftrio_jobs AS j SET locked_until = $4 + i.extend, updated_at = $4
+FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
+WHERE j.id = ANY($1::uuid[]) AND j.id = i.id AND j.status = 'running' AND j.lease_token = i.token
+RETURNING i.ord, j.locked_until
+"""
+
 _HEARTBEAT_SQL = """
 WITH items AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
@@ -428,7 +438,8 @@ ORDER BY i.ord
 _COMPLETE_CURRENT_SQL = """
 UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
 FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
-WHERE j.id = i.id AND j.status = 'running' AND j.lease_token = i.token AND j.workflow_id IS NULL
+WHERE j.id = ANY($1::uuid[]) AND j.id = i.id AND j.status = 'running' AND j.lease_token = i.token
+  AND j.workflow_id IS NULL
 RETURNING i.ord, j.queue
 """
 
@@ -1111,13 +1122,20 @@ class PostgresStore(Store):
     async def jobs_heartbeat(self, items: Sequence[HeartbeatItem], *, now: float) -> list[HeartbeatResult]:
         if not items:
             return []
-        rows = await self._db.fetch(
-            _HEARTBEAT_SQL,
-            [_uuid_param(i.job_id) for i in items],
-            [_uuid_param(i.lease_token) for i in items],
-            [float(i.extend_secs) for i in items],
-            now,
-        )
+        keys = [_uuid_param(i.job_id) for i in items]
+        tokens = [_uuid_param(i.lease_token) for i in items]
+        extends = [float(i.extend_secs) for i in items]
+        rows: list[Any] = [None] * len(items)
+        for row in await self._db.fetch(_HEARTBEAT_CURRENT_SQL, keys, tokens, extends, now):
+            # (the same job twice in a batch: one of the two is extended here)
+            rows[row["ord"] - 1] = {"status": Status.RUNNING.value, "current": True, "locked_until": row["locked_until"]}
+        rest = [k for k, row in enumerate(rows) if row is None]
+        if rest:
+            others = await self._db.fetch(
+                _HEARTBEAT_SQL, [keys[k] for k in rest], [tokens[k] for k in rest], [extends[k] for k in rest], now
+            )
+            for k, row in zip(rest, others, strict=True):
+                rows[k] = row
         out = []
         for row in rows:
             if row["status"] is None:
@@ -1126,7 +1144,7 @@ class PostgresStore(Store):
                 out.append(HeartbeatResult(outcome=Outcome.CONFLICT))
             else:
                 out.append(
-                    HeartbeatResult(outcome=Outcome.OK, status=Status(row["status"]), locked_until=row["locked_until"])
+                    HeartbeatResult(outcome=Outcome.OK, status=STATUS_OF[row["status"]], locked_until=row["locked_until"])
                 )
         return out
 
