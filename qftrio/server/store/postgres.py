@@ -379,7 +379,7 @@ SELECT least(
 _HEARTBEAT_CURRENT_SQL = """
 UPDATE qftrio_jobs AS j SET locked_until = $4 + i.extend, updated_at = $4
 FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
-WHERE j.id = ANY($1::uuid[]) AND j.id = i.id AND j.status = 'running' AND j.lease_token = i.token
+WHERE j.id = i.id AND j.status = 'running' AND j.lease_token = i.token
 RETURNING i.ord, j.locked_until
 """
 
@@ -438,8 +438,7 @@ ORDER BY i.ord
 _COMPLETE_CURRENT_SQL = """
 UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
 FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
-WHERE j.id = ANY($1::uuid[]) AND j.id = i.id AND j.status = 'running' AND j.lease_token = i.token
-  AND j.workflow_id IS NULL
+WHERE j.id = i.id AND j.status = 'running' AND j.lease_token = i.token AND j.workflow_id IS NULL
 RETURNING i.ord, j.queue
 """
 
