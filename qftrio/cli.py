@@ -60,8 +60,8 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .server.config import Config, parse_tenants
     from ._gc import settle_after_imports
+    from .server.config import Config, parse_tenants
     from .server.serve import serve
 
     config = Config.from_env(

@@ -101,6 +101,8 @@ def _format_time(ts: float) -> str:
 
 def parse_time(value: str | float | _dt.datetime | None) -> float | None:
     """An RFC 3339 string (or datetime, or epoch seconds) to epoch seconds."""
+    if type(value) is str:  # first: a worker parses four per leased job
+        return _parse_time_string(value)
     if value is None:
         return None
     if isinstance(value, (int, float)):
@@ -121,13 +123,6 @@ def _parse_time_string(value: str) -> float:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=_dt.timezone.utc)
     return parsed.timestamp()
-
-
-def _wire_time(value: Any) -> float | None:
-    """:func:`parse_time` for what JSON holds, strings first."""
-    if type(value) is str:
-        return _parse_time_string(value)
-    return parse_time(value)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -197,9 +192,9 @@ class Job:
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Job:
-        # A worker builds one per leased job. Looking the status and the
-        # times up directly, instead of Status() and parse_time(), takes
-        # this from 6.2 to 4.5 µs.
+        # A worker builds one per leased job. The status by a dict lookup
+        # and strings tested first in parse_time() take this from 6.2 to
+        # 4.5 µs.
         get = data.get
         status = data["status"]
         errors = get("errors")
@@ -213,10 +208,10 @@ class Job:
             priority=get("priority", 0),
             attempt=get("attempt", 0),
             max_attempts=get("max_attempts", 5),
-            scheduled_at=_wire_time(data["scheduled_at"]) or 0.0,
-            created_at=_wire_time(data["created_at"]) or 0.0,
-            updated_at=_wire_time(data["updated_at"]) or 0.0,
-            locked_until=_wire_time(get("locked_until")),
+            scheduled_at=parse_time(data["scheduled_at"]) or 0.0,
+            created_at=parse_time(data["created_at"]) or 0.0,
+            updated_at=parse_time(data["updated_at"]) or 0.0,
+            locked_until=parse_time(get("locked_until")),
             worker_id=get("worker_id"),
             result=get("result"),
             error=get("error"),

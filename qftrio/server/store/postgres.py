@@ -371,11 +371,9 @@ SELECT least(
      WHERE queue = $1 AND status = 'running' AND attempt < max_attempts))
 """
 
-# One statement per batch: lock the rows (id order), extend those whose token
-# is current and that are running, and report every item's row as locked.
 # Heartbeats the way completes go (``_COMPLETE_CURRENT_SQL``): the current
-# leases are extended without being locked first, the other items take the
-# statement that reads every outcome.
+# leases are extended without being locked first, the other items take
+# ``_HEARTBEAT_SQL``.
 _HEARTBEAT_CURRENT_SQL = """
 UPDATE qftrio_jobs AS j SET locked_until = $4 + i.extend, updated_at = $4
 FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
@@ -383,6 +381,8 @@ WHERE j.id = i.id AND j.status = 'running' AND j.lease_token = i.token
 RETURNING i.ord, j.locked_until
 """
 
+# One statement per batch: lock the rows (id order), extend those whose token
+# is current and that are running, and report every item's row as locked.
 _HEARTBEAT_SQL = """
 WITH items AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
@@ -1118,23 +1118,44 @@ class PostgresStore(Store):
             now,
         )
 
+    async def _current_first(
+        self,
+        current_sql: str,
+        every_sql: str,
+        columns: list[list[Any]],
+        now: float,
+        applied: Callable[[asyncpg.Record], Any],
+    ) -> list[Any]:
+        """A report batch in at most two statements: *current_sql* changes
+        the items whose lease is current without locking them and returns
+        their ``ord``; the items it left go through *every_sql*, which reads
+        each one's outcome. One row per item, in order (``applied(row)`` for
+        the first kind)."""
+        rows: list[Any] = [None] * len(columns[0])
+        for row in await self._db.fetch(current_sql, *columns, now):
+            rows[row["ord"] - 1] = applied(row)
+        rest = [k for k, row in enumerate(rows) if row is None]
+        if rest:
+            others = await self._db.fetch(every_sql, *[[column[k] for k in rest] for column in columns], now)
+            for k, row in zip(rest, others, strict=True):
+                rows[k] = row
+        return rows
+
     async def jobs_heartbeat(self, items: Sequence[HeartbeatItem], *, now: float) -> list[HeartbeatResult]:
         if not items:
             return []
-        keys = [_uuid_param(i.job_id) for i in items]
-        tokens = [_uuid_param(i.lease_token) for i in items]
-        extends = [float(i.extend_secs) for i in items]
-        rows: list[Any] = [None] * len(items)
-        for row in await self._db.fetch(_HEARTBEAT_CURRENT_SQL, keys, tokens, extends, now):
-            # (the same job twice in a batch: one of the two is extended here)
-            rows[row["ord"] - 1] = {"status": Status.RUNNING.value, "current": True, "locked_until": row["locked_until"]}
-        rest = [k for k, row in enumerate(rows) if row is None]
-        if rest:
-            others = await self._db.fetch(
-                _HEARTBEAT_SQL, [keys[k] for k in rest], [tokens[k] for k in rest], [extends[k] for k in rest], now
-            )
-            for k, row in zip(rest, others, strict=True):
-                rows[k] = row
+        # (the same job twice in a batch: one of the two is extended first)
+        rows = await self._current_first(
+            _HEARTBEAT_CURRENT_SQL,
+            _HEARTBEAT_SQL,
+            [
+                [_uuid_param(i.job_id) for i in items],
+                [_uuid_param(i.lease_token) for i in items],
+                [float(i.extend_secs) for i in items],
+            ],
+            now,
+            lambda row: {"status": Status.RUNNING.value, "current": True, "locked_until": row["locked_until"]},
+        )
         out = []
         for row in rows:
             if row["status"] is None:
@@ -1180,36 +1201,23 @@ class PostgresStore(Store):
                 unblocked = await self._after_complete(conn, applied, now=now)
             return rows, unblocked
 
-        keys = [_uuid_param(i.job_id) for i in unique]
-        tokens = [_uuid_param(i.lease_token) for i in unique]
-        results_in = [i.result for i in unique]
-        rows: list[Any] = [None] * len(unique)
         # The jobs of a batch are mostly of one queue: one row (and below,
         # one result) per queue serves them all.
         done_in: dict[str, dict[str, Any]] = {}
-        for row in await self._db.fetch(_COMPLETE_CURRENT_SQL, keys, tokens, results_in, now):
+
+        def done(row: asyncpg.Record) -> dict[str, Any]:
             queue = row["queue"]
-            done = done_in.get(queue)
-            if done is None:
-                done = done_in[queue] = {
-                    "status": Status.COMPLETED.value,
-                    "queue": queue,
-                    "current": True,
-                    "applied": True,
-                    "step": False,
-                }
-            rows[row["ord"] - 1] = done
-        rest = [k for k, row in enumerate(rows) if row is None]
-        if rest:
-            others = await self._db.fetch(
-                _COMPLETE_PLAIN_SQL,
-                [keys[k] for k in rest],
-                [tokens[k] for k in rest],
-                [results_in[k] for k in rest],
-                now,
-            )
-            for k, row in zip(rest, others, strict=True):
-                rows[k] = row
+            if queue not in done_in:
+                done_in[queue] = {"status": Status.COMPLETED.value, "queue": queue, "current": True, "applied": True, "step": False}
+            return done_in[queue]
+
+        rows = await self._current_first(
+            _COMPLETE_CURRENT_SQL,
+            _COMPLETE_PLAIN_SQL,
+            [[_uuid_param(i.job_id) for i in unique], [_uuid_param(i.lease_token) for i in unique], [i.result for i in unique]],
+            now,
+            done,
+        )
         unblocked: set[int] = set()  # positions in `unique` whose completion enqueued steps
         at = [k for k, row in enumerate(rows) if row["step"]]
         if at:
