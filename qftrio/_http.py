@@ -9,7 +9,7 @@ by its *timeout*. A connection is only reused when it is neither closed nor
 holding unread bytes; a call that fails is not sent again (an enqueue
 without an idempotency key is not safe to repeat), as with httpx.
 
-Why not httpx: under Trio, an ``httpx.AsyncClient`` spends 570-660 µs of CPU
+Why not httpx: under Trio, an ``httpx.AsyncClient`` spends 560-690 µs of CPU
 per call on 127.0.0.1 with a 50 KB answer, this client about 90
 (``benchmarks/http_client.py``).
 A worker sends one lease and one report call per 100 jobs, so that was

@@ -190,6 +190,9 @@ class Client:
     environment names a proxy for *url* (``HTTP_PROXY``, ``HTTPS_PROXY``,
     ``ALL_PROXY``, minus ``NO_PROXY``). Those calls, and calls made under
     asyncio, go through an ``httpx.AsyncClient``.
+
+    Raises:
+        ConfigError: *url*'s host or port is malformed.
     """
 
     def __init__(
@@ -205,6 +208,10 @@ class Client:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self.url = url.rstrip("/")
+        try:
+            urlsplit(self.url).port  # a malformed host or port raises here
+        except ValueError as exc:
+            raise errors.ConfigError(f"not a usable server URL: {url!r} ({exc})") from None
         self.timeout = timeout
         self._headers = headers
         self._max_connections = max_connections

@@ -113,6 +113,10 @@ def test_unreachable_server_is_one_line_and_exit_1() -> None:
     proc = run_process("jobs", "list", "--url", "http://127.0.0.1:1")
     assert proc.returncode == 2
     assert "token" in one_line_error(proc)
+    for url in ("http://[::1", "http://127.0.0.1:port"):
+        proc = run_process("jobs", "list", "--url", url, "--token", "t")
+        assert proc.returncode == 2
+        assert "not a usable server URL" in one_line_error(proc)
 
 
 def test_every_command_has_help() -> None:
