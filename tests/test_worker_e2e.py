@@ -142,6 +142,13 @@ HANDLERS = textwrap.dedent(
             mark(job, "cancelled")
             raise
         return {"attempt": job.attempt, "worker": job.worker_id}
+
+
+    @registry.handler("gc-settings")
+    async def gc_settings(job):
+        import gc
+
+        return {"young_threshold": gc.get_threshold()[0], "frozen": gc.get_freeze_count()}
     '''
 )
 
@@ -161,7 +168,8 @@ class Procs:
         self.server = self._spawn(
             "serve",
             ["serve", "--bind", self.url.removeprefix("http://"), "--db", str(tmp / "q.db"),
-             "--worker-token", WORKER_TOKEN, "--tenant", f"e2e={TENANT_TOKEN}"],
+             "--worker-token", WORKER_TOKEN, "--tenant", f"e2e={TENANT_TOKEN}",
+             "--handlers", "e2e_handlers:registry", "--queue", "in-server"],
         )
         self._wait_healthy()
 
@@ -239,6 +247,21 @@ async def test_a_killed_workers_job_is_finished_by_another(procs: Procs, api: Cl
         stop(beta)
     assert done.attempt == 2 and done.result == {"attempt": 2, "worker": "beta"}
     assert done.errors[0].error == "lease expired"
+
+
+async def test_worker_and_server_processes_settle_their_garbage_collector(procs: Procs, api: Client) -> None:
+    job = await api.enqueue("gc-settings", queue="gc")
+    w = procs.worker("gc", "gc")
+    try:
+        done = await wait_until(lambda: _completed(api, job.id), timeout=20)
+    finally:
+        stop(w)
+    # the server's own handlers (serve --handlers) run in the server process
+    in_server = await api.enqueue("gc-settings", queue="in-server")
+    in_server_done = await wait_until(lambda: _completed(api, in_server.id), timeout=20)
+    # what their imports made is frozen; the young generation is collected less often
+    for result in (done.result, in_server_done.result):
+        assert result["young_threshold"] == 10_000 and result["frozen"] > 10_000
 
 
 async def test_a_job_longer_than_its_lease_completes_by_heartbeats(procs: Procs, api: Client) -> None:
