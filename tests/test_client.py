@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -282,3 +284,11 @@ async def _bad_gateway(stream: trio.SocketStream) -> None:
             b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
+
+
+def test_importing_qftrio_does_not_import_httpx() -> None:
+    # httpx is only for proxies, caller-supplied transports and asyncio
+    # callers: its 90 ms of import stay out of every worker's start-up.
+    code = "import sys, qftrio, qftrio.worker.process; print('httpx' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
