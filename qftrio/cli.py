@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import trio
 
-from . import errors
+from . import __version__, errors
 
 __all__ = ["main"]
 
@@ -64,6 +64,12 @@ def _serve(args: argparse.Namespace) -> int:
     from .server.config import Config, parse_tenants
     from .server.serve import serve
 
+    if not args.handlers:
+        given = [flag for flag, value in (("--queue", args.queue), ("--lanes", args.lanes)) if value]
+        if given:
+            raise errors.ConfigError(f"{' and '.join(given)} configure in-process handlers: pass --handlers too")
+    if args.db and (args.database_url or os.environ.get("QUEUEFLOW_DATABASE_URL")):
+        raise errors.ConfigError("--db names the embedded store's file, which PostgreSQL (--database-url) does not use")
     config = Config.from_env(
         database_url=args.database_url,
         sqlite_path=args.db,
@@ -203,7 +209,11 @@ def _stats(args: argparse.Namespace) -> int:
         if not args.watch:
             return (await client.queue_stats(args.queue)).to_wire()
         while True:
-            print(json.dumps((await client.queue_stats(args.queue)).to_wire()), flush=True)
+            try:
+                print(json.dumps((await client.queue_stats(args.queue)).to_wire()), flush=True)
+            except (errors.TransportError, errors.Unavailable) as exc:
+                # a restarting server: say so and keep watching
+                print(f"qftrio: {exc.message if isinstance(exc, errors.ApiError) else exc}; retrying", file=sys.stderr)
             await trio.sleep(args.interval)
 
     return _client_call(args, call)
@@ -258,7 +268,10 @@ def _non_negative(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="qftrio", description="A durable job server and a Trio worker runtime.")
     parser.add_argument("--log-level", default="INFO", choices=_LOG_LEVELS, help="default INFO")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_LoggingParser)
+    parser.add_argument("--version", action="version", version=f"qftrio {__version__}")
+    # not required=True: argparse would then report a missing command before
+    # an unknown flag, and `qftrio --nope` would not name --nope
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_LoggingParser)
 
     p = sub.add_parser("serve", help="run the job server")
     p.add_argument("--database-url", help="postgresql://... (QUEUEFLOW_DATABASE_URL); default: the embedded store")
@@ -365,6 +378,8 @@ def _single_leaf(group: BaseExceptionGroup) -> BaseException:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error("a command is required")
     logging.basicConfig(
         level=getattr(logging, args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

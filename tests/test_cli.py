@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import trio
@@ -160,3 +161,98 @@ async def test_serve_runs_handlers_in_process(tmp_path) -> None:
         assert done[1]["status"] == "failed" and done[1]["attempt"] == 1  # PermanentError: no retry
     finally:
         assert stop(server) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--nope"], "--nope"),
+        ([], "a command is required"),
+        (["serve", "--dev", "--bind", "127.0.0.1:99999"], "out of range"),
+        (["serve", "--worker-token", "t", "--tenant", "acme=t"], "same token as the worker token"),
+        (["serve", "--worker-token", "w", "--tenant", "a=t", "--tenant", "b=t"], "same token as tenant 'a'"),
+        (["serve", "--worker-token", "w", "--tenant", "a=t", "--tenant", "a=u"], "given twice"),
+        (["serve", "--dev", "--mode", "api", "--handlers", "handlers:registry"], "--mode api"),
+        (["serve", "--dev", "--queue", "images"], "pass --handlers"),
+        (["serve", "--dev", "--lanes", "3"], "pass --handlers"),
+        (["serve", "--dev", "--db", "q.db", "--database-url", "postgresql://h/db"], "--db"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused_by_name(argv: list[str], says: str, tmp_path) -> None:
+    proc = run_process(*argv)
+    assert proc.returncode == 2
+    assert says in one_line_error(proc)
+
+
+def test_version() -> None:
+    from qftrio import __version__
+
+    proc = run_process("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"qftrio {__version__}"
+
+
+async def test_a_second_server_on_one_sqlite_file_is_refused(tmp_path) -> None:
+    from .processes import free_port, spawn, stop, wait_healthy
+
+    db = str(tmp_path / "q.db")
+    port = free_port()
+    first = spawn(["serve", "--dev", "--db", db, "--bind", f"127.0.0.1:{port}"], cwd=ROOT, log=tmp_path / "first.log")
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}")
+        proc = await trio.to_thread.run_sync(
+            lambda: run_process("serve", "--dev", "--db", db, "--bind", f"127.0.0.1:{free_port()}")
+        )
+        assert proc.returncode == 2
+        assert "in use by another qftrio server" in proc.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in proc.stderr
+    finally:
+        assert stop(first) == 0
+    # once the first has stopped, the file is free again
+    second = spawn(["serve", "--dev", "--db", db, "--bind", f"127.0.0.1:{port}"], cwd=ROOT, log=tmp_path / "second.log")
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}")
+    finally:
+        assert stop(second) == 0
+
+
+async def test_stats_watch_rides_out_a_server_restart(tmp_path) -> None:
+    from .processes import free_port, spawn, stop, wait_healthy
+
+    db = str(tmp_path / "q.db")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    out_path, err_path = tmp_path / "watch.out", tmp_path / "watch.err"
+
+    def start() -> Any:
+        return spawn(["serve", "--dev", "--db", db, "--bind", f"127.0.0.1:{port}"], cwd=ROOT, log=tmp_path / "s.log")
+
+    async def wait_until(predicate: Any) -> None:
+        with trio.fail_after(20):
+            while not predicate():
+                assert watch.poll() is None, err_path.read_text()
+                await trio.sleep(0.05)
+
+    def lines() -> list[str]:
+        return out_path.read_text().splitlines()
+
+    server = start()
+    await wait_healthy(url)
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "qftrio", "stats", "images", "--watch", "--interval", "0.1", "--url", url,
+             "--token", "dev"],
+            stdout=out, stderr=err, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    try:
+        await wait_until(lambda: len(lines()) >= 2)
+        assert stop(server) == 0
+        await wait_until(lambda: "retrying" in err_path.read_text())
+        seen = len(lines())
+        server = start()
+        await wait_until(lambda: len(lines()) >= seen + 2)
+    finally:
+        watch.terminate()
+        watch.wait(10)
+        stop(server)
+    assert all(json.loads(line)["queue"] == "images" for line in lines())
+    assert "Traceback" not in err_path.read_text()

@@ -27,6 +27,8 @@ def parse_tenants(specs: list[str] | str | None) -> dict[str, str]:
         name, sep, token = item.partition("=")
         if not sep or not name.strip() or not token.strip():
             raise errors.ConfigError(f"tenant credential must look like NAME=TOKEN, got {name.strip()!r}=...")
+        if name.strip() in tenants:
+            raise errors.ConfigError(f"tenant {name.strip()!r} is given twice")
         tenants[name.strip()] = token.strip()
     return tenants
 
@@ -86,7 +88,23 @@ class Config:
         host, sep, port = self.bind.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise errors.ConfigError(f"--bind must look like HOST:PORT, not {self.bind!r}")
+        if int(port) > 65535:
+            raise errors.ConfigError(f"--bind: port {int(port)} is out of range (0 to 65535)")
+        if self.handlers and self.mode == "api":
+            raise errors.ConfigError("--handlers runs in-process workers, which --mode api does not run")
+        self._check_credentials()
         if self.max_body_bytes < 1024:
             raise errors.ConfigError("--max-body-bytes must be at least 1024")
         if self.pool_size < 1:
             raise errors.ConfigError("--pool-size must be at least 1")
+
+    def _check_credentials(self) -> None:
+        """Every credential names one caller: a token shared by the worker and
+        a tenant, or by two tenants, would act for whichever is looked up first."""
+        owners: dict[str, str] = {}
+        if self.worker_token:
+            owners[self.worker_token] = "the worker token"
+        for name, token in self.tenants.items():
+            if token in owners:
+                raise errors.ConfigError(f"tenant {name!r} has the same token as {owners[token]}: give each its own")
+            owners[token] = f"tenant {name!r}"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import trio
 
@@ -40,8 +41,40 @@ async def open_engine(config: Config, *, clock: Callable[[], float] | None = Non
         async with open_postgres_store(config.database_url, pool_size=config.pool_size) as store:
             yield Engine(store, safety_poll_secs=config.safety_poll_secs, **extra)
     else:
-        async with open_sqlite_store(config.sqlite_path) as store:
-            yield Engine(store, safety_poll_secs=config.safety_poll_secs, **extra)
+        with _only_process(config.sqlite_path):
+            async with open_sqlite_store(config.sqlite_path) as store:
+                yield Engine(store, safety_poll_secs=config.safety_poll_secs, **extra)
+
+
+@contextlib.contextmanager
+def _only_process(path: str) -> Iterator[None]:
+    """Hold an exclusive lock on the embedded store's file for the block.
+
+    A second server on the same file would run, but its long polls would not
+    be woken by the other's enqueues (wake-ups are in-process): it is refused.
+    ``flock`` locks are separate from the POSIX locks SQLite itself takes, and
+    the descriptor stays open until SQLite has closed the file.
+
+    Raises:
+        ConfigError: another process holds the file.
+    """
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise errors.ConfigError(f"cannot open {path}: {exc.strerror or exc}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise errors.ConfigError(
+                f"{path} is in use by another qftrio server: the embedded store serves one process"
+                " (several servers share a PostgreSQL database)"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
 
 
 async def serve(
