@@ -279,8 +279,8 @@ def start_worker(
     url: str,
     queue: str,
     *,
-    lanes: int,
-    batch: int,
+    lanes: int | None,
+    batch: int | None,
     wait_secs: float = 5,
     lease_secs: int = 60,
     log_level: str = "WARNING",
@@ -290,9 +290,10 @@ def start_worker(
 ) -> subprocess.Popen[bytes]:
     argv = qftrio_cmd() + [
         "--log-level", log_level, "worker", queue, handlers, "--url", url, "--token", WORKER_TOKEN,
-        "--lanes", str(lanes), "--batch", str(batch), "--wait-secs", str(wait_secs),
-        "--lease-secs", str(lease_secs),
+        "--wait-secs", str(wait_secs), "--lease-secs", str(lease_secs),
     ]  # fmt: skip
+    # None leaves a flag out: the worker's own default
+    argv += [f for flag, value in (("--lanes", lanes), ("--batch", batch)) if value is not None for f in (flag, str(value))]
     return procs.spawn(f"{name}-{uuid.uuid4().hex[:6]}", argv, env=env)
 
 

@@ -1,94 +1,79 @@
 #!/usr/bin/env python3
-"""pgqueuer as the reference, then qftrio, on the same PostgreSQL in the same run.
+"""qftrio against pgqueuer on one PostgreSQL, same process counts, alternating.
 
-pgqueuer (``.venv/bin/pip install pgqueuer``; not a qftrio dependency): its
-schema is installed in a fresh database, ``--jobs`` no-op jobs are enqueued in
-batches of 1,000 (``Queries.enqueue`` with lists), and one worker drains them
-with ``batch_size=25`` in drain mode (its own benchmark's drain strategy:
-``PgQueuer(AsyncpgDriver(conn)).run(batch_size=..., mode=drain)``), on uvloop
-as pgqueuer's benchmark does. Its rate is jobs / (run start .. drain end).
+pgqueuer (``.venv/bin/pip install pgqueuer uvloop``; not a qftrio dependency)
+runs with its documented settings: its schema in the same fresh database,
+``--jobs`` no-op jobs enqueued in batches of 1,000 (``Queries.enqueue`` with
+lists), then W worker processes draining with ``batch_size=25`` in drain mode
+(``PgQueuer(AsyncpgDriver(conn)).run(batch_size=..., mode=drain)``) on uvloop,
+as its own benchmark does.
 
-Then qftrio on the same database: a real ``qftrio serve``, the same number of
-jobs enqueued through ``POST /api/v1/jobs/batch`` in batches of 1,000, drained
-by ``qftrio worker`` processes over HTTP (``--qftrio-workers``, each
-``--lanes``/``--batch``); its rate is as in ``throughput.py`` (first to last
-completion). The ratio qftrio / pgqueuer is printed for each worker count.
+qftrio: one real ``qftrio serve`` on the same database, the same number of jobs
+enqueued through ``POST /api/v1/jobs/batch`` in batches of 1,000, drained by W
+``qftrio worker`` processes over HTTP, with their defaults (no tuning flags) or
+with the ``--lanes``/``--batch`` a configuration names.
+
+Both rates are processed jobs per second from the first completion to the
+last (pgqueuer's workers report their first and last job's wall-clock time;
+qftrio's from the rows' ``updated_at``), so process start-up counts for
+neither. Each round runs every configuration once, in order; ``--runs``
+rounds; the table shows medians. One-job-per-call enqueue is measured too:
+pgqueuer's ``Queries.enqueue`` with one job, and ``POST /api/v1/jobs`` from one
+keep-alive ``qftrio.Client``.
 
 Example::
 
-    .venv/bin/python benchmarks/pgqueuer_reference.py --jobs 20000 --qftrio-workers 1,2
+    .venv/bin/python benchmarks/pgqueuer_reference.py --jobs 20000 --runs 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import subprocess
 import sys
 import time
+import uuid
 from typing import Any
 
 import _bench as b
 import throughput
 
+#: (label, system, workers, lanes, batch); None lanes/batch: the worker's defaults.
+CONFIGS: list[tuple[str, str, int, int | None, int | None]] = [
+    ("pgq-1", "pgqueuer", 1, None, None),
+    ("pgq-2", "pgqueuer", 2, None, None),
+    ("qf-default-1", "qftrio", 1, None, None),
+    ("qf-default-2", "qftrio", 2, None, None),
+    ("qf-tuned-1", "qftrio", 1, 32, 32),
+    ("qf-tuned-2", "qftrio", 2, 100, 100),
+]
+
+#: (target ratio, numerator, denominator): the issue's targets.
+TARGETS = [
+    (1.0, "qf-default-1", "pgq-1"),
+    (1.25, "qf-default-2", "pgq-2"),
+]
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", "-n", type=int, default=20_000, help="jobs (default 20000)")
+    p.add_argument("--jobs", "-n", type=int, default=20_000, help="jobs per run (default 20000)")
+    p.add_argument("--runs", "-r", type=int, default=3, help="rounds of every configuration (default 3)")
+    p.add_argument("--configs", default=",".join(c[0] for c in CONFIGS), help="labels to run, comma-separated")
     p.add_argument("--pgq-batch", type=int, default=25, help="pgqueuer's batch_size (default 25)")
+    p.add_argument("--single", type=int, default=2000, help="jobs enqueued one per call, per system (default 2000; 0 skips)")
     p.add_argument("--no-uvloop", action="store_true", help="run pgqueuer on the plain asyncio loop")
-    p.add_argument("--qftrio-workers", default="1,2", help="qftrio worker process counts to try (default 1,2)")
-    p.add_argument("--lanes", type=int, default=32, help="each qftrio worker's --lanes (default 32)")
-    p.add_argument("--batch", type=int, default=25, help="each qftrio worker's --batch (default 25)")
-    p.add_argument("--runs", type=int, default=1, help="qftrio runs per worker count; median (default 1)")
     p.add_argument("--worker-log-level", default="WARNING")
+    p.add_argument("--pgq-child", metavar="URL", help=argparse.SUPPRESS)
     b.add_common(p)
     return p.parse_args(argv)
 
 
-def run_pgqueuer(url: str, args: argparse.Namespace) -> dict[str, float]:
-    import asyncpg
-    from pgqueuer import PgQueuer
-    from pgqueuer.db import AsyncpgDriver
-    from pgqueuer.queries import Queries
-    from pgqueuer.types import QueueExecutionMode
-
-    async def main() -> dict[str, float]:
-        conn = await asyncpg.connect(url)
-        queries = Queries(AsyncpgDriver(conn))
-        await queries.install()
-        t0 = time.perf_counter()
-        left = args.jobs
-        while left:
-            k = min(1000, left)
-            await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
-            left -= k
-        enqueue_secs = time.perf_counter() - t0
-        await conn.close()
-
-        conn = await asyncpg.connect(url)
-        pgq = PgQueuer(AsyncpgDriver(conn))
-        done = 0
-
-        @pgq.entrypoint("noop")
-        async def noop(job: Any) -> None:
-            nonlocal done
-            done += 1
-
-        t0 = time.perf_counter()
-        cpu0, pg0 = time.process_time(), b.postgres_cpu_seconds()
-        await pgq.run(batch_size=args.pgq_batch, mode=QueueExecutionMode.drain)
-        drain_secs = time.perf_counter() - t0
-        cpu = {"pgqueuer": time.process_time() - cpu0, "postgres": b.postgres_cpu_seconds() - pg0}
-        await conn.close()
-        return {
-            "enqueue": args.jobs / enqueue_secs,
-            "processed": done / drain_secs,
-            "done": done,
-            "secs": drain_secs,
-            "cpu_us_per_job": {k: v / max(done, 1) * 1e6 for k, v in cpu.items()},
-        }
-
-    if not args.no_uvloop:
+def _asyncio_run(main: Any, no_uvloop: bool) -> Any:
+    if not no_uvloop:
         try:
             import uvloop
 
@@ -98,48 +83,187 @@ def run_pgqueuer(url: str, args: argparse.Namespace) -> dict[str, float]:
     return asyncio.run(main())
 
 
+def pgq_enqueue(url: str, n: int, *, batch: int) -> float:
+    """Enqueue *n* pgqueuer no-op jobs, *batch* per call; the seconds it took."""
+    import asyncpg
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    async def main() -> float:
+        conn = await asyncpg.connect(url)
+        queries = Queries(AsyncpgDriver(conn))
+        t0 = time.perf_counter()
+        left = n
+        while left:
+            k = min(batch, left)
+            if k == 1:
+                await queries.enqueue("noop", None, 0)
+            else:
+                await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
+            left -= k
+        secs = time.perf_counter() - t0
+        await conn.close()
+        return secs
+
+    return asyncio.run(main())
+
+
+def pgq_install(url: str) -> None:
+    import asyncpg
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    async def main() -> None:
+        conn = await asyncpg.connect(url)
+        await Queries(AsyncpgDriver(conn)).install()
+        await conn.close()
+
+    asyncio.run(main())
+
+
+def pgq_child(url: str, batch: int, no_uvloop: bool) -> int:
+    """One pgqueuer worker process: drain the queue, print what it did."""
+    import asyncpg
+    from pgqueuer import PgQueuer
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.types import QueueExecutionMode
+
+    times: list[float] = []
+
+    async def main() -> None:
+        conn = await asyncpg.connect(url)
+        pgq = PgQueuer(AsyncpgDriver(conn))
+
+        @pgq.entrypoint("noop")
+        async def noop(job: Any) -> None:
+            times.append(time.time())
+
+        await pgq.run(batch_size=batch, mode=QueueExecutionMode.drain)
+        await conn.close()
+
+    _asyncio_run(main, no_uvloop)
+    print(json.dumps({"done": len(times), "first": min(times, default=0.0), "last": max(times, default=0.0)}))
+    return 0
+
+
+def run_pgqueuer(url: str, workers: int, args: argparse.Namespace, wd: Any) -> dict[str, float]:
+    enqueue_secs = pgq_enqueue(url, args.jobs, batch=1000)
+    argv = [sys.executable, os.path.abspath(__file__), "--pgq-child", url, "--pgq-batch", str(args.pgq_batch)]
+    if args.no_uvloop:
+        argv.append("--no-uvloop")
+    pg0 = b.postgres_cpu_seconds()
+    children = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=wd) for _ in range(workers)]
+    reports = []
+    for child in children:
+        out, _ = child.communicate(timeout=max(120.0, args.jobs / 50))
+        if child.returncode != 0:
+            raise RuntimeError(f"a pgqueuer worker exited with {child.returncode}")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    done = sum(r["done"] for r in reports)
+    if done != args.jobs:
+        raise RuntimeError(f"pgqueuer drained {done} of {args.jobs} jobs")
+    first = min(r["first"] for r in reports if r["done"])
+    last = max(r["last"] for r in reports)
+    return {
+        "enqueue_jobs_per_s": args.jobs / enqueue_secs,
+        "processed_jobs_per_s": (done - 1) / (last - first),
+        "postgres_cpu_us_per_job": (b.postgres_cpu_seconds() - pg0) / done * 1e6,
+    }
+
+
+def run_qftrio(workers: int, lanes: int | None, batch: int | None, args: argparse.Namespace, procs: b.Procs,
+               server: b.Server, run: int, url: str) -> dict[str, float]:  # fmt: skip
+    targs = argparse.Namespace(
+        store="postgres", jobs=args.jobs, enqueue_batch=1000, workers=workers, lanes=lanes, batch=batch,
+        worker_log_level=args.worker_log_level, profile_server=None, profile_worker=None, profile_gil=False,
+    )  # fmt: skip
+    r = throughput.one_run(targs, procs, [server], run, url)
+    if r["completed"] != args.jobs:
+        raise RuntimeError(f"qftrio completed {r['completed']} of {args.jobs} jobs")
+    return {
+        "enqueue_jobs_per_s": r["enqueue_jobs_per_s"],
+        "processed_jobs_per_s": r["processed_jobs_per_s"],
+        "postgres_cpu_us_per_job": r["cpu_us_per_job"]["postgres"],
+    }
+
+
+def qftrio_single_enqueue(url: str, n: int) -> float:
+    """*n* jobs through ``POST /api/v1/jobs``, one per call, one keep-alive
+    ``qftrio.Client``; the seconds it took."""
+    import trio
+
+    import qftrio
+
+    async def main() -> float:
+        queue = f"single-{uuid.uuid4().hex[:8]}"
+        async with qftrio.Client(url, b.TENANT_TOKEN) as client:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                await client.enqueue("noop", {}, queue=queue)
+            return time.perf_counter() - t0
+
+    return trio.run(main)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.pgq_child:
+        return pgq_child(args.pgq_child, args.pgq_batch, args.no_uvloop)
     b.arm_timeout(args.timeout)
     b.sigterm_as_exit()
     import pgqueuer
 
-    b.print_settings("pgqueuer reference vs qftrio, same PostgreSQL", args, pgqueuer_version=pgqueuer.__version__)
-    counts = [int(x) for x in args.qftrio_workers.split(",")]
-    qf: dict[int, list[dict]] = {}
+    b.print_settings("qftrio vs pgqueuer, same PostgreSQL, alternating", args, pgqueuer_version=pgqueuer.__version__)
+    wanted = set(args.configs.split(","))
+    configs = [c for c in CONFIGS if c[0] in wanted]
+    results: dict[str, list[dict[str, float]]] = {c[0]: [] for c in configs}
+    single: dict[str, float] = {}
     with b.workdir(args.keep) as wd, b.Procs(wd) as procs:
         with b.pg_cluster(args.database_url) as base, b.fresh_database(base) as url:
             b.say("postgresql:", b.pg_version(url))
-            pg = run_pgqueuer(url, args)
-            b.say(
-                f"pgqueuer {pgqueuer.__version__}: enqueue {pg['enqueue']:,.0f} jobs/s; drained {pg['done']} jobs in "
-                f"{pg['secs']:.2f}s = {pg['processed']:,.0f} jobs/s (1 worker, batch_size {args.pgq_batch})"
-            )
-            b.say("  CPU µs per job: " + ", ".join(f"{k} {v:,.0f}" for k, v in pg["cpu_us_per_job"].items()))
+            pgq_install(url)
             server = b.start_server(procs, store="postgres", database_url=url)
             run = 0
-            for w in counts:
-                targs = argparse.Namespace(
-                    store="postgres", jobs=args.jobs, enqueue_batch=1000, workers=w, lanes=args.lanes,
-                    batch=args.batch, worker_log_level=args.worker_log_level, profile_server=None, profile_worker=None, profile_gil=False,
-                )  # fmt: skip
-                for _ in range(args.runs):
+            for rnd in range(1, args.runs + 1):
+                for label, system, workers, lanes, batch in configs:
                     run += 1
-                    r = throughput.one_run(targs, procs, [server], run, url)
-                    qf.setdefault(w, []).append(r)
+                    if system == "pgqueuer":
+                        r = run_pgqueuer(url, workers, args, wd)
+                    else:
+                        r = run_qftrio(workers, lanes, batch, args, procs, server, run, url)
+                    results[label].append(r)
                     b.say(
-                        f"qftrio, {w} worker(s): enqueue {r['enqueue_jobs_per_s']:,.0f} jobs/s; processed "
-                        f"{r['processed_jobs_per_s']:,.0f} jobs/s ({r['completed']} completed)"
+                        f"round {rnd} {label}: processed {r['processed_jobs_per_s']:,.0f} jobs/s, enqueue "
+                        f"{r['enqueue_jobs_per_s']:,.0f} jobs/s, PostgreSQL CPU {r['postgres_cpu_us_per_job']:,.0f} µs/job"
                     )
-                    b.say("  CPU µs per job: " + ", ".join(f"{k} {v:,.0f}" for k, v in r["cpu_us_per_job"].items()))
+            if args.single:
+                single["pgqueuer"] = args.single / pgq_enqueue(url, args.single, batch=1)
+                single["qftrio"] = args.single / qftrio_single_enqueue(server.url, args.single)
+                b.say(f"one job per call: pgqueuer {single['pgqueuer']:,.0f} jobs/s, qftrio {single['qftrio']:,.0f} jobs/s")
             procs.stop_all()
-    for w, rs in qf.items():
-        rate = b.median([r["processed_jobs_per_s"] for r in rs])
-        b.say(
-            f"RESULT pgqueuer_reference jobs={args.jobs}: pgqueuer {pg['processed']:,.0f} jobs/s (batch {args.pgq_batch}); "
-            f"qftrio 1 server + {w} worker(s) lanes={args.lanes} batch={args.batch}: {rate:,.0f} jobs/s; "
-            f"ratio {rate / pg['processed']:.2f} (target >= 1.00)"
-        )
+
+    medians = {
+        label: {k: b.median([r[k] for r in rs]) for k in rs[0]} for label, rs in results.items() if rs
+    }
+    print()
+    print("| configuration | processed jobs/s | enqueue jobs/s (batches of 1,000) |")
+    print("|---|---:|---:|")
+    for label, system, workers, lanes, batch in configs:
+        m = medians[label]
+        how = "defaults" if lanes is None else f"--lanes {lanes} --batch {batch}"
+        if system == "pgqueuer":
+            how = f"batch_size {args.pgq_batch}"
+        print(f"| {system}, {workers} worker(s), {how} | {m['processed_jobs_per_s']:,.0f} | {m['enqueue_jobs_per_s']:,.0f} |")
+    print()
+    for target, num, den in TARGETS:
+        if num in medians and den in medians:
+            ratio = medians[num]["processed_jobs_per_s"] / medians[den]["processed_jobs_per_s"]
+            b.say(f"RESULT ratio {num} / {den}: {ratio:.2f} (target >= {target:.2f})")
+    if "qf-default-1" in medians and "pgq-1" in medians:
+        ratio = medians["qf-default-1"]["enqueue_jobs_per_s"] / medians["pgq-1"]["enqueue_jobs_per_s"]
+        b.say(f"RESULT ratio batch enqueue qftrio / pgqueuer: {ratio:.2f} (target >= 1.00)")
+    if single:
+        b.say(f"RESULT one job per call: qftrio {single['qftrio']:,.0f} jobs/s, pgqueuer {single['pgqueuer']:,.0f} jobs/s")
     return 0
 
 
