@@ -22,9 +22,10 @@ call per batch of jobs.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
@@ -413,9 +414,11 @@ class HttpxTransport:
             try:
                 async with self._client.stream(method, target, content=body, headers=headers) as answer:
                     content = bytearray()
-                    async for piece in answer.aiter_bytes():
+                    pieces = answer.aiter_bytes()
+                    async for piece in pieces:
                         content += piece
                         if len(content) > self._max_body_size:
+                            await self._abandon(answer, pieces)
                             raise HttpError(f"the answer's body is larger than {self._max_body_size} bytes")
                     return Response(answer.status_code, dict(answer.headers), content)
             except self._httpx.ConnectError as exc:
@@ -423,6 +426,15 @@ class HttpxTransport:
             except self._httpx.HTTPError as exc:
                 raise HttpError(str(exc) or type(exc).__name__) from None
         raise HttpError("timed out")
+
+    async def _abandon(self, answer: httpx.Response, pieces: AsyncIterator[bytes]) -> None:
+        """Drop *answer* mid-body. Its connection is closed first, so that
+        reading on fails at once and unwinds httpx's chain of generators,
+        which would each warn when collected if left suspended."""
+        await answer.aclose()
+        with contextlib.suppress(self._httpx.HTTPError):
+            async for _ in pieces:
+                pass
 
     async def aclose(self) -> None:
         """See :meth:`Transport.aclose`."""
