@@ -218,9 +218,8 @@ class Client:
             raise errors.ConfigError(f"not a usable server URL: {url!r} (not http:// or https://)")
         try:
             check_headers(headers)
-        except ValueError as exc:
-            what = "the token" if "Authorization" in str(exc) else "a header"
-            raise errors.ConfigError(f"{what} cannot be sent: {exc}") from None
+        except ValueError as exc:  # the other header is ours
+            raise errors.ConfigError(f"the token cannot be sent: {exc}") from None
         self.timeout = timeout
         self._headers = headers
         self._max_connections = max_connections
