@@ -249,8 +249,9 @@ class HttpPool:
 
     One call per connection at a time, idle connections reused newest first,
     at most *max_connections* open. A connection is dropped after any
-    failure, and after an answer that ends it (``Connection: close``,
-    HTTP/1.0, a body ending with the connection).
+    failure, after an answer that ends it (``Connection: close``, HTTP/1.0,
+    a body ending with the connection), and after bytes nobody asked for.
+    Answers to ``HEAD`` are not read as bodiless: the client sends none.
 
     Args:
         url: the base URL; its path is prefixed to every call's path.
@@ -282,7 +283,7 @@ class HttpPool:
         self._prefix = parts.path.rstrip("/").encode()
         self._ssl_context = ssl_context if ssl_context is not None or not self._tls else _ssl_context()
         default_port = self._port == (443 if self._tls else 80)
-        host = f"[{self._host}]" if ":" in self._host else self._host
+        host = f"[{self._host}]" if ":" in self._host else self._host.encode("idna").decode("ascii")
         all_headers = {"Host": host if default_port else f"{host}:{self._port}", **headers}
         check_headers(all_headers)
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in all_headers.items()).encode("ascii")

@@ -217,6 +217,10 @@ class Client:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise errors.ConfigError(f"not a usable server URL: {url!r} (not http:// or https://)")
         try:
+            parts.hostname.encode("idna")
+        except UnicodeError as exc:
+            raise errors.ConfigError(f"not a usable server URL: {url!r} ({exc})") from None
+        try:
             check_headers(headers)
         except ValueError as exc:  # the other header is ours
             raise errors.ConfigError(f"the token cannot be sent: {exc}") from None
