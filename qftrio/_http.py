@@ -433,7 +433,7 @@ class HttpxTransport:
         reading on fails at once and unwinds httpx's chain of generators,
         which would each warn when collected if left suspended."""
         await answer.aclose()
-        with contextlib.suppress(self._httpx.HTTPError):
+        with contextlib.suppress(self._httpx.HTTPError, self._httpx.StreamError):
             async for _ in pieces:
                 pass
 

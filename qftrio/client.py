@@ -97,7 +97,7 @@ def _proxied(url: str) -> bool:
     """Whether the environment names a proxy for *url*, as httpx reads it."""
     if not any(name.lower().endswith("_proxy") for name in os.environ):
         return False
-    import urllib.request  # 30 ms of start-up that most processes do not need
+    import urllib.request  # start-up time that most processes do not need
 
     proxies = urllib.request.getproxies_environment()
     parts = urlsplit(url)
