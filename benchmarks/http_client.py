@@ -10,18 +10,24 @@ alternating rounds:
 
 * ``httpx``: an ``httpx.AsyncClient`` as qftrio used to send its calls;
 * ``qftrio``: :class:`qftrio._http.HttpPool`, what :class:`qftrio.Client`
-  sends them through now;
+  sends them through under Trio (answers parsed by llhttp, through httptools);
 * ``qftrio.Client``: the whole client call (``Client._json``: JSON encoding of
-  the request, the call, ``orjson`` parsing of the answer).
+  the request, the call, ``orjson`` parsing of the answer);
+* ``baseline``, with ``--baseline DIR``: the ``HttpPool`` of another checkout
+  (``DIR/qftrio/_http.py``, loaded on its own), so that a change to the pool
+  is measured against the code before it in the same process.
 
 Example::
 
     .venv/bin/python benchmarks/http_client.py --calls 3000 --rounds 3
+    git worktree add /tmp/before main
+    .venv/bin/python benchmarks/http_client.py --baseline /tmp/before
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import time
@@ -44,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=3000, help="calls per client and round (default 3000)")
     p.add_argument("--rounds", type=int, default=3, help="rounds; the median is printed (default 3)")
     p.add_argument("--answer-bytes", type=int, default=51_000, help="size of the answer body (default 51000)")
+    p.add_argument("--baseline", type=Path, help="a checkout whose qftrio/_http.py HttpPool is measured too")
     return p.parse_args(argv)
 
 
@@ -83,6 +90,7 @@ async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
         hx = httpx.AsyncClient(base_url=url, headers=headers, timeout=httpx.Timeout(10))
         pool = HttpPool(url, headers)
         client = Client(url, "x")
+        baseline = _baseline_pool(args.baseline)(url, headers) if args.baseline else None
 
         async def via_httpx() -> None:
             r = await hx.request("POST", path, content=body, headers={"Content-Type": "application/json"})
@@ -94,7 +102,13 @@ async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
         async def via_client() -> None:
             await client._json("POST", path, json_body={"max_jobs": 100, "lease_secs": 60})
 
+        async def via_baseline() -> None:
+            await baseline.request("POST", path, body, timeout=10)
+
         calls = {"httpx": via_httpx, "qftrio": via_pool, "qftrio.Client": via_client}
+        if baseline is not None:
+            calls["baseline"] = via_baseline
+            figures["baseline"] = []
         for _ in range(args.rounds):
             for name, call in calls.items():
                 for _ in range(100):
@@ -106,8 +120,18 @@ async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
         await hx.aclose()
         await pool.aclose()
         await client.aclose()
+        if baseline is not None:
+            await baseline.aclose()
         nursery.cancel_scope.cancel()
     return figures
+
+
+def _baseline_pool(checkout: Path) -> type:
+    spec = importlib.util.spec_from_file_location("baseline_http", checkout / "qftrio" / "_http.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.HttpPool
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"RESULT http_client answer={args.answer_bytes}B: httpx {statistics.median(figures['httpx']):.0f} µs, "
         f"qftrio {statistics.median(figures['qftrio']):.0f} µs per call"
+        + (f", baseline {statistics.median(figures['baseline']):.0f} µs" if "baseline" in figures else "")
     )
     return 0
 

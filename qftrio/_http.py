@@ -1,48 +1,78 @@
-"""A small HTTP/1.1 client on Trio sockets: what :class:`qftrio.Client` sends
-its calls through when nothing asks for httpx's extras.
+"""The transports :class:`qftrio.Client` sends its calls through: one
+interface, :class:`Transport`, and two implementations.
 
-One request per connection at a time, connections kept alive and reused
-(newest first), at most *max_connections* open. Answers may be framed by
-``Content-Length``, chunked, or end with the connection. The whole call
-(waiting for a free connection, connecting, sending, the answer) is bounded
-by its *timeout*. A connection is only reused when it is neither closed nor
-holding unread bytes; a call that fails is not sent again (an enqueue
-without an idempotency key is not safe to repeat), as with httpx.
+* :class:`HttpPool`, HTTP/1.1 on Trio sockets with answers parsed by llhttp
+  (the parser of Node.js, through ``httptools``): what a client under Trio
+  uses unless it needs one of httpx's extras.
+* :class:`HttpxTransport`, an ``httpx.AsyncClient``: for callers on asyncio,
+  proxies named by the environment, and a caller's own httpx transport.
 
-Why not httpx: under Trio, an ``httpx.AsyncClient`` spends 560-690 µs of CPU
-per call on 127.0.0.1 with a 50 KB answer, this client about 90
-(``benchmarks/http_client.py``).
-A worker sends one lease and one report call per 100 jobs, so that was
-about 11 µs per job, the largest share of a worker's CPU after its own
-scheduling. httpx stays for what this does not do: proxies taken from the
-environment, a caller's own ``httpx`` transport, and callers on asyncio.
+Both take a target already percent-encoded, bound the whole call (waiting
+for a connection, connecting, sending, the whole answer) by its *timeout*,
+cap the answer's body at *max_body_size* bytes, return a :class:`Response`,
+and raise :class:`HttpError` for anything that kept the call from an
+answer. Neither sends a call again after a failure: an enqueue without an
+idempotency key is not safe to repeat.
+
+Why a pool of its own under Trio: an ``httpx.AsyncClient`` spends several
+times the CPU of :class:`HttpPool` per call (``benchmarks/http_client.py``,
+figures in ``docs/performance.md``), and a worker makes a lease and a report
+call per batch of jobs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
+import httptools
 import trio
 
-__all__ = ["Answer", "HttpPool", "HttpError"]
+if TYPE_CHECKING:
+    import httpx
 
-_MAX_HEAD = 64 * 1024
+__all__ = [
+    "DEFAULT_MAX_BODY_SIZE",
+    "HttpError",
+    "HttpPool",
+    "HttpxTransport",
+    "Response",
+    "Transport",
+    "check_headers",
+]
+
+#: The default cap on an answer's body: room for a lease of 100 jobs whose
+#: payloads each fill the server's default 1 MiB request cap, twice over.
+DEFAULT_MAX_BODY_SIZE = 256 * 1024 * 1024
+
+# The most answer bytes in a row that carry no body: the head, the framing
+# between two chunks, the trailers. Real servers send far less; a server
+# flooding any of them is cut off here instead of being read until the timeout.
+_MAX_FRAMING = 64 * 1024
 _READ = 65536
+
+# RFC 9110 field names (tokens) and field values, the latter limited to
+# visible ASCII with inner spaces: what every server reads the same way.
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?")
 
 
 class HttpError(Exception):
     """The call failed below HTTP: no connection, a broken one, a malformed
-    answer, or the timeout. The message says which."""
+    or oversized answer, or the timeout. The message says which."""
 
 
-class Answer:
-    """A complete answer: its status, lower-cased header names, and body."""
+class Response:
+    """A complete answer: its status, lower-cased header names (a repeated
+    header's values joined by ``", "``), and body."""
 
     __slots__ = ("status_code", "headers", "content")
 
-    def __init__(self, status_code: int, headers: dict[str, str], content: bytes) -> None:
+    def __init__(self, status_code: int, headers: dict[str, str], content: bytes | bytearray) -> None:
         self.status_code = status_code
         self.headers = headers
         self.content = content
@@ -52,39 +82,187 @@ class Answer:
         return self.content.decode("utf-8", errors="replace")
 
 
-class _Connection:
-    __slots__ = ("stream", "buffer", "socket")
+class Transport(Protocol):
+    """What :class:`qftrio.Client` sends its calls through."""
 
-    def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType) -> None:
+    async def request(self, method: str, target: str, body: bytes | None, *, timeout: float) -> Response:
+        """Send one call and read its whole answer. *target* is the path
+        (percent-encoded) and query, relative to the base URL; *body*, when
+        given, is JSON.
+
+        Raises:
+            HttpError: anything that kept the call from getting an answer.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Close every connection. Idempotent."""
+        ...
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """Refuse a header that could not go out as it is: a name that is not
+    a token, a value holding a line break, a control or non-ASCII character,
+    or surrounding spaces (which a server would strip). The message names
+    the header, never its value (it may be a credential).
+
+    Raises:
+        ValueError: the first such header.
+    """
+    for name, value in headers.items():
+        if not _FIELD_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a header name")
+        if not _FIELD_VALUE.fullmatch(value):
+            raise ValueError(
+                f"the {name} header holds a line break, a control or non-ASCII character, or surrounding spaces"
+            )
+
+
+def _ssl_context() -> ssl.SSLContext:
+    """The certificates httpx trusts (certifi, or ``SSL_CERT_FILE`` or
+    ``SSL_CERT_DIR`` when set), so both transports verify alike."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
+class _Connection:
+    """One connection and the llhttp parser reading its answers. The parser's
+    callbacks only record; :meth:`feed` decides."""
+
+    __slots__ = (
+        "stream",
+        "socket",
+        "parser",
+        "max_body_size",
+        "status",
+        "headers",
+        "body",
+        "head_done",
+        "done",
+        "keep",
+        "error",
+        "since_body",
+    )
+
+    def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType, max_body_size: int) -> None:
         self.stream = stream
         self.socket = socket
-        self.buffer = bytearray()
+        self.max_body_size = max_body_size
+        self.parser = httptools.HttpResponseParser(self)
+        self.begin()
+
+    def begin(self) -> None:
+        """Get ready for the next answer."""
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.body = bytearray()  # the body is held here once, and handed out as it is
+        self.head_done = self.done = self.keep = False
+        self.error: str | None = None
+        self.since_body = 0
 
     def reusable(self) -> bool:
         # Readable while idle means the server closed it (or sent bytes
         # nobody asked for): either way it cannot carry another call.
-        return not self.buffer and self.socket.fileno() >= 0 and not self.socket.is_readable()
-
-    async def fill(self) -> None:
-        data = await self.stream.receive_some(_READ)
-        if not data:
-            raise HttpError("the server closed the connection")
-        self.buffer += data
+        return self.keep and self.socket.fileno() >= 0 and not self.socket.is_readable()
 
     def close(self) -> None:
         self.socket.close()
+
+    def feed(self, data: bytes) -> None:
+        """Parse the next bytes of the answer.
+
+        Raises:
+            HttpError: the answer is malformed or over a cap.
+        """
+        size = len(self.body)
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            if not self.done and self.error is None:
+                self.error = f"malformed answer ({exc or type(exc).__name__})"
+            self.keep = False  # after a complete answer: bytes nobody asked for
+        if self.error is not None:
+            raise HttpError(self.error)
+        if len(self.body) > self.max_body_size:
+            raise HttpError(f"the answer's body is larger than {self.max_body_size} bytes")
+        if len(self.body) > size:
+            self.since_body = 0
+            return
+        self.since_body += len(data)
+        if self.since_body > _MAX_FRAMING and not self.done:
+            what = "chunk framing or trailers" if self.head_done else "head"
+            raise HttpError(f"the answer's {what} exceed {_MAX_FRAMING} bytes")
+
+    def feed_eof(self) -> None:
+        """The server closed the connection: the answer ends here if its
+        length is the connection's (neither Content-Length nor chunked).
+
+        Raises:
+            HttpError: the answer was cut short.
+        """
+        if self.head_done and "content-length" not in self.headers and "transfer-encoding" not in self.headers:
+            self.done = True
+            self.keep = False
+        else:
+            raise HttpError("the server closed the connection")
+
+    # -- llhttp's callbacks
+
+    def on_message_begin(self) -> None:
+        if self.done:
+            raise HttpError("an answer nobody asked for")  # stops the parser; feed drops the connection
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.head_done:
+            return  # a trailer: nothing here reads them
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        if key == "transfer-encoding" and text.lower() != "chunked":
+            # No transfer coding was asked for, and llhttp would read an
+            # unknown one (``xchunked``) as a body ending with the connection.
+            self.error = f"malformed answer (Transfer-Encoding: {text[:40]!r})"
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+        self.status = self.parser.get_status_code()
+        if not 100 <= self.status <= 599 or self.status == 101:
+            self.error = f"malformed answer (status {self.status})"
+
+    def on_body(self, data: bytes) -> None:
+        self.body += data
+
+    def on_message_complete(self) -> None:
+        if self.status < 200:
+            # An interim answer (100 Continue, 103 Early Hints): the real one follows.
+            self.headers = {}
+            self.head_done = False
+            return
+        self.done = True
+        self.keep = self.parser.should_keep_alive()
 
 
 class HttpPool:
     """Keep-alive connections to the server at *url* (``http://`` or
     ``https://``), sending *headers* with every call.
 
+    One call per connection at a time, idle connections reused newest first,
+    at most *max_connections* open. A connection is dropped after any
+    failure, after an answer that ends it (``Connection: close``, HTTP/1.0,
+    a body ending with the connection), and after bytes nobody asked for.
+    Answers to ``HEAD`` are not read as bodiless: the client sends none.
+
     Args:
         url: the base URL; its path is prefixed to every call's path.
         headers: sent with every call (``Host`` is added).
         max_connections: connections open at once; further calls wait.
-        ssl_context: for ``https://``; the default verifies against the
-            system's certificates.
+        max_body_size: the largest answer body accepted, in bytes.
+        ssl_context: for ``https://``; the default verifies as httpx does.
+
+    Raises:
+        ValueError: *url* is not an ``http://`` or ``https://`` URL, or a
+            header could not be sent (:func:`check_headers`).
     """
 
     def __init__(
@@ -93,6 +271,7 @@ class HttpPool:
         headers: Mapping[str, str],
         *,
         max_connections: int = 10,
+        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         parts = urlsplit(url)
@@ -101,26 +280,21 @@ class HttpPool:
         self._tls = parts.scheme == "https"
         self._host = parts.hostname
         self._port = parts.port or (443 if self._tls else 80)
-        self._prefix = parts.path.rstrip("/")
-        self._ssl_context = ssl_context if ssl_context is not None or not self._tls else ssl.create_default_context()
+        self._prefix = parts.path.rstrip("/").encode()
+        self._ssl_context = ssl_context if ssl_context is not None or not self._tls else _ssl_context()
         default_port = self._port == (443 if self._tls else 80)
-        host = f"[{self._host}]" if ":" in self._host else self._host
+        host = f"[{self._host}]" if ":" in self._host else self._host.encode("idna").decode("ascii")
         all_headers = {"Host": host if default_port else f"{host}:{self._port}", **headers}
-        if any(c in text for item in all_headers.items() for text in item for c in "\r\n\0"):
-            raise ValueError("a header holds a line break")
-        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in all_headers.items()).encode("latin-1")
+        check_headers(all_headers)
+        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in all_headers.items()).encode("ascii")
+        self._max_body_size = max_body_size
         self._slots = trio.Semaphore(max_connections)
         self._idle: list[_Connection] = []
         self._closed = False
 
-    async def request(self, method: str, target: str, body: bytes | None, *, timeout: float) -> Answer:
-        """Send one call and read its whole answer. *target* is the path
-        (already quoted) and query, relative to the base URL.
-
-        Raises:
-            HttpError: anything that kept the call from getting an answer.
-        """
-        head = b"%s %s%s HTTP/1.1\r\n%s" % (method.encode(), self._prefix.encode(), target.encode(), self._fixed)
+    async def request(self, method: str, target: str, body: bytes | None, *, timeout: float) -> Response:
+        """See :meth:`Transport.request`."""
+        head = b"%s %s%s HTTP/1.1\r\n%s" % (method.encode(), self._prefix, target.encode(), self._fixed)
         if body is not None:
             head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
         data = head + b"\r\n" + body if body else head + b"\r\n"
@@ -130,11 +304,11 @@ class HttpPool:
                     raise HttpError("the client is closed")
                 conn = self._take_idle() or await self._connect()
                 try:
-                    answer, keep = await self._exchange(conn, method, data)
+                    answer = await self._exchange(conn, data)
                 except BaseException:
                     conn.close()
                     raise
-                if keep and not self._closed:
+                if conn.keep and not self._closed:
                     self._idle.append(conn)
                 else:
                     conn.close()
@@ -169,7 +343,7 @@ class HttpPool:
             raise HttpError(f"cannot connect: {exc.strerror or exc}") from None
         tcp.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
         if not self._tls:
-            return _Connection(tcp, tcp.socket)
+            return _Connection(tcp, tcp.socket, self._max_body_size)
         assert self._ssl_context is not None
         stream = trio.SSLStream(tcp, self._ssl_context, server_hostname=self._host, https_compatible=True)
         try:
@@ -177,96 +351,95 @@ class HttpPool:
         except (trio.BrokenResourceError, ssl.SSLError) as exc:
             tcp.socket.close()
             raise HttpError(f"TLS handshake failed: {exc.__cause__ or exc}") from None
-        return _Connection(stream, tcp.socket)
+        return _Connection(stream, tcp.socket, self._max_body_size)
 
-    async def _exchange(self, conn: _Connection, method: str, data: bytes) -> tuple[Answer, bool]:
+    async def _exchange(self, conn: _Connection, data: bytes) -> Response:
+        conn.begin()
         try:
             await conn.stream.send_all(data)
-            while True:
-                status, headers, keep = await self._read_head(conn)
-                if 100 <= status < 200 and status != 101:
-                    continue  # an interim answer; the real one follows
-                break
-            if method == "HEAD" or status in (204, 304):
-                content = b""
-            elif headers.get("transfer-encoding", "").lower().endswith("chunked"):
-                content = await self._read_chunked(conn)
-            elif "content-length" in headers:
-                length = _int(headers["content-length"], 10, "Content-Length")
-                content = await self._read_exactly(conn, length)
-            else:
-                content = await self._read_to_end(conn)
-                keep = False
+            while not conn.done:
+                received = await conn.stream.receive_some(_READ)
+                if received:
+                    conn.feed(received)
+                else:
+                    conn.feed_eof()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError) as exc:
             raise HttpError(f"connection lost: {exc.__cause__ or exc or type(exc).__name__}") from None
-        return Answer(status, headers, content), keep
-
-    async def _read_head(self, conn: _Connection) -> tuple[int, dict[str, str], bool]:
-        buffer = conn.buffer
-        while (end := buffer.find(b"\r\n\r\n")) < 0:
-            if len(buffer) > _MAX_HEAD:
-                raise HttpError("the answer's head is too large")
-            await conn.fill()
-        lines = bytes(buffer[:end]).decode("latin-1").split("\r\n")
-        del buffer[: end + 4]
-        version, _, rest = lines[0].partition(" ")
-        if not version.startswith("HTTP/1."):
-            raise HttpError(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
-        status = _int(rest[:3], 10, "status")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, colon, value = line.partition(":")
-            if not colon:
-                raise HttpError(f"malformed header line: {line[:80]!r}")
-            name = name.strip().lower()
-            value = value.strip()
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        connection = headers.get("connection", "").lower()
-        keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-        return status, headers, keep
-
-    async def _read_exactly(self, conn: _Connection, length: int) -> bytes:
-        while len(conn.buffer) < length:
-            await conn.fill()
-        content = bytes(conn.buffer[:length])
-        del conn.buffer[:length]
-        return content
-
-    async def _read_chunked(self, conn: _Connection) -> bytes:
-        parts = []
-        while True:
-            while (end := conn.buffer.find(b"\r\n")) < 0:
-                if len(conn.buffer) > _MAX_HEAD:
-                    raise HttpError("a chunk size line is too long")
-                await conn.fill()
-            size_line = bytes(conn.buffer[:end]).split(b";", 1)[0].strip()
-            del conn.buffer[: end + 2]
-            size = _int(size_line.decode("latin-1"), 16, "chunk size")
-            if size == 0:
-                # trailers, if any, up to the empty line
-                while (end := conn.buffer.find(b"\r\n")) != 0:
-                    if end > 0:
-                        del conn.buffer[: end + 2]
-                    else:
-                        await conn.fill()
-                del conn.buffer[:2]
-                return b"".join(parts)
-            parts.append(await self._read_exactly(conn, size))
-            if (await self._read_exactly(conn, 2)) != b"\r\n":
-                raise HttpError("a chunk does not end where its size says")
-
-    async def _read_to_end(self, conn: _Connection) -> bytes:
-        while True:
-            data = await conn.stream.receive_some(_READ)
-            if not data:
-                content = bytes(conn.buffer)
-                conn.buffer.clear()
-                return content
-            conn.buffer += data
+        return Response(conn.status, conn.headers, conn.body)
 
 
-def _int(text: str, base: int, what: str) -> int:
-    digits = "0123456789" if base == 10 else "0123456789abcdefABCDEF"
-    if not text or any(c not in digits for c in text):
-        raise HttpError(f"malformed {what} in the answer: {text[:40]!r}")
-    return int(text, base)
+class HttpxTransport:
+    """Calls through an ``httpx.AsyncClient``, under Trio or asyncio.
+
+    httpx reads proxies from the environment (``HTTP_PROXY``, ``HTTPS_PROXY``,
+    ``ALL_PROXY``, ``NO_PROXY``) and takes a caller's own *transport*. Its
+    parser, h11, is strict as llhttp is and caps the head and the trailers;
+    the body cap and the bound on the whole call are added here.
+
+    Args:
+        url: the base URL; its path is prefixed to every call's path.
+        headers: sent with every call.
+        max_connections: connections open at once; further calls wait.
+        max_body_size: the largest answer body accepted, in bytes.
+        transport: an httpx transport to send through instead of the network.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        *,
+        max_connections: int = 10,
+        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        import anyio  # httpx's own dependency: one cancel scope under Trio or asyncio
+        import httpx
+
+        check_headers(headers)
+        self._anyio = anyio
+        self._httpx = httpx
+        self._max_body_size = max_body_size
+        self._client = httpx.AsyncClient(
+            base_url=url,
+            headers=headers,
+            timeout=None,  # the call's own bound, in request, covers every phase
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=transport,
+        )
+
+    async def request(self, method: str, target: str, body: bytes | None, *, timeout: float) -> Response:
+        """See :meth:`Transport.request`."""
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        with self._anyio.move_on_after(timeout):
+            try:
+                async with self._client.stream(method, target, content=body, headers=headers) as answer:
+                    content = bytearray()
+                    pieces = answer.aiter_bytes()
+                    async for piece in pieces:
+                        content += piece
+                        if len(content) > self._max_body_size:
+                            await self._abandon(answer, pieces)
+                            raise HttpError(f"the answer's body is larger than {self._max_body_size} bytes")
+                    return Response(answer.status_code, dict(answer.headers), content)
+            except self._httpx.ConnectError as exc:
+                raise HttpError(f"cannot connect: {exc}") from None
+            except self._httpx.HTTPError as exc:
+                raise HttpError(str(exc) or type(exc).__name__) from None
+        raise HttpError("timed out")
+
+    async def _abandon(self, answer: httpx.Response, pieces: AsyncIterator[bytes]) -> None:
+        """Drop *answer* mid-body. Its connection is closed first, so that
+        reading on fails at once and unwinds httpx's chain of generators,
+        which would each warn when collected if left suspended."""
+        await answer.aclose()
+        with contextlib.suppress(self._httpx.HTTPError, self._httpx.StreamError):
+            async for _ in pieces:
+                pass
+
+    async def aclose(self) -> None:
+        """See :meth:`Transport.aclose`."""
+        try:
+            await self._client.aclose()
+        except self._httpx.HTTPError:  # a broken connection while closing changes nothing
+            pass

@@ -25,7 +25,7 @@ import pydantic
 import sniffio
 
 from . import errors
-from ._http import Answer, HttpError, HttpPool
+from ._http import DEFAULT_MAX_BODY_SIZE, HttpError, HttpPool, HttpxTransport, Response, Transport, check_headers
 from ._json import dumps_strict as json_dumps, loads as json_loads
 from .models import (
     CompleteItem,
@@ -85,25 +85,19 @@ class ReportReply:
     code: int
 
 
-_JSON_HEADERS = {"Content-Type": "application/json"}
-
-# RFC 3986 path characters (and "%", so that an escape already made stays).
-_PATH_SAFE = "/:@!$&'()*+,;=~-._%"
-
-
-def _httpx() -> Any:
-    """httpx, imported when first needed (90 ms of start-up): for proxies,
-    caller-supplied transports, callers on asyncio and the TLS settings."""
-    import httpx
-
-    return httpx
+def _segment(value: object) -> str:
+    """A path parameter as one path segment: every character but the
+    unreserved ones percent-encoded, and a lone ``.`` or ``..`` too, so that
+    nothing can climb to another route (``job_get("../../queues")``)."""
+    text = quote(str(value), safe="")
+    return text.replace(".", "%2E") if text in (".", "..") else text
 
 
 def _proxied(url: str) -> bool:
     """Whether the environment names a proxy for *url*, as httpx reads it."""
     if not any(name.lower().endswith("_proxy") for name in os.environ):
         return False
-    import urllib.request  # 30 ms of start-up that most processes do not need
+    import urllib.request  # start-up time that most processes do not need
 
     proxies = urllib.request.getproxies_environment()
     parts = urlsplit(url)
@@ -179,20 +173,26 @@ class Client:
         url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
         token: a worker token (for the protocol calls) or a tenant token (for
             the application API); ``None`` sends no credential.
-        timeout: seconds allowed for each call (connect, read, write). A long
+        timeout: seconds allowed for each whole call (waiting for a
+            connection, connecting, sending, reading the answer). A long
             poll (:meth:`lease`) gets its ``wait_secs`` on top.
         max_connections: the connection pool's size. The worker runtime
             keeps it small on purpose: it batches its reports instead.
-        transport: an httpx transport to use instead of the network (tests).
+        max_body_size: the largest answer body accepted, in bytes; a larger
+            one ends the call with :class:`~qftrio.errors.TransportError`.
+        transport: an httpx transport to send through instead of the
+            network (tests, or a transport of the caller's own).
 
-    Under Trio, calls go through qftrio's own HTTP/1.1 client
-    (:mod:`qftrio._http`), except when *transport* is given or the
-    environment names a proxy for *url* (``HTTP_PROXY``, ``HTTPS_PROXY``,
-    ``ALL_PROXY``, minus ``NO_PROXY``). Those calls, and calls made under
-    asyncio, go through an ``httpx.AsyncClient``.
+    Calls go through one :class:`~qftrio._http.Transport`, chosen at the
+    first call: under Trio, qftrio's own HTTP/1.1 pool; through httpx when
+    *transport* is given, when the environment names a proxy for *url*
+    (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, minus ``NO_PROXY``), or
+    under asyncio. A client serves the event loop it is first used under.
 
     Raises:
-        ConfigError: *url*'s host or port is malformed.
+        ConfigError: *url* is not a usable ``http://`` or ``https://`` URL,
+            or *token* cannot be sent as a header (a line break, a control
+            or non-ASCII character, surrounding spaces).
     """
 
     def __init__(
@@ -202,6 +202,7 @@ class Client:
         *,
         timeout: float = 10.0,
         max_connections: int = 10,
+        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         headers = {"User-Agent": "qftrio-client"}
@@ -209,41 +210,37 @@ class Client:
             headers["Authorization"] = f"Bearer {token}"
         self.url = url.rstrip("/")
         try:
-            urlsplit(self.url).port  # a malformed host or port raises here
+            parts = urlsplit(self.url)
+            parts.port  # a malformed port raises here
         except ValueError as exc:
             raise errors.ConfigError(f"not a usable server URL: {url!r} ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise errors.ConfigError(f"not a usable server URL: {url!r} (not http:// or https://)")
+        try:
+            parts.hostname.encode("idna")
+        except UnicodeError as exc:
+            raise errors.ConfigError(f"not a usable server URL: {url!r} ({exc})") from None
+        try:
+            check_headers(headers)
+        except ValueError as exc:  # the other header is ours
+            raise errors.ConfigError(f"the token cannot be sent: {exc}") from None
         self.timeout = timeout
         self._headers = headers
         self._max_connections = max_connections
-        self._transport = transport
-        self._pool: HttpPool | None = None
-        self._http: httpx.AsyncClient | None = None
-        if transport is None and urlsplit(self.url).scheme in ("http", "https") and not _proxied(self.url):
-            try:
-                self._pool = HttpPool(
-                    self.url,
-                    headers,
-                    max_connections=max_connections,
-                    ssl_context=_httpx().create_ssl_context() if self.url.startswith("https:") else None,
-                )
-            except ValueError:
-                pass  # not a URL it can reach; httpx gives the error on the first call
-        if self._pool is None:
-            self._httpx_client()
+        self._max_body_size = max_body_size
+        self._caller_transport = transport
+        self._transport: Transport | None = None
+        self._closed = False
 
-    def _httpx_client(self) -> httpx.AsyncClient:
-        if self._http is None:
-            httpx = _httpx()
-            self._http = httpx.AsyncClient(
-                base_url=self.url,
-                headers=self._headers,
-                timeout=httpx.Timeout(self.timeout),
-                limits=httpx.Limits(
-                    max_connections=self._max_connections, max_keepalive_connections=self._max_connections
-                ),
-                transport=self._transport,
-            )
-        return self._http
+    def _open_transport(self) -> Transport:
+        """The transport every call goes through, made at the first call."""
+        if self._transport is None:
+            limits = {"max_connections": self._max_connections, "max_body_size": self._max_body_size}
+            if self._caller_transport is None and not _proxied(self.url) and sniffio.current_async_library() == "trio":
+                self._transport = HttpPool(self.url, self._headers, **limits)
+            else:
+                self._transport = HttpxTransport(self.url, self._headers, transport=self._caller_transport, **limits)
+        return self._transport
 
     async def __aenter__(self) -> Client:
         return self
@@ -253,14 +250,9 @@ class Client:
 
     async def aclose(self) -> None:
         """Close the connection pool. Idempotent."""
-        if self._pool is not None:
-            self._pool.close()
-        if self._http is None:
-            return
-        try:
-            await self._http.aclose()
-        except _httpx().HTTPError:  # a broken connection while closing changes nothing
-            pass
+        self._closed = True
+        if self._transport is not None:
+            await self._transport.aclose()
 
     # -- plumbing ----------------------------------------------------------
 
@@ -272,45 +264,31 @@ class Client:
         json_body: Any = None,
         params: Mapping[str, Any] | None = None,
         timeout: float | None = None,
-    ) -> httpx.Response | Answer:
-        kwargs: dict[str, Any] = {}
+    ) -> Response:
+        """One call. *path* has its parameters encoded already (:func:`_segment`)."""
+        body = None
         if json_body is not None:
             try:
-                kwargs["content"] = json_dumps(json_body)
+                body = json_dumps(json_body)
             except ValueError as exc:
                 raise errors.InvalidInput(f"the request cannot be sent as JSON: {exc}") from None
-            kwargs["headers"] = _JSON_HEADERS
-        if self._pool is not None and sniffio.current_async_library() == "trio":
-            target = quote(path, safe=_PATH_SAFE)
-            if params:
-                target += "?" + urlencode({k: v for k, v in params.items() if v is not None})
-            try:
-                answer = await self._pool.request(
-                    method, target, kwargs.get("content"), timeout=self.timeout if timeout is None else timeout
-                )
-            except HttpError as exc:
-                raise errors.TransportError(f"{method} {self.url}{path}: {exc}") from None
-            if answer.status_code >= 400:
-                raise self._error(answer)
-            return answer
-        http = self._httpx_client()
-        httpx = _httpx()
+        target = path
         if params:
-            kwargs["params"] = {k: v for k, v in params.items() if v is not None}
-        if timeout is not None:
-            kwargs["timeout"] = httpx.Timeout(timeout)
+            target += "?" + urlencode({k: v for k, v in params.items() if v is not None})
+        if self._closed:
+            raise errors.TransportError(f"{method} {self.url}{path}: the client is closed")
         try:
-            response = await http.request(method, path, **kwargs)
-        except httpx.TimeoutException:
-            raise errors.TransportError(f"{method} {self.url}{path}: timed out") from None
-        except httpx.HTTPError as exc:
-            raise errors.TransportError(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from None
+            response = await self._open_transport().request(
+                method, target, body, timeout=self.timeout if timeout is None else timeout
+            )
+        except HttpError as exc:
+            raise errors.TransportError(f"{method} {self.url}{path}: {exc}") from None
         if response.status_code >= 400:
             raise self._error(response)
         return response
 
     @staticmethod
-    def _error(response: httpx.Response | Answer) -> errors.ApiError:
+    def _error(response: Response) -> errors.ApiError:
         code = message = None
         try:
             err = json_loads(response.content)["error"]
@@ -344,7 +322,7 @@ class Client:
             LeaseRequest, max_jobs=max_jobs, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id
         )
         data = await self._json(
-            "POST", f"/api/v1/queues/{queue}/lease", json_body=body, timeout=self.timeout + wait_secs
+            "POST", f"/api/v1/queues/{_segment(queue)}/lease", json_body=body, timeout=self.timeout + wait_secs
         )
         return [Lease.from_wire(item) for item in data["jobs"]]
 
@@ -354,7 +332,7 @@ class Client:
         when the token is stale."""
         data = await self._json(
             "POST",
-            f"/api/v1/jobs/{job_id}/heartbeat",
+            f"/api/v1/jobs/{_segment(job_id)}/heartbeat",
             json_body={"lease_token": lease_token, "extend_secs": extend_secs},
         )
         return data["status"], parse_time(data.get("locked_until"))
@@ -363,7 +341,7 @@ class Client:
         """Record success (idempotent with the same token)."""
         await self._request(
             "POST",
-            f"/api/v1/jobs/{job_id}/complete",
+            f"/api/v1/jobs/{_segment(job_id)}/complete",
             json_body={"lease_token": lease_token, "result": dict(result or {})},
         )
 
@@ -372,7 +350,7 @@ class Client:
         left, else dead-lettered."""
         await self._request(
             "POST",
-            f"/api/v1/jobs/{job_id}/fail",
+            f"/api/v1/jobs/{_segment(job_id)}/fail",
             json_body={"lease_token": lease_token, "error": error, "retryable": retryable},
         )
 
@@ -452,7 +430,7 @@ class Client:
         return [Job.from_wire(j) for j in data["jobs"]]
 
     async def job_get(self, job_id: str) -> Job:
-        return Job.from_wire(await self._json("GET", f"/api/v1/jobs/{job_id}"))
+        return Job.from_wire(await self._json("GET", f"/api/v1/jobs/{_segment(job_id)}"))
 
     async def jobs_list(
         self,
@@ -476,10 +454,10 @@ class Client:
         return [Job.from_wire(j) for j in data["jobs"]], data.get("next_cursor")
 
     async def job_cancel(self, job_id: str) -> Job:
-        return Job.from_wire(await self._json("POST", f"/api/v1/jobs/{job_id}/cancel"))
+        return Job.from_wire(await self._json("POST", f"/api/v1/jobs/{_segment(job_id)}/cancel"))
 
     async def job_retry(self, job_id: str) -> Job:
-        return Job.from_wire(await self._json("POST", f"/api/v1/jobs/{job_id}/retry"))
+        return Job.from_wire(await self._json("POST", f"/api/v1/jobs/{_segment(job_id)}/retry"))
 
     async def queues(self) -> list[QueueStats]:
         data = await self._json("GET", "/api/v1/queues")
@@ -487,7 +465,7 @@ class Client:
         return [QueueStats.from_wire(q) for q in items]
 
     async def queue_stats(self, queue: str) -> QueueStats:
-        return QueueStats.from_wire(await self._json("GET", f"/api/v1/queues/{queue}/stats"))
+        return QueueStats.from_wire(await self._json("GET", f"/api/v1/queues/{_segment(queue)}/stats"))
 
     async def health(self) -> dict[str, Any]:
         """``GET /healthz`` (no credential needed)."""
@@ -513,7 +491,7 @@ class Client:
 
     async def workflow_get(self, workflow_id: str) -> Workflow:
         """The workflow, with every step and its job."""
-        return Workflow.from_wire(await self._json("GET", f"/api/v1/workflows/{workflow_id}"))
+        return Workflow.from_wire(await self._json("GET", f"/api/v1/workflows/{_segment(workflow_id)}"))
 
     async def workflows_list(
         self,
@@ -530,4 +508,4 @@ class Client:
 
     async def workflow_cancel(self, workflow_id: str) -> Workflow:
         """Cancel a running workflow and its unfinished steps."""
-        return Workflow.from_wire(await self._json("POST", f"/api/v1/workflows/{workflow_id}/cancel"))
+        return Workflow.from_wire(await self._json("POST", f"/api/v1/workflows/{_segment(workflow_id)}/cancel"))

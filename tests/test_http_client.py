@@ -1,8 +1,10 @@
-"""The client's own HTTP/1.1 connection pool (``qftrio._http``) against
-scripted servers on real sockets: connection reuse, answers framed every way
-HTTP/1.1 allows, servers that close, stall or answer nonsense, timeouts,
-cancellation, the connection limit, and the switch to httpx when the
-environment names a proxy."""
+"""The client's transports (``qftrio._http``) against scripted servers on
+real sockets: connection reuse, answers framed every way HTTP/1.1 allows,
+servers that close, stall, answer nonsense or flood, ambiguous framing,
+size caps, timeouts, cancellation, the connection limit, headers that
+cannot be sent, path parameters, and the switch to httpx when the
+environment names a proxy. Hostile servers are tried through both
+transports, the Trio pool and httpx."""
 
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ import shutil
 import ssl
 import subprocess
 import threading
+import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -393,9 +397,203 @@ def test_under_asyncio_calls_go_through_httpx() -> None:
     assert seen == ["/healthz", "/api/v1/jobs/j1"]
 
 
-async def test_a_token_with_a_line_break_is_never_sent(nursery: trio.Nursery) -> None:
-    server = await start(nursery, echo)
-    async with Client(server.url, "t\r\nX-Injected: 1") as client:
-        with pytest.raises(errors.TransportError):
+# -- hostile servers, through both transports ------------------------------------
+
+
+@pytest.fixture(params=["pool", "httpx"])
+def client_for(request: pytest.FixtureRequest) -> Callable[..., Client]:
+    """Makes a client whose calls go through the Trio pool, or through httpx
+    (a caller-supplied httpx transport)."""
+
+    def make(url: str, **kwargs: Any) -> Client:
+        if request.param == "httpx":
+            kwargs["transport"] = httpx.AsyncHTTPTransport()
+        return Client(url, "t", **kwargs)
+
+    return make
+
+
+def script(*answers: bytes) -> tuple[Reply, list[bool]]:
+    """A reply sending *answers* in turn (the last one again once they run
+    out), keeping the connection open; and a list of whether each send went
+    through in full."""
+    finished: list[bool] = []
+
+    async def reply(stream: trio.SocketStream, head: bytes, body: bytes) -> bool:
+        data = answers[min(len(finished), len(answers) - 1)]
+        finished.append(False)
+        index = len(finished) - 1
+        await stream.send_all(data)
+        finished[index] = True
+        return True
+
+    return reply, finished
+
+
+GOOD = answer(b'{"ok": true}')
+
+
+@pytest.mark.parametrize(
+    "ambiguous",
+    [
+        pytest.param(b"HTTP/1.1 200 OK\r\n Content-Length: 2\r\n\r\n{}", id="folded-first-line"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nX: a\r\n Content-Length: 2\r\n\r\n{}", id="obs-fold"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length : 2\r\n\r\n{}", id="space-before-colon"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: xchunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", id="xchunked"),
+        pytest.param(b"HTTP/1.1 2000 OK\r\nContent-Length: 2\r\n\r\n{}", id="status-2000"),
+        pytest.param(b"HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\n{}", id="status-600"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+            id="length-and-chunked",
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2 \r\n{}\r\n0\r\n\r\n", id="chunk-size-space"
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2;\nx\r\n{}\r\n0\r\n\r\n", id="lf-in-extension"
+        ),
+        pytest.param(b"HTTP/1.1 200 OK\nContent-Length: 2\n\n{}", id="bare-lf-head"),
+        pytest.param(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", id="upgrade"
+        ),
+    ],
+)
+async def test_an_ambiguous_answer_is_a_transport_error_and_its_connection_dropped(
+    nursery: trio.Nursery, ambiguous: bytes
+) -> None:
+    # The Trio pool's parser, llhttp, reads these strictly; httpx's, h11,
+    # reads several of them leniently, which is httpx's to decide.
+    reply, _ = script(ambiguous, GOOD)
+    server = await start(nursery, reply)
+    async with Client(server.url, "t", timeout=5) as client:
+        with pytest.raises(errors.TransportError, match=r"^GET http://127\.0\.0\.1:\d+/healthz: ") as info:
             await client.health()
-    assert all(b"X-Injected" not in head for head in server.requests)
+        assert "timed out" not in str(info.value)
+        assert await client.health() == {"ok": True}
+    assert server.connections == 2  # the connection the ambiguous answer came on was not reused
+
+
+FLOOD = 32 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    "prefix, line, suffix, what",
+    [
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n",
+            b"x-flood: " + b"a" * 1013 + b"\r\n",
+            b"\r\n",
+            "chunk framing or trailers",
+            id="trailers",
+        ),
+        pytest.param(b"", b"HTTP/1.1 100 Continue\r\n\r\n", GOOD, "head", id="interim-answers"),
+    ],
+)
+async def test_a_flood_without_body_ends_the_call_at_once(
+    nursery: trio.Nursery, prefix: bytes, line: bytes, suffix: bytes, what: str
+) -> None:
+    flood = prefix + line * (FLOOD // len(line)) + suffix
+    reply, finished = script(flood)
+    server = await start(nursery, reply)
+    async with Client(server.url, "t", timeout=30) as client:
+        with pytest.raises(errors.TransportError, match=f"the answer's {what} exceed 65536 bytes"):
+            await client.health()
+    await trio.testing.wait_all_tasks_blocked()
+    assert finished == [False]  # cut off long before the server could send it all
+
+
+@pytest.mark.parametrize(
+    "head, piece",
+    [
+        pytest.param(b"HTTP/1.1 200 OK\r\n\r\n", b"a" * 65536, id="to-the-close"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+            b"10000\r\n" + b"a" * 65536 + b"\r\n",
+            id="chunked",
+        ),
+        pytest.param(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (FLOOD * 2), b"a" * 65536, id="length"),
+    ],
+)
+async def test_a_body_over_the_cap_ends_the_call_at_once(
+    nursery: trio.Nursery, client_for: Callable[..., Client], head: bytes, piece: bytes
+) -> None:
+    reply, finished = script(head + piece * (FLOOD // len(piece)))
+    server = await start(nursery, reply)
+    async with client_for(server.url, timeout=30, max_body_size=1024 * 1024) as client:
+        with pytest.raises(errors.TransportError, match="body is larger than 1048576 bytes"):
+            await client.health()
+    await trio.testing.wait_all_tasks_blocked()
+    assert finished == [False]
+
+
+async def test_a_body_is_held_once(pools: Callable[..., HttpPool], nursery: trio.Nursery) -> None:
+    size = 8 * 1024 * 1024
+    reply, _ = script(answer(b"a" * size))
+    server = await start(nursery, reply)
+    pool = pools(server.url, {})
+    assert (await pool.request("GET", "/", None, timeout=30)).status_code == 200  # the connection is up
+    tracemalloc.start()
+    try:
+        got = await pool.request("GET", "/", None, timeout=30)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(got.content) == size
+    assert peak < 1.5 * size
+
+
+async def test_the_timeout_bounds_the_whole_call(
+    nursery: trio.Nursery, client_for: Callable[..., Client], autojump_clock: trio.testing.MockClock
+) -> None:
+    async def trickle(stream: trio.SocketStream, head: bytes, body: bytes) -> bool:
+        for byte in GOOD:
+            await stream.send_all(bytes([byte]))
+            await trio.sleep(1)
+        return True
+
+    server = await start(nursery, trickle)
+    async with client_for(server.url, timeout=3) as client:
+        started = trio.current_time()
+        with pytest.raises(errors.TransportError, match="timed out"):
+            await client.health()
+        assert trio.current_time() - started == pytest.approx(3)
+
+
+@pytest.mark.parametrize("token", ["s3cret\r\nX-Injected: 1", "s3cret\n", "s3cret\x00", "s3crét", "s3cret "])
+@pytest.mark.parametrize("transport", [None, "httpx"])
+def test_a_token_that_cannot_be_sent_is_a_config_error_at_construction(token: str, transport: str | None) -> None:
+    kwargs: dict[str, Any] = {"transport": httpx.AsyncHTTPTransport()} if transport else {}
+    with pytest.raises(errors.ConfigError, match="the token cannot be sent") as info:
+        Client("http://127.0.0.1:8000", token, **kwargs)
+    assert "s3cr" not in str(info.value)  # a credential is never shown
+
+
+CALLS: list[tuple[str, Callable[[Client, str], Awaitable[Any]], str]] = [
+    ("GET", lambda c, v: c.job_get(v), "/api/v1/jobs/{}"),
+    ("POST", lambda c, v: c.job_cancel(v), "/api/v1/jobs/{}/cancel"),
+    ("POST", lambda c, v: c.job_retry(v), "/api/v1/jobs/{}/retry"),
+    ("POST", lambda c, v: c.heartbeat(v, "t", 10), "/api/v1/jobs/{}/heartbeat"),
+    ("POST", lambda c, v: c.complete(v, "t"), "/api/v1/jobs/{}/complete"),
+    ("POST", lambda c, v: c.fail(v, "t", "boom"), "/api/v1/jobs/{}/fail"),
+    ("POST", lambda c, v: c.lease(v), "/api/v1/queues/{}/lease"),
+    ("GET", lambda c, v: c.queue_stats(v), "/api/v1/queues/{}/stats"),
+    ("GET", lambda c, v: c.workflow_get(v), "/api/v1/workflows/{}"),
+    ("POST", lambda c, v: c.workflow_cancel(v), "/api/v1/workflows/{}/cancel"),
+]
+
+
+async def test_every_path_parameter_is_percent_encoded(nursery: trio.Nursery, client_for: Callable[..., Client]) -> None:
+    async def reply(stream: trio.SocketStream, head: bytes, body: bytes) -> bool:
+        request_line = head.split(b"\r\n")[0].decode()
+        error = {"error": {"code": "not_found", "message": request_line}}
+        await stream.send_all(answer(json.dumps(error).encode(), "404 Not Found"))
+        return True
+
+    server = await start(nursery, reply)
+    hostile = {"../../queues": "..%2F..%2Fqueues", "..": "%2E%2E", "a b?c#d%2F": "a%20b%3Fc%23d%252F"}
+    async with client_for(server.url) as client:
+        for method, call, path in CALLS:
+            for value, encoded in hostile.items():
+                with pytest.raises(errors.NotFound) as info:
+                    await call(client, value)
+                assert info.value.message == f"{method} {path.format(encoded)} HTTP/1.1"
