@@ -55,7 +55,8 @@ log = logging.getLogger("qftrio.server.http")
 
 #: A request head (the leading empty lines a client may send before it
 #: included) is at most this long and holds at most ``MAX_HEADERS`` fields;
-#: the trailer section of a chunked body is at most this long too.
+#: so is the framing between a chunked body's bytes (a chunk's size line and
+#: extensions, the trailer section). Trailers count toward the body cap.
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
 KEEP_ALIVE_SECS = 120.0
@@ -287,14 +288,10 @@ class _Connection:
             self.headers.append((name.lower(), value.rstrip(b" \t")))
         else:  # a trailer field: llhttp has checked its syntax, and drops it
             self._count_body(size)
-            self.head_bytes += size
-            if self.head_bytes > MAX_HEAD_BYTES:
-                raise _BadRequest(431, "headers_too_large", "the request's trailer section is too large")
 
     def on_headers_complete(self) -> None:
         parser = self.parser
         self.in_head = False
-        self.head_bytes = 0  # from here on, the trailer section's size
         self.events.append(
             (
                 _HEAD,
@@ -476,6 +473,7 @@ class _Exchange:
         self.refusal: _BadRequest | None = None
         self.waited = 0.0  # in the current body rate window
         self.window_bytes = 0
+        self.framing = 0  # bytes read since the last that brought body bytes
         # answer
         self.started = False
         self.head_sent = False
@@ -683,7 +681,16 @@ class _Exchange:
         if self.window_bytes >= BODY_MIN_RATE * BODY_WINDOW_SECS:
             self.waited = 0.0
             self.window_bytes = 0
+        events = len(connection.events)
         connection._feed(data)
+        # Bytes that bring no body (a chunk's size line and extensions, the
+        # trailer section) are bounded as a head is: llhttp keeps no limit.
+        if len(connection.events) > events:
+            self.framing = 0
+        else:
+            self.framing += len(data)
+            if self.framing > MAX_HEAD_BYTES:
+                raise _BadRequest(431, "headers_too_large", "the request's chunk framing or trailer section is too large")
 
     async def _wait_for_disconnect(self) -> None:
         """Return when the client has gone (or the answer is complete);
@@ -725,8 +732,8 @@ class _Exchange:
             await self.continuing.wait()
         head = b""
         if not self.head_sent:
-            self.head_sent = True
             head = self._head(len(body), more)
+            self.head_sent = True
         try:
             await self._write_framed(head, body, more)
         except _Closed:
