@@ -704,8 +704,10 @@ class _Exchange:
             read += len(data)
             if data:
                 connection._feed(data)
-        if connection.error is not None or connection.upgraded:
-            await trio.sleep_forever()  # the client may still be there
+        if not (self.complete or connection.eof):
+            # the parser has stopped (an error, an upgrade): the socket is
+            # no longer read, and the client may still be there
+            await trio.sleep_forever()
 
     # -- the answer -------------------------------------------------------
 
