@@ -516,22 +516,23 @@ async def test_an_oversized_body_gets_its_413_before_the_connection_closes(serve
     assert response.says_close
 
 
-async def _serve_tiny(nursery: trio.Nursery, **options: Any) -> str:
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"{}"})
+async def ok_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
 
+
+async def serve_app(nursery: trio.Nursery, app: Any, **options: Any) -> str:
+    """Serve the ASGI *app* until the test ends; its URL."""
     stop = trio.Event()
-    nursery.start_soon(stop.wait)  # keeps the server until the test ends
-    (url,) = await nursery.start(
-        functools.partial(serve_asgi, app, "127.0.0.1", 0, shutdown_trigger=stop.wait, graceful_timeout_secs=1, **options)
-    )
+    nursery.start_soon(stop.wait)
+    serve = functools.partial(serve_asgi, shutdown_trigger=stop.wait, graceful_timeout_secs=1, **options)
+    (url,) = await nursery.start(serve, app, "127.0.0.1", 0)
     return url
 
 
 async def test_at_the_connection_limit_an_idle_connection_makes_room(nursery, autojump_clock) -> None:
-    url = await _serve_tiny(nursery, max_connections=2)
+    url = await serve_app(nursery, ok_app, max_connections=2)
     with trio.fail_after(10):
         async with connect(url) as first, connect(url) as second:
             for conn in (first, second):
@@ -546,7 +547,7 @@ async def test_at_the_connection_limit_an_idle_connection_makes_room(nursery, au
 
 
 async def test_at_the_connection_limit_with_none_idle_a_new_client_gets_a_quick_503(nursery, autojump_clock) -> None:
-    url = await _serve_tiny(nursery, max_connections=2)
+    url = await serve_app(nursery, ok_app, max_connections=2)
     with trio.fail_after(10):
         async with connect(url) as first, connect(url) as second:
             for conn in (first, second):  # both in the middle of a request head

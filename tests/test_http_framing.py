@@ -11,7 +11,6 @@ limits run on Trio's clock (``autojump_clock``), so none waits for real.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -23,11 +22,10 @@ import trio
 import trio.testing
 
 from qftrio.server import http11
-from qftrio.server.http11 import serve_asgi
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import open_sqlite_store
 
-from .test_http11 import RawConnection, RawResponse, assert_json_error, auth, chunked, connect, job_body, request
+from .test_http11 import RawConnection, RawResponse, assert_json_error, auth, connect, job_body, request, serve_app
 
 
 @pytest.fixture
@@ -63,16 +61,6 @@ class Recorder:
         await send({"type": "http.response.body", "body": answer})
 
 
-async def start(nursery: trio.Nursery, app: Any, **options: Any) -> str:
-    """Serve *app* until the test ends; its URL."""
-    stop = trio.Event()
-    nursery.start_soon(stop.wait)
-    (url,) = await nursery.start(
-        functools.partial(serve_asgi, app, "127.0.0.1", 0, shutdown_trigger=stop.wait, graceful_timeout_secs=1, **options)
-    )
-    return url
-
-
 @pytest.fixture
 async def recorder() -> Recorder:
     return Recorder()
@@ -80,7 +68,7 @@ async def recorder() -> Recorder:
 
 @pytest.fixture
 async def url(nursery: trio.Nursery, recorder: Recorder) -> str:
-    return await start(nursery, recorder, max_body_bytes=4096)
+    return await serve_app(nursery, recorder, max_body_bytes=4096)
 
 
 async def read_all(conn: RawConnection) -> list[RawResponse]:
@@ -195,7 +183,12 @@ BATTERY = [
         id="upgrade-then-bytes",
     ),
     # requests before a malformed one are answered, then the malformed one
-    pytest.param("GET /first HTTP/1.1\r\nHost: qftrio.test\r\n\r\nGARBAGE\r\n\r\n", [200, 400], ["/first"], id="pipelined-garbage"),
+    pytest.param(
+        "GET /first HTTP/1.1\r\nHost: qftrio.test\r\n\r\nGARBAGE\r\n\r\n",
+        [200, 400],
+        ["/first"],
+        id="pipelined-garbage",
+    ),
     # data after "Connection: close" is not a request
     pytest.param(
         "GET /first HTTP/1.1\r\nHost: qftrio.test\r\nConnection: close\r\n\r\n" + SMUGGLED,
@@ -218,12 +211,16 @@ BATTERY = [
         id="http-1.0-keep-alive",
     ),
     # leading empty lines are allowed (§2.2), a chunk extension is ignored (§7.1.1)
-    pytest.param("\r\n\r\n" + POST + TE + '\r\n2;a="b c"\r\n{}\r\n0\r\n\r\n', [200], ["/first"], id="empty-lines-and-chunk-ext"),
+    pytest.param(
+        "\r\n\r\n" + POST + TE + '\r\n2;a="b c"\r\n{}\r\n0\r\n\r\n', [200], ["/first"], id="empty-lines-and-chunk-ext"
+    ),
 ]
 
 
 @pytest.mark.parametrize(("raw", "statuses", "paths"), BATTERY)
-async def test_the_answer_rfc_9112_requires(url: str, recorder: Recorder, raw: str, statuses: list[int], paths: list[str]) -> None:
+async def test_the_answer_rfc_9112_requires(
+    url: str, recorder: Recorder, raw: str, statuses: list[int], paths: list[str]
+) -> None:
     responses = await exchange(url, raw.encode("latin-1"))
     assert [r.status for r in responses] == statuses, [(r.status, r.body) for r in responses]
     assert [path for _, path, _ in recorder.seen] == paths
@@ -297,7 +294,7 @@ async def test_a_bare_lf_head_is_refused_at_once(url: str, autojump_clock) -> No
 async def test_a_body_below_the_minimum_rate_gets_408_one_above_it_is_served(
     nursery, recorder: Recorder, autojump_clock
 ) -> None:
-    url = await start(nursery, recorder)
+    url = await serve_app(nursery, recorder)
     rate, window = http11.BODY_MIN_RATE, http11.BODY_WINDOW_SECS
     size = int(2 * rate * window)  # two windows' worth
     with trio.fail_after(500):
@@ -320,7 +317,7 @@ async def test_a_head_trickled_across_its_deadline_leaves_the_server_serving(nur
     # Trio's clock runs a thousand times faster than real time, so bytes a
     # virtual millisecond apart keep arriving as the 30 s deadline passes.
     mock_clock.rate = 1000
-    url = await start(nursery, Recorder())
+    url = await serve_app(nursery, Recorder())
     with trio.fail_after(120):
         async with connect(url) as conn:
             await conn.send(b"GET / HTTP/1.1\r\nX: ")
@@ -340,7 +337,7 @@ async def test_100_continue_is_never_sent_after_the_answer_began(nursery) -> Non
             await receive()  # the body, read only after the answer began
             await send({"type": "http.response.body", "body": b"{}"})
 
-    url = await start(nursery, app)
+    url = await serve_app(nursery, app)
     head = POST + "Expect: 100-continue\r\nContent-Length: 2\r\n\r\n"
     with trio.fail_after(10):
         async with connect(url) as conn:
@@ -391,7 +388,7 @@ PHASES = [
 async def test_a_fault_in_any_phase_ends_only_its_connection(
     nursery, monkeypatch, caplog, target: str | None, fault: Any, raw: bytes
 ) -> None:
-    url = await start(nursery, Recorder())
+    url = await serve_app(nursery, Recorder())
     if target is not None:
         cls, name = target.split(".")
         monkeypatch.setattr(getattr(http11, cls), name, fault)

@@ -690,7 +690,9 @@ class _Exchange:
         else:
             self.framing += len(data)
             if self.framing > MAX_HEAD_BYTES:
-                raise _BadRequest(431, "headers_too_large", "the request's chunk framing or trailer section is too large")
+                raise _BadRequest(
+                    431, "headers_too_large", "the request's chunk framing or trailer section is too large"
+                )
 
     async def _wait_for_disconnect(self) -> None:
         """Return when the client has gone (or the answer is complete);
