@@ -11,6 +11,7 @@ limits run on Trio's clock (``autojump_clock``), so none waits for real.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -266,6 +267,25 @@ async def test_the_api_refuses_a_trailer_flood(server) -> None:
     # the trailer section's own limit comes first
     assert_json_error(response, 431)
     assert response.says_close
+
+
+async def test_the_configured_body_cap_counts_trailers(storage: Store, nursery: trio.Nursery) -> None:
+    from qftrio.server.engine import Engine
+    from qftrio.server.serve import run_server
+
+    from .conftest import server_config
+
+    stop = trio.Event()
+    nursery.start_soon(stop.wait)
+    config = server_config(max_body_bytes=4096)
+    (api,) = await nursery.start(functools.partial(run_server, Engine(storage), config, shutdown_trigger=stop.wait))
+    body = job_body({"x": 1})
+    trailers = b"".join(b"X-T%d: %s\r\n" % (i, b"t" * 90) for i in range(50))  # 4.7 KB
+    headers = [("Authorization", "Bearer acme-secret"), ("Transfer-Encoding", "chunked")]
+    head = request("POST", "/api/v1/jobs", headers=headers)
+    responses = await exchange(api, head + b"%X\r\n%s\r\n0\r\n%s\r\n" % (len(body), body, trailers))
+    assert [r.status for r in responses] == [413]
+    assert_json_error(responses[0], 413)
 
 
 # -- time limits -------------------------------------------------------------------------
