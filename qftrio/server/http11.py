@@ -490,8 +490,7 @@ class _Exchange:
         try:
             scope = self._scope()
         except _BadRequest as exc:
-            with contextlib.suppress(_Closed):
-                await connection.refuse(exc)
+            await self._refuse(exc)
             return False
         try:
             await connection.server.app(scope, self.receive, self.send)
@@ -518,6 +517,7 @@ class _Exchange:
         return self.keep_alive and self.body_done and (not connection.eof or bool(connection.events))
 
     async def _refuse(self, exc: _BadRequest) -> None:
+        """Answer with *exc* instead of the application, and close."""
         self.keep_alive = False
         with contextlib.suppress(_Closed):
             await self.connection.refuse(exc)
