@@ -331,7 +331,12 @@ MALFORMED = [
         431,
         id="header-block-over-64k",
     ),
-    pytest.param((_JOBS + "Transfer-Encoding: gzip\r\n\r\n").encode(), 501, id="transfer-encoding-gzip"),
+    # RFC 9112 §6.3: chunked not the final coding, the length is unknown
+    pytest.param((_JOBS + "Transfer-Encoding: gzip\r\n\r\n").encode(), 400, id="transfer-encoding-gzip"),
+    # a coding the server does not understand, then chunked (RFC 9112 §6.1)
+    pytest.param(
+        (_JOBS + "Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n").encode(), 501, id="transfer-encoding-gzip-chunked"
+    ),
     pytest.param(b"GET /healthz HTTP/1.1\r\nHost: qftrio.test\r\nX-A: 1\r\n  folded\r\n\r\n", 400, id="obs-fold"),
     pytest.param(b"GET /healthz HTTP/1.1\r\nHost : qftrio.test\r\n\r\n", 400, id="space-before-colon"),
     pytest.param((_JOBS + "Transfer-Encoding: chunked\r\n\r\nzz\r\n").encode(), 400, id="chunk-size-not-hex"),
@@ -511,27 +516,49 @@ async def test_an_oversized_body_gets_its_413_before_the_connection_closes(serve
     assert response.says_close
 
 
-async def test_connections_beyond_the_limit_wait_for_one_to_close(nursery) -> None:
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"{}"})
+async def ok_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
 
+
+async def serve_app(nursery: trio.Nursery, app: Any, **options: Any) -> str:
+    """Serve the ASGI *app* until the test ends; its URL."""
     stop = trio.Event()
-    (url,) = await nursery.start(
-        functools.partial(
-            serve_asgi, app, "127.0.0.1", 0, shutdown_trigger=stop.wait, graceful_timeout_secs=1, max_connections=2
-        )
-    )
+    nursery.start_soon(stop.wait)
+    serve = functools.partial(serve_asgi, shutdown_trigger=stop.wait, graceful_timeout_secs=1, **options)
+    (url,) = await nursery.start(serve, app, "127.0.0.1", 0)
+    return url
+
+
+async def test_at_the_connection_limit_an_idle_connection_makes_room(nursery, autojump_clock) -> None:
+    url = await serve_app(nursery, ok_app, max_connections=2)
     with trio.fail_after(10):
-        async with connect(url) as first, connect(url) as second, connect(url) as third:
+        async with connect(url) as first, connect(url) as second:
             for conn in (first, second):
                 await conn.send(request("GET", "/"))
                 assert (await conn.read_response()).status == 200
-            await third.send(request("GET", "/"))
-            with trio.move_on_after(0.5) as waited:
-                await third.read_response()
-            assert waited.cancelled_caught, "a third connection was served while two were open"
-            await first.stream.aclose()
-            assert (await third.read_response()).status == 200
-    stop.set()
+            async with connect(url) as third:
+                await third.send(request("GET", "/"))
+                assert (await third.read_response()).status == 200
+                await first.expect_closed()  # the longest idle one
+                await second.send(request("GET", "/"))
+                assert (await second.read_response()).status == 200
+
+
+async def test_at_the_connection_limit_with_none_idle_a_new_client_gets_a_quick_503(nursery, autojump_clock) -> None:
+    url = await serve_app(nursery, ok_app, max_connections=2)
+    with trio.fail_after(10):
+        async with connect(url) as first, connect(url) as second:
+            for conn in (first, second):  # both in the middle of a request head
+                await conn.send(b"GET / HTTP/1.1\r\n")
+            await trio.testing.wait_all_tasks_blocked()
+            for _ in range(6):  # health probes
+                async with connect(url) as probe:
+                    with trio.fail_after(1):
+                        refused = await probe.read_response()
+                    await probe.expect_closed()
+                assert_json_error(refused, 503)
+                assert refused.says_close
+            await first.send(b"Host: qftrio.test\r\n\r\n")
+            assert (await first.read_response()).status == 200

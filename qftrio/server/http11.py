@@ -3,40 +3,48 @@
 It serves qftrio's API: keep-alive, pipelining, ``Content-Length`` and
 chunked request bodies, ``Expect: 100-continue``, HEAD, chunked or
 length-delimited responses, the ASGI lifespan protocol, and a graceful
-shutdown. It does not speak HTTP/2, TLS or WebSocket: put a proxy in front
-for those.
+shutdown. It does not speak HTTP/2, TLS, WebSocket or protocol upgrades:
+put a proxy in front for those.
 
-Each connection is one task, and each request's application call runs in
-it (no task per request). A body the application did not read (a request
-refused on its headers) is read after the answer, so the connection carries
-the client's next request. While the application waits after the request
-body, ``receive()`` watches the socket, so a client that goes away is seen
-as ``http.disconnect`` (a long poll relies on that); bytes of a pipelined
-next request read meanwhile are kept for it.
+The framing is parsed by llhttp (Node.js's parser, through ``httptools``)
+with every leniency off, so a request means here what it means to any strict
+parser: what llhttp refuses is answered ``400`` and the connection closed,
+and no second request is ever read where a strict parser sees one. This
+module keeps the connection loop around the parser: each connection is one
+task, and each request's application call runs in it (no task per
+request). The parser runs ahead of the application only as far as one read
+goes; its events (a head, body bytes, the end of a message) are queued and
+served in order, and a parse error comes after the requests before it.
 
-Malformed requests get a JSON error (400, 408, 417, 431, 501 or 505) and
-the connection is closed, after lingering (``LINGER_SECS``) if the client may
-still be sending, so that it can read the answer. Limits: a request head of
-at most ``MAX_HEAD_BYTES`` and ``MAX_HEADERS`` lines; ``HEAD_TIMEOUT_SECS``
-to send a head once begun, ``BODY_TIMEOUT_SECS`` without progress in a body,
-``WRITE_TIMEOUT_SECS`` for a client to take an answer; idle connections
-close after ``KEEP_ALIVE_SECS``; open connections are capped by the
-process's file limit.
+A body the application did not read (a request refused on its headers) is
+read after the answer, so the connection carries the client's next request.
+While the application waits after the request body, ``receive()`` watches
+the socket, so a client that goes away is seen as ``http.disconnect`` (a
+long poll relies on that); bytes of a pipelined next request read meanwhile
+are parsed and kept for it.
+
+Whatever a client sends, its connection's task ends on its own: an error
+there is logged once, and the server goes on. Malformed requests get a JSON
+error (400, 408, 413, 417, 431, 501 or 505) and the connection is closed,
+after lingering (``LINGER_SECS``) if the client may still be sending, so that
+it can read the answer. The limits are documented in docs/protocol.md
+(``## HTTP``) and set by the constants below.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import email.utils
 import logging
 import math
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
+import httptools
 import trio
 
 from .._json import dumps
@@ -45,12 +53,22 @@ __all__ = ["serve_asgi", "KEEP_ALIVE_SECS"]
 
 log = logging.getLogger("qftrio.server.http")
 
+#: A request head (the leading empty lines a client may send before it
+#: included) is at most this long and holds at most ``MAX_HEADERS`` fields;
+#: so is the framing between a chunked body's bytes (a chunk's size line and
+#: extensions, the trailer section). Trailers count toward the body cap.
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
-MAX_CHUNK_LINE_BYTES = 4096
 KEEP_ALIVE_SECS = 120.0
+#: From a head's first byte (an empty line counts) to its end.
 HEAD_TIMEOUT_SECS = 30.0
-BODY_TIMEOUT_SECS = 30.0
+#: A body must keep coming at ``BODY_MIN_RATE`` bytes a second, measured
+#: over each ``BODY_WINDOW_SECS`` the server spends waiting for it (the time
+#: the application takes between reads is not the client's): a window that
+#: brings fewer than ``BODY_MIN_RATE * BODY_WINDOW_SECS`` bytes, and not the
+#: body's end, gets 408. Apache's mod_reqtimeout asks the same by default.
+BODY_WINDOW_SECS = 20.0
+BODY_MIN_RATE = 500
 WRITE_TIMEOUT_SECS = 30.0
 LIFESPAN_TIMEOUT_SECS = 30.0
 LINGER_SECS = 2.0
@@ -63,15 +81,22 @@ DRAIN_SECS = 5.0
 #: File descriptors kept free of connections (the store's, logs, sockets of
 #: the server's own clients) when the connection limit follows the process's.
 RESERVED_FDS = 256
+#: Connections accepted past the limit only to be answered 503 at once,
+#: when no idle connection can be closed to make room; more wait in the
+#: listen backlog.
+MAX_REFUSING = 64
 READ_SIZE = 65536
 
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_TARGET = re.compile(rb"[\x21-\x7e]+")
-_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
-_FIELD_VALUE_BAD = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _NO_BODY_STATUS = frozenset({204, 304})
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
+_VERSIONS = frozenset({"1.0", "1.1"})
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_DISCONNECT = {"type": "http.disconnect"}
+
+# The parser's events, queued in order: a request head, body bytes, the end
+# of a request.
+_HEAD, _BODY, _END = range(3)
 
 
 class _BadRequest(Exception):
@@ -84,10 +109,6 @@ class _BadRequest(Exception):
 
 class _Closed(Exception):
     """The client went away, or stopped sending or taking data."""
-
-
-class _BadFraming(_Closed):
-    """A chunked body broke its framing: nothing more can be read."""
 
 
 class _Date:
@@ -109,14 +130,17 @@ _date = _Date()
 
 
 class _Server:
-    def __init__(self, app: Any, lifespan_state: dict[str, Any], max_connections: int) -> None:
+    def __init__(self, app: Any, lifespan_state: dict[str, Any], max_connections: int, max_body_bytes: int) -> None:
         self.app = app
         self.state = lifespan_state
         self.max_connections = max_connections
-        self.slots = trio.Semaphore(max_connections)
+        self.max_body_bytes = max_body_bytes
+        self.slots = trio.Semaphore(max_connections + MAX_REFUSING)
         self.full_logged_at = -math.inf
         self.closing = False
-        self.idle: set[trio.CancelScope] = set()
+        #: Connections waiting for a next request, oldest first: the first
+        #: to close when the server is full or closing.
+        self.idle: dict[trio.CancelScope, None] = {}
         self.connections = 0
         self.drained = trio.Event()
 
@@ -129,6 +153,25 @@ class _Server:
         if self.connections == 0:
             self.drained.set()
 
+    def make_room(self) -> bool:
+        """Whether a new connection may be served: below the limit, or once
+        the longest idle connection is told to close."""
+        if self.connections < self.max_connections:
+            return True
+        now = trio.current_time()
+        if now - self.full_logged_at > 60:
+            self.full_logged_at = now
+            log.warning(
+                "%d connections open, the most allowed: idle ones are closed, new ones refused with 503",
+                self.max_connections,
+            )
+        if not self.idle:
+            return False
+        scope = next(iter(self.idle))
+        del self.idle[scope]
+        scope.cancel()
+        return True
+
     async def handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
         try:
@@ -138,6 +181,10 @@ class _Server:
                 await connection.linger_close()
         except _Closed:
             pass
+        except Exception:
+            # A fault here is the server's, not the client's: it ends this
+            # connection only. The message names no header, body or token.
+            log.exception("a connection failed")
         finally:
             self.connections -= 1
             if self.closing and self.connections == 0:
@@ -146,33 +193,225 @@ class _Server:
                 await stream.aclose()
             self.slots.release()
 
+    async def refuse(self, stream: trio.SocketStream) -> None:
+        """Answer a connection past the limit with a 503, and close it."""
+        try:
+            connection = _Connection(self, stream)
+            await connection.refuse(_BadRequest(503, "unavailable", "the server has too many connections open"))
+            await connection.linger_close()
+        except _Closed:
+            pass
+        except Exception:
+            log.exception("refusing a connection failed")
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await stream.aclose()
+            self.slots.release()
+
+
+class _Request(NamedTuple):
+    """A request head, as the parser delivered it."""
+
+    method: bytes
+    target: bytes
+    version: str
+    headers: list[tuple[bytes, bytes]]
+    keep_alive: bool
+    upgrade: bool
+
 
 class _Connection:
+    """One client connection: its bytes fed to llhttp, its requests served
+    in turn. The parser's callbacks (the ``on_*`` methods) run inside
+    :meth:`_feed` and only queue events or raise :class:`_BadRequest`."""
+
     def __init__(self, server: _Server, stream: trio.SocketStream) -> None:
         self.server = server
         self.stream = stream
-        self.buffer = bytearray()
+        self.parser = httptools.HttpRequestParser(self)
+        # every leniency is off by default; say so, so that a later default
+        # cannot turn one on unseen
+        self.parser.set_dangerous_leniencies(
+            lenient_headers=False,
+            lenient_chunked_length=False,
+            lenient_keep_alive=False,
+            lenient_transfer_encoding=False,
+            lenient_version=False,
+            lenient_data_after_close=False,
+            lenient_optional_lf_after_cr=False,
+            lenient_optional_cr_before_lf=False,
+            lenient_optional_crlf_after_chunk=False,
+            lenient_spaces_after_chunk_size=False,
+        )
+        self.events: collections.deque[tuple[int, Any]] = collections.deque()
+        #: Why the parser stopped: nothing after the queued events can be read.
+        self.error: _BadRequest | None = None
+        #: The parser saw an upgrade request (or CONNECT); what follows it is
+        #: not HTTP, and is not read.
+        self.upgraded = False
         self.eof = False
         #: The client may still be sending when the connection closes.
         self.linger = False
+        # the message being parsed
+        self.begun = False
+        self.in_head = False
+        self.target = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_bytes = 0
+        self.body_bytes = 0
         try:
             self.local = _address(stream.socket.getsockname())
             self.peer = _address(stream.socket.getpeername())
         except OSError:
             self.local = self.peer = None
 
+    # -- the parser's callbacks ---------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.begun = self.in_head = True
+        self.target = b""
+        self.headers = []
+        self.head_bytes = self.body_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self.target += url
+        self.head_bytes += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        size = len(name) + len(value) + 4  # ": " and CRLF
+        if self.in_head:
+            self.head_bytes += size
+            if self.head_bytes > MAX_HEAD_BYTES:
+                raise _BadRequest(431, "headers_too_large", "the request head is too large")
+            if len(self.headers) >= MAX_HEADERS:
+                raise _BadRequest(431, "headers_too_large", "the request has too many header fields")
+            self.headers.append((name.lower(), value.rstrip(b" \t")))
+        else:  # a trailer field: llhttp has checked its syntax, and drops it
+            self._count_body(size)
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        self.in_head = False
+        self.events.append(
+            (
+                _HEAD,
+                _Request(
+                    parser.get_method(),
+                    self.target,
+                    parser.get_http_version(),
+                    self.headers,
+                    parser.should_keep_alive(),
+                    parser.should_upgrade(),
+                ),
+            )
+        )
+
+    def on_body(self, body: bytes) -> None:
+        self._count_body(len(body))
+        self.events.append((_BODY, body))
+
+    def on_message_complete(self) -> None:
+        self.begun = False
+        self.events.append((_END, None))
+
+    def _count_body(self, size: int) -> None:
+        self.body_bytes += size
+        if self.body_bytes > self.server.max_body_bytes:
+            raise _BadRequest(
+                413, "payload_too_large", f"the request body is larger than {self.server.max_body_bytes} bytes"
+            )
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.upgraded = True
+        except httptools.HttpParserCallbackError as exc:
+            if not isinstance(exc.__context__, _BadRequest):
+                raise exc.__context__ or exc  # a fault of the callbacks, not of the request
+            self.error = exc.__context__
+        except httptools.HttpParserError as exc:
+            self.error = _BadRequest(400, "bad_request", f"malformed request: {exc}")
+
+    @property
+    def readable(self) -> bool:
+        """Whether more of the stream can be read and parsed."""
+        return not (self.eof or self.upgraded or self.error)
+
+    # -- reading ---------------------------------------------------------------
+
+    async def _receive(self) -> bytes:
+        """The next bytes from the client; empty at the end of the stream."""
+        try:
+            data = await self.stream.receive_some(READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if not data:
+            self.eof = True
+        return data
+
+    async def _receive_idle(self) -> bytes:
+        """:meth:`_receive` between requests: empty after ``KEEP_ALIVE_SECS``
+        or when the server closes the connection to make room or to stop."""
+        with trio.CancelScope(deadline=trio.current_time() + KEEP_ALIVE_SECS) as idle:
+            self.server.idle[idle] = None
+            try:
+                return await self._receive()
+            finally:
+                self.server.idle.pop(idle, None)
+        return b""
+
+    async def _read_head(self) -> _Request | None:
+        """The next request's head, or None if the client is done (end of
+        stream, idle timeout, server closing).
+
+        Raises:
+            _BadRequest: a malformed, too large or too slow head.
+        """
+        events = self.events
+        # the deadline runs from the head's first byte, an empty line included
+        deadline = trio.current_time() + HEAD_TIMEOUT_SECS if self.begun else None
+        received = 0
+        while not events:
+            if not self.readable:
+                if self.error is not None:
+                    raise self.error
+                return None
+            if deadline is None:
+                if self.server.closing:
+                    return None
+                data = await self._receive_idle()
+                deadline = trio.current_time() + HEAD_TIMEOUT_SECS
+            else:
+                data = None
+                with trio.move_on_at(deadline):
+                    data = await self._receive()
+                if data is None:
+                    raise _BadRequest(408, "request_timeout", "the request head was not sent in time")
+            if not data:
+                return None
+            received += len(data)
+            self._feed(data)
+            if not events and received > MAX_HEAD_BYTES:
+                raise _BadRequest(431, "headers_too_large", "the request head is too large")
+        kind, request = events.popleft()
+        assert kind == _HEAD, "a request's events were left unread"
+        return request
+
+    # -- the connection's life ---------------------------------------------------
+
     async def run(self) -> None:
         while not self.server.closing:
             try:
-                head = await self._read_head()
+                request = await self._read_head()
             except _BadRequest as exc:
                 self.linger = True
                 with contextlib.suppress(_Closed):
-                    await self._refuse(exc)
+                    await self.refuse(exc)
                 return
-            if head is None:
+            if request is None:
                 return
-            exchange = _Exchange(self, *head)
+            exchange = _Exchange(self, request)
             if not await exchange.run():
                 self.linger = not exchange.body_done
                 return
@@ -194,73 +433,6 @@ class _Connection:
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
 
-    async def _receive_into_buffer(self, timeout: float) -> bool:
-        """Append what the client sends next; False on end of stream or
-        when *timeout* passes with nothing."""
-        with trio.move_on_after(timeout):
-            return await self._receive()
-        return False
-
-    async def _receive(self) -> bool:
-        """:meth:`_receive_into_buffer` without a time limit of its own."""
-        try:
-            data = await self.stream.receive_some(READ_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            data = b""
-        if not data:
-            self.eof = True
-            return False
-        self.buffer += data
-        return True
-
-    async def _read_head(self) -> tuple[bytes, list[bytes]] | None:
-        """The next request's head, or None if the client is done (end of
-        stream, idle timeout, server closing)."""
-        buffer = self.buffer
-        deadline = None
-        searched = 0
-        while True:
-            while buffer[:2] == b"\r\n":  # empty lines before a request are allowed
-                del buffer[:2]
-                searched = 0
-            end = buffer.find(b"\r\n\r\n", max(0, searched - 3))
-            if end >= 0:
-                if end > MAX_HEAD_BYTES:
-                    raise _BadRequest(431, "headers_too_large", "the request head is too large")
-                head = bytes(buffer[:end])
-                del buffer[: end + 4]
-                lines = head.split(b"\r\n")
-                if len(lines) > MAX_HEADERS + 1:
-                    raise _BadRequest(431, "headers_too_large", "the request has too many header lines")
-                return lines[0], lines[1:]
-            searched = len(buffer)
-            if searched > MAX_HEAD_BYTES:
-                raise _BadRequest(431, "headers_too_large", "the request head is too large")
-            if self.eof:
-                if buffer:
-                    raise _Closed
-                return None
-            if not buffer:
-                if self.server.closing:
-                    return None
-                received = False
-                with trio.CancelScope(deadline=trio.current_time() + KEEP_ALIVE_SECS) as idle:
-                    self.server.idle.add(idle)
-                    try:
-                        received = await self._receive()
-                    finally:
-                        self.server.idle.discard(idle)
-                if not received:
-                    return None
-                deadline = trio.current_time() + HEAD_TIMEOUT_SECS
-                continue
-            if deadline is None:
-                deadline = trio.current_time() + HEAD_TIMEOUT_SECS
-            if not await self._receive_into_buffer(deadline - trio.current_time()):
-                if self.eof:
-                    raise _Closed
-                raise _BadRequest(408, "request_timeout", "the request head was not sent in time")
-
     async def write(self, data: bytes) -> None:
         with trio.move_on_after(WRITE_TIMEOUT_SECS):
             try:
@@ -272,28 +444,36 @@ class _Connection:
         self.eof = True  # the connection is of no further use
         raise _Closed
 
-    async def _refuse(self, exc: _BadRequest) -> None:
+    async def refuse(self, exc: _BadRequest) -> None:
+        """Send *exc* as a JSON error that closes the connection."""
         body = dumps({"error": {"code": exc.code, "message": exc.message}})
+        extra = b"retry-after: 1\r\n" if exc.status == 503 else b""
         await self.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-            b"connection: close\r\ndate: %s\r\n\r\n%s" % (exc.status, _REASONS.get(exc.status, b""), len(body), _date(), body)
+            b"connection: close\r\n%sdate: %s\r\n\r\n%s"
+            % (exc.status, _REASONS.get(exc.status, b""), len(body), extra, _date(), body)
         )
 
 
 class _Exchange:
     """One request and its answer on a connection."""
 
-    def __init__(self, connection: _Connection, request_line: bytes, header_lines: list[bytes]) -> None:
+    def __init__(self, connection: _Connection, request: _Request) -> None:
         self.connection = connection
-        self.request_line = request_line
-        self.header_lines = header_lines
-        # request body framing
-        self.remaining = 0  # bytes left of a Content-Length body, or of the current chunk
+        self.request = request
+        self.keep_alive = request.keep_alive and not request.upgrade
+        # request body
         self.chunked = False
-        self.body_done = True
+        self.declared = 0  # the Content-Length, if any
+        self.body_done = False  # the parser's end of the request was read
+        self.body_delivered = False  # and given to the application
         self.expect_continue = False
-        self.body_delivered = False
-        self.bad_framing = False
+        self.continuing: trio.Event | None = None  # set once a 100 Continue is written
+        #: Why reading the request failed (framing, size, time): the answer.
+        self.refusal: _BadRequest | None = None
+        self.waited = 0.0  # in the current body rate window
+        self.window_bytes = 0
+        self.framing = 0  # bytes read since the last that brought body bytes
         # answer
         self.started = False
         self.head_sent = False
@@ -303,7 +483,6 @@ class _Exchange:
         self.headers: list[tuple[bytes, bytes]] = []
         self.out_chunked = False
         self.out_left: int | None = None
-        self.keep_alive = True
 
     async def run(self) -> bool:
         """Serve the request; True if the connection can carry another."""
@@ -311,7 +490,7 @@ class _Exchange:
         try:
             scope = self._scope()
         except _BadRequest as exc:
-            await connection._refuse(exc)
+            await self._refuse(exc)
             return False
         try:
             await connection.server.app(scope, self.receive, self.send)
@@ -319,29 +498,34 @@ class _Exchange:
             return False
         except Exception:
             log.exception("request failed: %s %s", scope["method"], scope["path"])
-            if not self.started:
-                self.keep_alive = False
-                await self._answer_500()
+            if not self.head_sent:
+                await self._refuse(_BadRequest(500, "internal", "internal error"))
+            return False
+        if self.refusal is not None:
+            if not self.head_sent:
+                await self._refuse(self.refusal)
             return False
         if not self.complete:
-            if self.bad_framing and not self.started:
-                with contextlib.suppress(_Closed):
-                    await connection._refuse(_BadRequest(400, "bad_request", "malformed chunked body"))
-                return False
-            if self.started or connection.eof:
+            if self.head_sent or connection.eof:
                 return False  # an unfinished answer, or nobody left to answer
             log.error("no answer to %s %s", scope["method"], scope["path"])
-            self.keep_alive = False
-            await self._answer_500()
+            await self._refuse(_BadRequest(500, "internal", "internal error"))
             return False
         if self.keep_alive and not self.body_done:
             await self._drain()
-        return self.keep_alive and self.body_done and not connection.eof
+        # requests the client sent before it stopped sending are still answered
+        return self.keep_alive and self.body_done and (not connection.eof or bool(connection.events))
+
+    async def _refuse(self, exc: _BadRequest) -> None:
+        """Answer with *exc* instead of the application, and close."""
+        self.keep_alive = False
+        with contextlib.suppress(_Closed):
+            await self.connection.refuse(exc)
 
     def _drainable(self) -> bool:
         """Whether the unread rest of the body is worth reading to keep the
         connection (a client still waiting for ``100 Continue`` sends none)."""
-        return not self.expect_continue and (self.chunked or self.remaining <= DRAIN_BYTES)
+        return not self.expect_continue and (self.chunked or self.declared <= DRAIN_BYTES)
 
     async def _drain(self) -> None:
         """Read and drop the rest of the request body (see ``DRAIN_BYTES``)."""
@@ -350,98 +534,70 @@ class _Exchange:
             while not self.body_done and drained <= DRAIN_BYTES:
                 try:
                     drained += len(await self._read_body())
-                except _Closed:
+                except (_Closed, _BadRequest):
                     return
 
     def _scope(self) -> dict[str, Any]:
-        parts = self.request_line.split(b" ")
-        if len(parts) != 3:
-            raise _BadRequest(400, "bad_request", "malformed request line")
-        method, target, version = parts
-        if version == b"HTTP/1.1":
-            http_version = "1.1"
-        elif version == b"HTTP/1.0":
-            http_version = "1.0"
-            self.keep_alive = False
-        elif version.startswith(b"HTTP/") and len(version) == 8:
+        """The request's ASGI scope, once its head is checked for what
+        llhttp leaves to the server (RFC 9112 §3.2, §6.1, RFC 9110 §10.1.1)."""
+        request = self.request
+        version = request.version
+        if version not in _VERSIONS:
             raise _BadRequest(505, "http_version_not_supported", "only HTTP/1.1 and HTTP/1.0 are served")
-        else:
-            raise _BadRequest(400, "bad_request", "malformed request line")
-        if not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
-            raise _BadRequest(400, "bad_request", "malformed request line")
-        headers: list[tuple[bytes, bytes]] = []
-        lengths: set[bytes] = set()
-        transfer_encoding: bytes | None = None
+        connection = self.connection
+        if connection.error is not None and not connection.events:
+            # llhttp refused this head as it ended (say, a Transfer-Encoding
+            # that is not chunked) or the body's first bytes
+            raise connection.error
         hosts = 0
-        for line in self.header_lines:
-            name, colon, value = line.partition(b":")
-            if not colon or not _TOKEN.fullmatch(name):
-                raise _BadRequest(400, "bad_request", "malformed header line")
-            value = value.strip(b" \t")
-            if _FIELD_VALUE_BAD.search(value):
-                raise _BadRequest(400, "bad_request", "malformed header value")
-            name = name.lower()
-            if name == b"content-length":
-                lengths.update(item.strip(b" \t") for item in value.split(b","))
-            elif name == b"transfer-encoding":
-                if transfer_encoding is not None:
-                    raise _BadRequest(400, "bad_request", "more than one Transfer-Encoding header")
-                transfer_encoding = value.lower()
-            elif name == b"host":
+        transfer_encoding: bytes | None = None
+        for name, value in request.headers:
+            if name == b"host":
                 hosts += 1
-            elif name == b"connection":
-                tokens = {item.strip(b" \t").lower() for item in value.split(b",")}
-                if b"close" in tokens:
-                    self.keep_alive = False
-                elif b"keep-alive" in tokens and http_version == "1.0":
-                    self.keep_alive = True
+            elif name == b"content-length":
+                self.declared = int(value)  # llhttp allows one, of digits only
+            elif name == b"transfer-encoding":
+                transfer_encoding = value.lower()  # llhttp allows one, ending in chunked
             elif name == b"expect":
                 if value.lower() != b"100-continue":
                     raise _BadRequest(417, "expectation_failed", "only Expect: 100-continue is understood")
-                self.expect_continue = http_version == "1.1"
-            headers.append((name, value))
-        if hosts > 1 or (hosts == 0 and http_version == "1.1"):
+                self.expect_continue = version == "1.1"
+        if hosts > 1 or (hosts == 0 and version == "1.1"):
             raise _BadRequest(400, "bad_request", "an HTTP/1.1 request needs exactly one Host header")
         if transfer_encoding is not None:
-            if lengths:
-                raise _BadRequest(400, "bad_request", "both Content-Length and Transfer-Encoding are set")
-            if http_version == "1.0":
+            if version == "1.0":
+                # RFC 9112 §6.1: its framing is to be treated as faulty
                 raise _BadRequest(400, "bad_request", "Transfer-Encoding in an HTTP/1.0 request")
             if transfer_encoding != b"chunked":
                 raise _BadRequest(501, "not_implemented", "only the chunked transfer coding is understood")
             self.chunked = True
-            self.body_done = False
-        elif lengths:
-            if len(lengths) > 1:
-                raise _BadRequest(400, "bad_request", "conflicting Content-Length headers")
-            (length,) = lengths
-            if not length.isdigit() or len(length) > 18:
-                raise _BadRequest(400, "bad_request", "invalid Content-Length")
-            self.remaining = int(length)
-            self.body_done = self.remaining == 0
-        if self.body_done:
+        if request.upgrade and (self.chunked or self.declared):
+            # llhttp leaves the body of an upgrade request unparsed
+            raise _BadRequest(400, "bad_request", "a request to switch protocols cannot carry a body here")
+        events = connection.events
+        if events and events[0][0] == _END:  # no body: its end came with the head
+            events.popleft()
+            self.body_done = True
             self.expect_continue = False
-        method_text = method.decode("ascii")
-        self.head_only = method_text == "HEAD"
-        raw_path, _, query = target.partition(b"?")
-        if raw_path.startswith((b"http://", b"https://")):
-            authority_and_path = raw_path.split(b"//", 1)[1]
-            slash = authority_and_path.find(b"/")
-            raw_path = authority_and_path[slash:] if slash >= 0 else b"/"
-        elif not raw_path.startswith(b"/") and not (raw_path == b"*" and method == b"OPTIONS"):
-            raise _BadRequest(400, "bad_request", "malformed request target")
-        connection = self.connection
+        try:
+            url = httptools.parse_url(request.target)
+        except httptools.HttpParserInvalidURLError:
+            raise _BadRequest(400, "bad_request", "malformed request target") from None
+        method = request.method.decode("ascii")
+        self.head_only = method == "HEAD"
+        raw_path = url.path or b"/"
+        path = raw_path.decode("ascii")
         return {
             "type": "http",
             "asgi": _ASGI,
-            "http_version": http_version,
-            "method": method_text,
+            "http_version": version,
+            "method": method,
             "scheme": "http",
-            "path": unquote(raw_path.decode("ascii")) if b"%" in raw_path else raw_path.decode("ascii"),
+            "path": unquote(path) if "%" in path else path,
             "raw_path": raw_path,
-            "query_string": query,
+            "query_string": url.query or b"",
             "root_path": "",
-            "headers": headers,
+            "headers": request.headers,
             "client": connection.peer,
             "server": connection.local,
             "extensions": {},
@@ -451,90 +607,109 @@ class _Exchange:
     # -- the request body -------------------------------------------------
 
     async def receive(self) -> dict[str, Any]:
+        if self.refusal is not None:
+            return _DISCONNECT
         if not self.body_done:
             try:
                 if self.expect_continue:
                     self.expect_continue = False
-                    if not self.connection.buffer:
-                        await self.connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    await self._continue()
                 body = await self._read_body()
-            except _BadFraming:
-                self.bad_framing = True
-                return {"type": "http.disconnect"}
+            except _BadRequest as exc:
+                self.refusal = exc
+                return _DISCONNECT
             except _Closed:
-                return {"type": "http.disconnect"}
+                return _DISCONNECT
             self.body_delivered = self.body_done
             return {"type": "http.request", "body": body, "more_body": not self.body_done}
         if not self.body_delivered:
             self.body_delivered = True
             return {"type": "http.request", "body": b"", "more_body": False}
         await self._wait_for_disconnect()
-        return {"type": "http.disconnect"}
+        return _DISCONNECT
 
-    async def _fill(self) -> None:
-        """Read more of the body into the buffer, or raise _Closed."""
-        if not await self.connection._receive_into_buffer(BODY_TIMEOUT_SECS):
-            self.connection.eof = True
-            raise _Closed
+    async def _continue(self) -> None:
+        """Send ``100 Continue`` if the client waits for it: not once the
+        body has begun to arrive, and never once the answer has begun (the
+        answer's first write waits for this one)."""
+        if self.started or self.connection.events:
+            return
+        self.continuing = trio.Event()
+        try:
+            await self.connection.write(_CONTINUE)
+        finally:
+            self.continuing.set()
 
     async def _read_body(self) -> bytes:
-        buffer = self.connection.buffer
-        if not self.chunked:
-            if not buffer:
-                await self._fill()
-            data = bytes(buffer[: self.remaining])
-            del buffer[: len(data)]
-            self.remaining -= len(data)
-            self.body_done = self.remaining == 0
-            return data
-        while self.remaining == 0:
-            line = await self._chunk_line()
-            size_text = line.split(b";", 1)[0].strip(b" \t")
-            if not _CHUNK_SIZE.fullmatch(size_text):
-                self.connection.eof = True  # the stream's framing is lost
-                raise _BadFraming
-            size = int(size_text, 16)
-            if size == 0:
-                while await self._chunk_line():  # trailers, ignored
-                    pass
-                self.body_done = True
-                return b""
-            self.remaining = size
-        if not buffer:
-            await self._fill()
-        data = bytes(buffer[: self.remaining])
-        del buffer[: len(data)]
-        self.remaining -= len(data)
-        if self.remaining == 0:
-            while len(buffer) < 2:
-                await self._fill()
-            if buffer[:2] != b"\r\n":
-                self.connection.eof = True
-                raise _BadFraming
-            del buffer[:2]
-        return data
+        """The body bytes parsed so far, reading more if there are none;
+        sets ``body_done`` at the request's end.
 
-    async def _chunk_line(self) -> bytes:
-        buffer = self.connection.buffer
-        while True:
-            end = buffer.find(b"\r\n")
-            if end >= 0:
-                line = bytes(buffer[:end])
-                del buffer[: end + 2]
-                return line
-            if len(buffer) > MAX_CHUNK_LINE_BYTES:
-                self.connection.eof = True
-                raise _BadFraming
+        Raises:
+            _BadRequest: the body is malformed, too large or too slow.
+            _Closed: the client went away.
+        """
+        events = self.connection.events
+        while not events:
             await self._fill()
+        parts = []
+        while events:
+            kind, value = events.popleft()
+            if kind == _END:  # a request's events end with its end
+                self.body_done = True
+                break
+            parts.append(value)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _fill(self) -> None:
+        """Read and parse more of the body, at the minimum rate (see
+        ``BODY_MIN_RATE``)."""
+        connection = self.connection
+        if connection.error is not None:
+            raise connection.error
+        if not connection.readable:
+            raise _Closed
+        began = trio.current_time()
+        data = None
+        with trio.move_on_at(began + BODY_WINDOW_SECS - self.waited):
+            data = await connection._receive()
+        if data is None:
+            raise _BadRequest(408, "request_timeout", "the request body came too slowly")
+        if not data:
+            raise _Closed
+        self.waited += trio.current_time() - began
+        self.window_bytes += len(data)
+        if self.window_bytes >= BODY_MIN_RATE * BODY_WINDOW_SECS:
+            self.waited = 0.0
+            self.window_bytes = 0
+        events = len(connection.events)
+        connection._feed(data)
+        # Bytes that bring no body (a chunk's size line and extensions, the
+        # trailer section) are bounded as a head is: llhttp keeps no limit.
+        if len(connection.events) > events:
+            self.framing = 0
+        else:
+            self.framing += len(data)
+            if self.framing > MAX_HEAD_BYTES:
+                raise _BadRequest(
+                    431, "headers_too_large", "the request's chunk framing or trailer section is too large"
+                )
 
     async def _wait_for_disconnect(self) -> None:
         """Return when the client has gone (or the answer is complete);
-        bytes it sends meanwhile are kept for the next request."""
+        bytes it sends meanwhile are parsed and kept for the next request."""
         connection = self.connection
-        while not self.complete and not connection.eof:
-            if len(connection.buffer) > MAX_HEAD_BYTES:
+        read = 0
+        while not self.complete and connection.readable:
+            if read > MAX_HEAD_BYTES:
                 await trio.sleep_forever()  # enough kept; the answer ends this wait
-            await connection._receive()
+            data = await connection._receive()
+            read += len(data)
+            if data:
+                connection._feed(data)
+        if not (self.complete or connection.eof):
+            # the parser has stopped (an error, an upgrade): the socket is
+            # no longer read, and the client may still be there
+            await trio.sleep_forever()
 
     # -- the answer -------------------------------------------------------
 
@@ -555,10 +730,14 @@ class _Exchange:
         more = message.get("more_body", False)
         if not more:
             self.complete = True
+        if self.refusal is not None and not self.head_sent:
+            return  # the refusal is the answer
+        if self.continuing is not None:
+            await self.continuing.wait()
         head = b""
         if not self.head_sent:
-            self.head_sent = True
             head = self._head(len(body), more)
+            self.head_sent = True
         try:
             await self._write_framed(head, body, more)
         except _Closed:
@@ -614,7 +793,7 @@ class _Exchange:
             self.out_left = first_body
         elif self.head_only:
             pass
-        elif self.request_http_1_1:
+        elif self.request.version == "1.1":
             lines.append(b"transfer-encoding: chunked\r\n")
             self.out_chunked = True
         else:
@@ -623,18 +802,10 @@ class _Exchange:
             self.keep_alive = False
         if not self.keep_alive:
             lines.append(b"connection: close\r\n")
-        elif not self.request_http_1_1:
+        elif self.request.version == "1.0":
             lines.append(b"connection: keep-alive\r\n")  # HTTP/1.0 closes by default
         lines.append(b"date: %s\r\n\r\n" % _date())
         return b"".join(lines)
-
-    @property
-    def request_http_1_1(self) -> bool:
-        return self.request_line.endswith(b"HTTP/1.1")
-
-    async def _answer_500(self) -> None:
-        with contextlib.suppress(_Closed):
-            await self.connection._refuse(_BadRequest(500, "internal", "internal error"))
 
 
 def _address(address: Any) -> tuple[str, int] | None:
@@ -695,22 +866,28 @@ async def serve_asgi(
     shutdown_trigger: Callable[[], Awaitable[None]],
     graceful_timeout_secs: float,
     max_connections: int | None = None,
+    max_body_bytes: int = 1 << 20,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve *app* on *host*:*port* until *shutdown_trigger* returns, then
     stop accepting, close idle connections, and give requests in flight
     *graceful_timeout_secs* to finish.
 
-    At most *max_connections* are open at once (by default the process's
-    limit on open files, less ``RESERVED_FDS``); more wait in the listen
-    backlog until one closes.
+    At most *max_connections* are served at once (by default the process's
+    limit on open files, less ``RESERVED_FDS``). When a client connects
+    past that, the longest idle connection is closed to make room; with none
+    idle, the client is answered 503 at once (up to ``MAX_REFUSING`` at a
+    time; more wait in the listen backlog).
+
+    A request body and its trailers together are at most *max_body_bytes*
+    long (413).
 
     Calls ``task_status.started(urls)`` once listening, with the bound URLs
     (port 0 binds a free port). Raises ``OSError`` if it cannot listen.
     """
     state: dict[str, Any] = {}
     listeners = await trio.open_tcp_listeners(port, host=host.strip("[]") or None)
-    server = _Server(app, state, max_connections or _default_max_connections())
+    server = _Server(app, state, max_connections or _default_max_connections(), max_body_bytes)
     try:
         async with _lifespan(app, state):
             async with trio.open_nursery() as connections:
@@ -747,11 +924,6 @@ def _default_max_connections() -> int:
 
 async def _accept(listener: trio.SocketListener, server: _Server, connections: trio.Nursery) -> None:
     while True:
-        if server.slots.value == 0:
-            now = trio.current_time()
-            if now - server.full_logged_at > 60:
-                server.full_logged_at = now
-                log.warning("%d connections open, the most allowed: new ones wait", server.max_connections)
         await server.slots.acquire()
         try:
             stream = await listener.accept()
@@ -763,7 +935,7 @@ async def _accept(listener: trio.SocketListener, server: _Server, connections: t
             log.warning("accepting a connection failed: %s", exc)
             await trio.sleep(0.1)
             continue
-        connections.start_soon(server.handle, stream)
+        connections.start_soon(server.handle if server.make_room() else server.refuse, stream)
 
 
 def _url(listener: trio.SocketListener) -> str:

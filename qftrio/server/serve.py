@@ -159,6 +159,7 @@ async def run_server(
                             int(port),
                             shutdown_trigger=trigger,
                             graceful_timeout_secs=config.graceful_timeout_secs,
+                            max_body_bytes=config.max_body_bytes,
                             task_status=task_status,
                         )
                     )
