@@ -475,7 +475,7 @@ async def test_reap_expired(storage: Store) -> None:
     (reaped,) = await storage.jobs_reap_expired(now=T0 + 11)
     assert (reaped.job_id, reaped.queue, reaped.status) == (job_id, "q", Status.PENDING)
     job = await storage.job_get(job_id)
-    assert job.status is Status.PENDING and job.locked_until is None and job.worker_id is None
+    assert job.status is Status.PENDING and job.locked_until is None and job.worker_id == "w1"
     assert job.errors[-1].error == LEASE_EXPIRED
     (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 5)], now=T0 + 12)
     assert hb.outcome is Outcome.CONFLICT
