@@ -32,9 +32,8 @@ from qftrio.models import Status
 from qftrio.server.engine import EnqueueSpec, Engine, RetryPolicy
 from qftrio.server.store.base import CompleteItem, FailItem, HeartbeatItem, NewJob, Outcome
 from qftrio.server.store.postgres import (
-    _CLAIM_SQL,
-    _NEXT_AVAILABLE_SQL,
     ALL_QUEUES,
+    Q,
     PostgresStore,
     migrate,
     open_postgres_store,
@@ -110,11 +109,11 @@ async def test_claim_uses_the_partial_indexes(asyncio_loop: Any) -> None:
             T0,
         )
         await sql(url, "ANALYZE qftrio_jobs")
-        (plan,) = await sql(url, "EXPLAIN (FORMAT JSON) " + _CLAIM_SQL, "q7", T0, 10, 30.0, "w", "lease expired")
+        (plan,) = await sql(url, "EXPLAIN (FORMAT JSON) " + Q["claim"], "q7", T0, 10, 30.0, "w", "lease expired")
         text = str(plan[0])
         assert "Seq Scan" not in text, text
         assert "qftrio_jobs_claim_idx" in text and "qftrio_jobs_running_idx" in text, text
-        plan = "\n".join(r[0] for r in await sql(url, "EXPLAIN " + _NEXT_AVAILABLE_SQL, "q7", T0))
+        plan = "\n".join(r[0] for r in await sql(url, "EXPLAIN " + Q["next_available"], "q7", T0))
         assert "Seq Scan" not in plan and "qftrio_jobs_scheduled_idx" in plan, plan
         leases = await store.jobs_claim("q7", limit=10, lease_secs=30, worker_id="w", now=T0)
         assert len(leases) == 10
@@ -151,7 +150,7 @@ async def test_claim_stays_on_its_index_before_the_table_is_analyzed(asyncio_loo
         )
         await sql(url, "DELETE FROM pg_statistic WHERE starelid = 'qftrio_jobs'::regclass")
         await sql(url, "UPDATE pg_class SET reltuples = -1, relpages = 0 WHERE oid = 'qftrio_jobs'::regclass")
-        (plan,) = await sql(url, "EXPLAIN (FORMAT JSON) " + _CLAIM_SQL, "q", T0 + 1, 1, 30.0, "w", "lease expired")
+        (plan,) = await sql(url, "EXPLAIN (FORMAT JSON) " + Q["claim"], "q", T0 + 1, 1, 30.0, "w", "lease expired")
         text = str(plan[0])
         assert "qftrio_jobs_claim_idx" in text and "qftrio_jobs_scheduled_idx" not in text, text
         # Jobs scheduled ahead are still found for a long-poll's wait.

@@ -39,7 +39,7 @@ import enum
 from collections.abc import Sequence
 
 from .. import errors
-from ..models import Status, WorkflowStatus
+from ..models import HeartbeatItem, Status, WorkflowStatus
 from .store.base import LEASE_EXPIRED, HeartbeatResult, Outcome, ReportResult, RetryAt
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "fail",
     "Failed",
     "heartbeat",
+    "one_per_lease",
     "cancel",
     "Retry",
     "retry",
@@ -84,6 +85,26 @@ def heartbeat(status: Status | None, current: bool, *, extend_secs: float, now: 
     if status is Status.RUNNING:
         return HeartbeatResult(outcome=Outcome.OK, status=Status.RUNNING, locked_until=now + extend_secs)
     return HeartbeatResult(outcome=Outcome.OK, status=status)
+
+
+def one_per_lease(items: Sequence[HeartbeatItem]) -> tuple[list[HeartbeatItem], list[int]]:
+    """A batch's heartbeats, one per lease: a lease heartbeated twice in one
+    batch is extended once, by the longer extension, and both items are
+    answered alike. Returns the heartbeats to run and, for each of *items*,
+    the index of its answer among them."""
+    index: dict[tuple[str, str], int] = {}
+    unique: list[HeartbeatItem] = []
+    slot = []
+    for item in items:
+        key = (item.job_id, item.lease_token)
+        k = index.get(key)
+        if k is None:
+            k = index[key] = len(unique)
+            unique.append(item)
+        elif item.extend_secs > unique[k].extend_secs:
+            unique[k] = item
+        slot.append(k)
+    return unique, slot
 
 
 def complete(status: Status | None, current: bool, *, queue: str | None = None) -> ReportResult:

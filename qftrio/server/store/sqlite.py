@@ -618,18 +618,20 @@ class SqliteStore(Store):
         return await self._run(next_at)
 
     async def jobs_heartbeat(self, items: Sequence[HeartbeatItem], *, now: float) -> list[HeartbeatResult]:
+        unique, slot = transitions.one_per_lease(items)
+
         def heartbeat(conn: sqlite3.Connection) -> list[HeartbeatResult]:
-            rows = _report_rows(conn, [i.job_id for i in items])
+            rows = _report_rows(conn, [i.job_id for i in unique])
             updates = []
             out = []
-            for item in items:
+            for item in unique:
                 _, status, current = _state(rows, item.job_id, item.lease_token)
                 result = transitions.heartbeat(status, current, extend_secs=item.extend_secs, now=now)
                 if result.locked_until is not None:
                     updates.append((result.locked_until, now, item.job_id, item.lease_token))
                 out.append(result)
             conn.executemany(Q["heartbeat"], updates)
-            return out
+            return [out[k] for k in slot]
 
         return await self._run(heartbeat)
 
