@@ -141,8 +141,8 @@ def fail(
     attempt: int = 0,
     max_attempts: int = 0,
     retryable: bool = True,
-    retry_at: RetryAt | None = None,
-    now: float = 0.0,
+    retry_at: RetryAt,
+    now: float,
 ) -> Failed:
     """The answer to a fail: a retry when the engine's *retry_at* gives a
     time, else a dead letter."""
@@ -151,7 +151,6 @@ def fail(
     if not current:
         return Failed(result=_CONFLICT_REPORT)
     if status is Status.RUNNING:
-        assert retry_at is not None
         when = retry_at(attempt, max_attempts, retryable, now)
         after = Status.FAILED if when is None else Status.PENDING
         return Failed(result=ReportResult(outcome=Outcome.OK, queue=queue, status=after, applied=True), retry_at=when)
