@@ -212,8 +212,12 @@ ORDER BY i.ord;
 -- through complete_locking, which locks the steps' workflows first. A
 -- job's workflow never changes, so telling them apart needs no lock.
 WITH steps AS (
+    -- one primary key probe per item (OFFSET 0 keeps the planner from
+    -- scanning every workflow's jobs instead)
     SELECT EXISTS (
-        SELECT 1 FROM qftrio_jobs WHERE id IN (SELECT unnest($1::uuid[])) AND workflow_id IS NOT NULL
+        SELECT 1 FROM unnest($1::uuid[]) AS u(id)
+        CROSS JOIN LATERAL (SELECT workflow_id FROM qftrio_jobs AS s WHERE s.id = u.id OFFSET 0) AS s
+        WHERE s.workflow_id IS NOT NULL
     ) AS found
 ), completed AS (
     UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
