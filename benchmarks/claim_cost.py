@@ -58,14 +58,14 @@ def time_calls(url: str, max_jobs: int, calls: int) -> dict[str, float]:
 
 
 def pg_explain(url: str, max_jobs: int) -> tuple[str, float]:
-    from qftrio.server.store.postgres import LEASE_EXPIRED, _CLAIM_SQL  # the statement the server runs
+    from qftrio.server.store.postgres import LEASE_EXPIRED, Q  # the statement the server runs
 
     async def q(conn: Any) -> tuple[str, float]:
         tr = conn.transaction()
         await tr.start()
         try:
             rows = await conn.fetch(
-                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING ON) " + _CLAIM_SQL,
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING ON) " + Q["claim"],
                 QUEUE, time.time(), max_jobs, 3600.0, "explain", LEASE_EXPIRED,
             )  # fmt: skip
         finally:

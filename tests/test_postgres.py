@@ -30,11 +30,10 @@ import trio_asyncio
 from qftrio import errors
 from qftrio.models import Status
 from qftrio.server.engine import EnqueueSpec, Engine, RetryPolicy
-from qftrio.server.store.base import CompleteItem, FailItem, HeartbeatItem, NewJob, Outcome
+from qftrio.server.store.base import CompleteItem, FailItem, HeartbeatItem, NewJob, NewStep, NewWorkflow, Outcome
 from qftrio.server.store.postgres import (
-    _CLAIM_SQL,
-    _NEXT_AVAILABLE_SQL,
     ALL_QUEUES,
+    Q,
     PostgresStore,
     migrate,
     open_postgres_store,
@@ -110,11 +109,11 @@ async def test_claim_uses_the_partial_indexes(asyncio_loop: Any) -> None:
             T0,
         )
         await sql(url, "ANALYZE qftrio_jobs")
-        (plan,) = await sql(url, "EXPLAIN (FORMAT JSON) " + _CLAIM_SQL, "q7", T0, 10, 30.0, "w", "lease expired")
+        (plan,) = await sql(url, "EXPLAIN (FORMAT JSON) " + Q["claim"], "q7", T0, 10, 30.0, "w", "lease expired")
         text = str(plan[0])
         assert "Seq Scan" not in text, text
         assert "qftrio_jobs_claim_idx" in text and "qftrio_jobs_running_idx" in text, text
-        plan = "\n".join(r[0] for r in await sql(url, "EXPLAIN " + _NEXT_AVAILABLE_SQL, "q7", T0))
+        plan = "\n".join(r[0] for r in await sql(url, "EXPLAIN " + Q["next_available"], "q7", T0))
         assert "Seq Scan" not in plan and "qftrio_jobs_scheduled_idx" in plan, plan
         leases = await store.jobs_claim("q7", limit=10, lease_secs=30, worker_id="w", now=T0)
         assert len(leases) == 10
@@ -151,7 +150,7 @@ async def test_claim_stays_on_its_index_before_the_table_is_analyzed(asyncio_loo
         )
         await sql(url, "DELETE FROM pg_statistic WHERE starelid = 'qftrio_jobs'::regclass")
         await sql(url, "UPDATE pg_class SET reltuples = -1, relpages = 0 WHERE oid = 'qftrio_jobs'::regclass")
-        (plan,) = await sql(url, "EXPLAIN (FORMAT JSON) " + _CLAIM_SQL, "q", T0 + 1, 1, 30.0, "w", "lease expired")
+        (plan,) = await sql(url, "EXPLAIN (FORMAT JSON) " + Q["claim"], "q", T0 + 1, 1, 30.0, "w", "lease expired")
         text = str(plan[0])
         assert "qftrio_jobs_claim_idx" in text and "qftrio_jobs_scheduled_idx" not in text, text
         # Jobs scheduled ahead are still found for a long-poll's wait.
@@ -505,3 +504,48 @@ async def test_database_restart_under_an_open_store(asyncio_loop: Any, own_clust
                 await wait_for_new_listener(store, first_pid)
                 assert ALL_QUEUES in calls
                 nursery.cancel_scope.cancel()
+
+
+# -- one transaction per batch ----------------------------------------------------------
+
+
+async def test_a_complete_batch_with_a_workflow_step_commits_as_one(asyncio_loop: Any) -> None:
+    url = pg_url()
+    assert url is not None
+    with trio.fail_after(30):
+        async with open_test_postgres_store() as store:
+            step = NewStep(name="s", kind="k", payload={})
+            wf = await store.workflow_create(NewWorkflow(tenant="t", name="w", context={}, steps=(step,)), now=T0)
+            (plain_id,) = [i.job.id for i in await store.jobs_insert([new("default")], now=T0)]
+            leases = await store.jobs_claim("default", limit=2, lease_secs=60, worker_id="w", now=T0)
+            assert len(leases) == 2
+            # another transaction holds the step's workflow, so the batch
+            # waits for it halfway
+            holder = await trio_asyncio.aio_as_trio(asyncpg.connect)(url, timeout=10)
+            hold = holder.transaction()
+            await trio_asyncio.aio_as_trio(hold.start)()
+            await trio_asyncio.aio_as_trio(holder.execute)(
+                "SELECT 1 FROM qftrio_workflows WHERE id = $1 FOR UPDATE", uuid.UUID(wf.id)
+            )
+            results = []
+
+            async def complete() -> None:
+                items = [CompleteItem(lease.job.id, lease.lease_token, {}) for lease in leases]
+                results.extend(await store.jobs_complete(items, now=T0 + 1))
+
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(complete)
+                    try:
+                        while not await sql(url, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"):
+                            await trio.sleep(0.01)
+                        # nothing of the batch is visible while it waits
+                        (row,) = await sql(url, "SELECT status FROM qftrio_jobs WHERE id = $1", uuid.UUID(plain_id))
+                        assert row["status"] == "running"
+                    finally:
+                        await trio_asyncio.aio_as_trio(hold.rollback)()
+            finally:
+                await trio_asyncio.aio_as_trio(holder.close)()
+            assert [(r.outcome, r.applied) for r in results] == [(Outcome.OK, True)] * 2
+            assert (await store.job_get(plain_id)).status is Status.COMPLETED
+            assert (await store.workflow_get(wf.id)).status.value == "completed"

@@ -212,6 +212,43 @@ async def test_expired_lease_is_reclaimable_and_old_token_stale(storage: Store) 
     assert (await storage.job_get(job_id)).result == {"v": 2}
 
 
+async def test_expired_token_stays_valid_until_the_job_is_claimed_again(storage: Store) -> None:
+    await insert(storage, new(max_attempts=3), new(max_attempts=3))
+    late, lost = await storage.jobs_claim("q", limit=2, lease_secs=10, worker_id="w1", now=T0 + 1)
+    # both leases ran out at T0 + 11, and neither job was claimed again nor reaped
+    (hb,) = await storage.jobs_heartbeat([HeartbeatItem(late.job.id, late.lease_token, 30)], now=T0 + 20)
+    assert (hb.outcome, hb.status, hb.locked_until) == (Outcome.OK, Status.RUNNING, T0 + 50)
+    (done,) = await storage.jobs_complete([CompleteItem(lost.job.id, lost.lease_token, {"late": True})], now=T0 + 20)
+    assert done.outcome is Outcome.OK and done.applied
+    job = await storage.job_get(lost.job.id)
+    assert (job.status, job.result, job.attempt, job.errors) == (Status.COMPLETED, {"late": True}, 1, ())
+    assert await storage.jobs_claim("q", limit=2, lease_secs=10, worker_id="w2", now=T0 + 30) == []
+
+
+async def test_expired_token_is_stale_once_reaped(storage: Store) -> None:
+    (job_id,) = await insert(storage, new(max_attempts=3))
+    lease = await claim_one(storage, now=T0 + 1, lease=10)
+    await storage.jobs_reap_expired(now=T0 + 12)
+    (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 30)], now=T0 + 13)
+    (done,) = await storage.jobs_complete([CompleteItem(job_id, lease.lease_token, {})], now=T0 + 13)
+    (failed,) = await storage.jobs_fail([FailItem(job_id, lease.lease_token, "x")], now=T0 + 13, retry_at=ALWAYS_RETRY)
+    assert [r.outcome for r in (hb, done, failed)] == [Outcome.CONFLICT] * 3
+    job = await storage.job_get(job_id)
+    assert (job.status, job.locked_until, job.updated_at) == (Status.PENDING, None, T0 + 12)
+
+
+async def test_worker_id_is_kept_after_the_job_ends(storage: Store) -> None:
+    done, failed, expired = await insert(storage, new(), new(max_attempts=1), new(max_attempts=1))
+    leases = {x.job.id: x for x in await storage.jobs_claim("q", limit=3, lease_secs=10, worker_id="w7", now=T0)}
+    await storage.jobs_complete([CompleteItem(done, leases[done].lease_token, {})], now=T0 + 1)
+    await storage.jobs_fail([FailItem(failed, leases[failed].lease_token, "no")], now=T0 + 1, retry_at=ALWAYS_RETRY)
+    (reaped,) = await storage.jobs_reap_expired(now=T0 + 20)
+    assert (reaped.job_id, reaped.status) == (expired, Status.FAILED)
+    for job_id, status in ((done, Status.COMPLETED), (failed, Status.FAILED), (expired, Status.FAILED)):
+        job = await storage.job_get(job_id)
+        assert (job.status, job.worker_id) == (status, "w7")
+
+
 async def test_expired_lease_without_attempts_left_is_not_reclaimed(storage: Store) -> None:
     await insert(storage, new(max_attempts=1))
     await claim_one(storage, now=T0 + 1, lease=10)
@@ -227,7 +264,8 @@ async def test_heartbeat(storage: Store) -> None:
     lease = await claim_one(storage, now=T0 + 1, lease=10)
     (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 60)], now=T0 + 5)
     assert (hb.outcome, hb.status, hb.locked_until) == (Outcome.OK, Status.RUNNING, T0 + 65)
-    assert (await storage.job_get(job_id)).locked_until == T0 + 65
+    job = await storage.job_get(job_id)
+    assert (job.locked_until, job.updated_at) == (T0 + 65, T0 + 5)
     (wrong,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, str(uuid.uuid4()), 60)], now=T0 + 5)
     assert wrong.outcome is Outcome.CONFLICT
     (unknown,) = await storage.jobs_heartbeat([HeartbeatItem(str(uuid.uuid4()), lease.lease_token, 60)], now=T0)
@@ -235,7 +273,8 @@ async def test_heartbeat(storage: Store) -> None:
     await storage.job_cancel(job_id, tenant="t1", now=T0 + 6)
     (after,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 60)], now=T0 + 7)
     assert (after.outcome, after.status, after.locked_until) == (Outcome.OK, Status.CANCELLED, None)
-    assert (await storage.job_get(job_id)).locked_until == T0 + 65
+    job = await storage.job_get(job_id)
+    assert (job.locked_until, job.updated_at) == (T0 + 65, T0 + 6)
 
 
 async def test_batch_heartbeat_mixes_every_outcome(storage: Store) -> None:
@@ -264,9 +303,11 @@ async def test_batch_heartbeat_mixes_every_outcome(storage: Store) -> None:
         (Outcome.NOT_FOUND, None),
         (Outcome.NOT_FOUND, None),
     ]
-    assert [r.locked_until for r in results[:4]] == [T0 + 33, None, T0 + 43, None]
-    # (which of the two extensions of one batch stays is not specified)
-    assert (await storage.job_get(live)).locked_until in (T0 + 33, T0 + 43)
+    # a lease heartbeated twice in one batch is extended once, by the longer
+    # extension, and both are answered with it
+    assert [r.locked_until for r in results[:4]] == [T0 + 43, None, T0 + 43, None]
+    job = await storage.job_get(live)
+    assert (job.locked_until, job.updated_at) == (T0 + 43, T0 + 3)
     # jobs no longer running are left as they were
     for job_id, status, locked_until in ((done, Status.COMPLETED, None), (cancelled, Status.CANCELLED, T0 + 11)):
         job = await storage.job_get(job_id)
@@ -468,6 +509,15 @@ async def test_next_available_at(storage: Store) -> None:
     assert await storage.queue_next_available_at("q", now=T0 + 30) == T0 + 20
 
 
+async def test_next_available_at_counts_jobs_scheduled_ahead_of_their_creation(storage: Store) -> None:
+    # Due when created: claimable at once, never "next", even for a clock
+    # that reads an earlier time; scheduled ahead (a delay, a retry): next.
+    await insert(storage, new(at=T0 + 5), now=T0 + 10)
+    assert await storage.queue_next_available_at("q", now=T0) is None
+    await insert(storage, new(at=T0 + 40), now=T0 + 10)
+    assert await storage.queue_next_available_at("q", now=T0) == T0 + 40
+
+
 async def test_reap_expired(storage: Store) -> None:
     (job_id,) = await insert(storage, new(max_attempts=3))
     lease = await claim_one(storage, now=T0, lease=10)
@@ -475,7 +525,7 @@ async def test_reap_expired(storage: Store) -> None:
     (reaped,) = await storage.jobs_reap_expired(now=T0 + 11)
     assert (reaped.job_id, reaped.queue, reaped.status) == (job_id, "q", Status.PENDING)
     job = await storage.job_get(job_id)
-    assert job.status is Status.PENDING and job.locked_until is None and job.worker_id is None
+    assert job.status is Status.PENDING and job.locked_until is None and job.worker_id == "w1"
     assert job.errors[-1].error == LEASE_EXPIRED
     (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 5)], now=T0 + 12)
     assert hb.outcome is Outcome.CONFLICT

@@ -183,20 +183,63 @@ async def test_dead_lettered_step_fails_the_workflow_and_cancels_the_rest(storag
 
 async def test_expired_lease_without_attempts_fails_the_workflow(storage: Store) -> None:
     wf = await storage.workflow_create(
-        NewWorkflow(
-            tenant="t1", name="w", context={}, steps=(step("a", max_attempts=1), step("b", max_attempts=1), step("c", "a"))
-        ),
+        NewWorkflow(tenant="t1", name="w", context={}, steps=(step("a", max_attempts=1), step("c", "a"))),
         now=T0,
     )
     await claim_all(storage, now=T0 + 1, lease=10)
+    (reaped,) = await storage.jobs_reap_expired(now=T0 + 20)
+    assert reaped.status is Status.FAILED
+    wf = await storage.workflow_get(wf.id)
+    assert wf.status is WorkflowStatus.FAILED and statuses(wf) == {"a": "failed", "c": "cancelled"}
+    assert wf.step("a").job.error == LEASE_EXPIRED and wf.step("a").job.worker_id == "w"
+
+
+async def test_steps_expiring_in_one_round_fail_the_one_that_ran_out_first(storage: Store) -> None:
+    wf = await storage.workflow_create(
+        NewWorkflow(
+            tenant="t1",
+            name="w",
+            context={},
+            steps=(step("a", max_attempts=1), step("b", max_attempts=1), step("c", max_attempts=3), step("d", "a")),
+        ),
+        now=T0,
+    )
+    leases = await claim_all(storage, now=T0 + 1, lease=10)
+    a, b, c = leases["a"], leases["b"], leases["c"]
+    beats = [HeartbeatItem(b.job.id, b.lease_token, 3), HeartbeatItem(c.job.id, c.lease_token, 6)]
+    await storage.jobs_heartbeat(beats, now=T0 + 2)
+    # all three leases ran out in one janitor round: b's first, at T0 + 5
     reaped = await storage.jobs_reap_expired(now=T0 + 20)
-    # both leases ran out; the first dead-letter cancels the other step
-    assert len(reaped) == 1 and reaped[0].status is Status.FAILED
+    assert [(r.job_id, r.status) for r in reaped] == [(b.job.id, Status.FAILED)]
     wf = await storage.workflow_get(wf.id)
     assert wf.status is WorkflowStatus.FAILED
-    failed = [s for s in wf.steps if s.status is StepStatus.FAILED]
-    assert len(failed) == 1 and failed[0].job.error == LEASE_EXPIRED
-    assert sorted(s.status.value for s in wf.steps) == ["cancelled", "cancelled", "failed"]
+    assert statuses(wf) == {"a": "cancelled", "b": "failed", "c": "cancelled", "d": "cancelled"}
+    assert wf.step("b").job.error == LEASE_EXPIRED
+    for sibling in (a, c):
+        job = wf.step(sibling.job.step).job
+        # taken back by the janitor: the deadline cleared, the token stale,
+        # the worker kept, and an error entry that names the failed step
+        assert job.locked_until is None and job.worker_id == sibling.job.worker_id
+        assert job.error == f"{LEASE_EXPIRED}; cancelled with its workflow, which failed at step 'b'"
+        assert [(e.attempt, e.error, e.at) for e in job.errors] == [(1, job.error, T0 + 20)]
+        (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job.id, sibling.lease_token, 30)], now=T0 + 21)
+        assert hb.outcome is Outcome.CONFLICT
+    # the failed step is the one to retry
+    with pytest.raises(errors.Conflict, match="failed at step 'b'"):
+        await storage.job_retry(a.job.id, tenant="t1", now=T0 + 22)
+    await storage.job_retry(b.job.id, tenant="t1", now=T0 + 22)
+    assert statuses(await storage.workflow_get(wf.id)) == {"a": "pending", "b": "pending", "c": "pending", "d": "waiting"}
+
+
+async def test_steps_whose_leases_ran_out_together_fail_the_earlier_step(storage: Store) -> None:
+    wf = await storage.workflow_create(
+        NewWorkflow(tenant="t1", name="w", context={}, steps=(step("x", max_attempts=1), step("y", max_attempts=1))),
+        now=T0,
+    )
+    leases = await claim_all(storage, now=T0 + 1, lease=10)
+    (reaped,) = await storage.jobs_reap_expired(now=T0 + 20)
+    assert reaped.job_id == leases["x"].job.id
+    assert statuses(await storage.workflow_get(wf.id)) == {"x": "failed", "y": "cancelled"}
 
 
 async def test_retrying_the_failed_step_resumes_the_workflow(storage: Store) -> None:

@@ -3,15 +3,21 @@
 Routes parse and authorise, then call one engine method; the in-process worker
 transport calls the same methods. The engine owns
 
-* policy: defaults, the retry backoff, what counts as valid input;
+* decisions: every outcome of a job (a report against its state and token,
+  retry or dead letter, lease expiry, cancel, retry, workflow advancement and
+  failure) is a pure function of :mod:`qftrio.server.transitions`, which
+  both stores call inside the transaction that executes it;
+* policy: defaults, the retry backoff (handed to those decisions as
+  ``retry_at``), what counts as valid input;
 * time: every store call gets ``now`` from :attr:`Engine.clock`;
 * long-poll leases: waiting tasks park on a per-queue :class:`Waker` that
   enqueues (and, on PostgreSQL, the store's LISTEN connection) ring;
 * metrics, and the janitor loop that reaps expired leases and prunes old jobs;
 * workflows (DESIGN §4): the graph is checked here
-  (:mod:`qftrio.server.workflows`); advancing one happens inside the store's
-  job transactions, and the engine wakes the long-polls of the queue that
-  the unblocked steps landed on.
+  (:mod:`qftrio.server.workflows`); advancing one
+  (:func:`~qftrio.server.transitions.advance`) happens inside the store's job
+  transactions, and the engine wakes the long-polls of the queue that the
+  unblocked steps landed on.
 
 Each state transition is one store call, so one transaction.
 """

@@ -1,4 +1,5 @@
-"""Workflow policy that needs no database: checking a step graph.
+"""Workflow policy that needs no database: checking a step graph (what a
+workflow's steps do as they end is :mod:`qftrio.server.transitions`').
 
 The schema (:class:`~qftrio.models.WorkflowCreateRequest`) already checks
 each field; :func:`check_graph` checks what only the whole graph can show:

@@ -4,29 +4,23 @@ Every backend (embedded SQLite, PostgreSQL) implements :class:`Store`; the
 conformance suite in ``tests/test_store.py`` runs unchanged against each. The
 rules every backend must keep:
 
-* Each method is one transaction: it applies fully or not at all.
+* Each method is one transaction: it applies fully or not at all, and each
+  state transition (a job's change with all it causes: its workflow's
+  advance, the wake-ups) commits with it. One exception, on PostgreSQL: a
+  report item that raced another change of its job is decided again under
+  the row lock, in a transaction of its own, after the rest of its batch.
 * Time is given by the caller (``now``, epoch seconds); a store never reads a
   clock of its own, so the engine and the tests decide what time it is.
 * Methods that act on many jobs (``jobs_claim``, ``jobs_complete``,
   ``jobs_fail``, ``jobs_heartbeat``) take the whole batch in one call so that a
   backend can serve it in one round trip.
-* Lease tokens: a claim stores a fresh random token on the row. The token stays
-  on the row after ``complete``/``fail``/``cancel`` so that replays and late
-  heartbeats can be told apart from stale callers; a reclaim, the janitor and
-  ``job_retry`` replace or clear it, which makes the old one stale for good.
-
-Report rules (complete / fail / heartbeat), for a job that exists:
-
-=====================  =================  ==========================  ================
-row state              complete(token)    fail(token)                 heartbeat(token)
-=====================  =================  ==========================  ================
-token not current      CONFLICT           CONFLICT                    CONFLICT
-running                OK (completed)     OK (pending or failed)      OK, extended
-completed              OK (replay)        CONFLICT                    OK, status only
-pending (after fail)   CONFLICT           OK (replay)                 OK, status only
-failed                 CONFLICT           OK (replay)                 OK, status only
-cancelled              CONFLICT           CONFLICT                    OK, status only
-=====================  =================  ==========================  ================
+* Decisions are not the store's: every outcome (a report against the job's
+  state and token, retry or dead letter, lease expiry, cancel, retry,
+  workflow advancement and failure) is decided by
+  :mod:`qftrio.server.transitions`, whose docstring holds the report table
+  and the lease token rules. A store reads what a decision needs, calls it,
+  and executes what it decided with guarded writes ("set this if the job is
+  running under this token"), which change nothing when the row moved on.
 
 Workflow rules (DESIGN §4; ``tests/test_store_workflows.py``). A workflow's
 steps become jobs on queue ``default`` (``workflow_id``, ``step`` and the
@@ -45,6 +39,9 @@ causes it:
   ``workflow_cancel``, cancel it. Either way its unfinished steps are
   cancelled: their pending and running jobs become ``cancelled``, steps
   without a job are marked ``cancelled``.
+* Two steps of one workflow expiring in one janitor round: the one whose
+  lease ran out first (ties: the earlier step) is the failed one; the
+  others are cancelled with an error naming it (:func:`~qftrio.server.transitions.reap`).
 * ``job_retry`` of the failed step's job of a failed workflow resumes it:
   the workflow runs again, the job is pending with a fresh budget, and every
   step cancelled by the failure waits again (its job, if it had one, pending
@@ -300,12 +297,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
         """The earliest future time at which a job of *queue* becomes
-        claimable (a scheduled pending job, or a running lease running out),
-        across tenants; None if nothing is due."""
+        claimable (a pending job scheduled ahead of its creation, or a
+        running lease running out), across tenants; None if nothing is due."""
 
     @abc.abstractmethod
     async def jobs_heartbeat(self, items: Sequence[HeartbeatItem], *, now: float) -> list[HeartbeatResult]:
-        """One result per item, in order."""
+        """One result per item, in order. An extended lease sets
+        ``locked_until`` and ``updated_at``."""
 
     @abc.abstractmethod
     async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
@@ -320,9 +318,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
-        """Running jobs with ``locked_until < now``: back to pending when
-        attempts are left, else failed with error ``lease expired``; the lease
-        token is cleared either way."""
+        """Running jobs with ``locked_until < now``, first expired first, as
+        :func:`~qftrio.server.transitions.reap` decides: back to pending when
+        attempts are left, else failed with error ``lease expired``; a
+        sibling of a workflow's failed step cancelled. The lease token and
+        ``locked_until`` are cleared either way, ``worker_id`` stays. Returns
+        the pending and failed ones."""
 
     @abc.abstractmethod
     async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:

@@ -11,11 +11,18 @@ How the rules of :mod:`.base` are kept with many servers at once:
   LOCKED``, so concurrent claimers never wait on each other and never take the
   same row; the partial index ``qftrio_jobs_claim_idx`` keeps a claim's cost
   independent of how many finished jobs the table holds.
-* Heartbeats and completions are one statement per batch (``unnest`` arrays),
-  which locks the rows, checks each lease token and updates in one go.
-  Failures lock the rows (``SELECT ... FOR UPDATE``), ask the engine's
-  ``retry_at`` in Python, and update, in one transaction. Batches lock rows in
-  id order, so two batches never deadlock.
+* Every outcome is decided by :mod:`qftrio.server.transitions`; the
+  statements of ``queries/postgres.sql`` are the guarded writes that execute
+  it ("if the job is running under this token").
+* Heartbeats and completions are one statement per batch (``unnest``
+  arrays), so one transaction: the current leases are changed without being
+  locked first, the other items' rows read for their outcome. A batch
+  holding a workflow step goes whole through one transaction that locks the
+  steps' workflows first; an item that raced another change of its job is
+  decided again under the row lock. Failures lock the rows (``SELECT ...
+  FOR UPDATE``), ask the engine's ``retry_at`` through
+  :func:`~qftrio.server.transitions.fail`, and update, in one transaction.
+  Batches lock rows in id order, so two batches never deadlock.
 * The janitor (``jobs_reap_expired``, ``jobs_prune``) skips rows another
   server is working on (``SKIP LOCKED``), so janitors do not collide.
 * Workflows (migration 0002) advance inside the job transactions that cause
@@ -35,13 +42,13 @@ stored exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from importlib import resources
 from typing import Any
 
 import asyncpg
@@ -60,7 +67,8 @@ from ...models import (
     WorkflowStatus,
     WorkflowStep,
 )
-from . import pgasync
+from .. import transitions
+from . import pgasync, sql
 from .base import (
     ALL_QUEUES,
     LEASE_EXPIRED,
@@ -94,11 +102,7 @@ CHANNEL = "qftrio_jobs"
 #: ``pg_advisory_lock`` key held while migrating (any constant unique to qftrio).
 MIGRATION_LOCK_KEY = 0x71F7_0001
 
-_JOB_COLUMNS = (
-    "id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at, "
-    "updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step, "
-    "context"
-)
+Q = sql.load("postgres")
 
 
 # -- helpers ------------------------------------------------------------------
@@ -164,58 +168,35 @@ def _job(row: asyncpg.Record) -> Job:
 async def _notify(conn: asyncpg.Connection, queues: Sequence[str] | set[str]) -> None:
     # asyncio-flavoured; inside the caller's transaction, so it is delivered on commit only
     if queues:
-        await conn.execute("SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q", CHANNEL, sorted(queues))
+        await conn.execute(Q["notify"], CHANNEL, sorted(queues))
 
 
 # -- migrations -------------------------------------------------------------------
 
 
-def _migration_files() -> list[tuple[str, str, str]]:
-    """``(version, name, sql)`` of every migration shipped, in order."""
-    folder = resources.files(__package__).joinpath("migrations").joinpath("postgres")
-    out = []
-    for entry in folder.iterdir():
-        if entry.name.endswith(".sql"):
-            stem = entry.name[: -len(".sql")]
-            version, _, name = stem.partition("_")
-            out.append((version, stem, entry.read_text(encoding="utf-8")))
-    out.sort()
-    return out
-
-
 async def _applied_versions(conn: asyncpg.Connection) -> set[str] | None:
-    exists = await conn.fetchval("SELECT to_regclass('qftrio_schema_migrations') IS NOT NULL")
-    if not exists:
+    if not await conn.fetchval(Q["migrations_table_exists"]):
         return None
-    return {r["version"] for r in await conn.fetch("SELECT version FROM qftrio_schema_migrations")}
+    return {r["version"] for r in await conn.fetch(Q["migrations_applied"])}
 
 
 async def _migrate_on(conn: asyncpg.Connection) -> list[str]:
     # asyncio-flavoured. The advisory lock serialises concurrent migrators
     # (several servers starting at once); the second one finds nothing to do.
-    await conn.execute("SET lock_timeout = '60s'")
-    await conn.execute("SET statement_timeout = 0")
-    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+    await conn.execute(Q["migration_settings"])
+    await conn.execute(Q["migration_lock"], MIGRATION_LOCK_KEY)
     try:
-        await conn.execute(
-            """CREATE TABLE IF NOT EXISTS qftrio_schema_migrations (
-                version text PRIMARY KEY,
-                name text NOT NULL,
-                applied_at timestamptz NOT NULL DEFAULT now()
-            )"""
-        )
+        await conn.execute(Q["migrations_table"])
         applied = await _applied_versions(conn) or set()
         done = []
         known = set()
-        for version, name, sql in _migration_files():
+        for version, name, script in sql.migrations("postgres"):
             known.add(version)
             if version in applied:
                 continue
             async with conn.transaction():
-                await conn.execute(sql)
-                await conn.execute(
-                    "INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2)", version, name
-                )
+                await conn.execute(script)
+                await conn.execute(Q["migration_record"], version, name)
             log.info("applied migration %s", name)
             done.append(name)
         unknown = applied - known
@@ -223,13 +204,13 @@ async def _migrate_on(conn: asyncpg.Connection) -> list[str]:
             log.warning("the database has migrations this qftrio does not know: %s", ", ".join(sorted(unknown)))
         return done
     finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
-        await conn.execute("RESET lock_timeout; RESET statement_timeout")
+        await conn.execute(Q["migration_unlock"], MIGRATION_LOCK_KEY)
+        await conn.execute(Q["migration_settings_reset"])
 
 
 async def _pending_on(conn: asyncpg.Connection) -> list[str]:
     applied = await _applied_versions(conn) or set()
-    return [name for version, name, _ in _migration_files() if version not in applied]
+    return [name for version, name, _ in sql.migrations("postgres") if version not in applied]
 
 
 async def migrate(url: str, *, timeout: float | None = 10.0) -> list[str]:
@@ -255,40 +236,6 @@ async def pending_migrations(url: str, *, timeout: float | None = 10.0) -> list[
 # -- the store ----------------------------------------------------------------------
 
 
-_CLAIM_SQL = f"""
-WITH ready AS (
-    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
-    WHERE queue = $1 AND status = 'pending' AND scheduled_at <= $2
-    ORDER BY priority DESC, scheduled_at, created_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-), expired AS (
-    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
-    WHERE queue = $1 AND status = 'running' AND locked_until < $2 AND attempt < max_attempts
-    ORDER BY priority DESC, scheduled_at, created_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-), chosen AS (
-    SELECT * FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) AS c
-    ORDER BY priority DESC, scheduled_at, created_at
-    LIMIT $3
-)
-UPDATE qftrio_jobs AS j SET
-    status = 'running',
-    attempt = j.attempt + 1,
-    locked_until = $2 + $4::float8,
-    lease_token = gen_random_uuid(),
-    worker_id = $5,
-    updated_at = $2,
-    error = CASE WHEN c.status = 'running' THEN $6 ELSE j.error END,
-    errors = CASE WHEN c.status = 'running'
-        THEN j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'error', $6::text, 'at', $2))
-        ELSE j.errors END
-FROM chosen AS c
-WHERE j.id = c.id
-RETURNING {", ".join("j." + c.strip() for c in _JOB_COLUMNS.split(","))}
-"""
-
 def _leases(rows: Sequence[asyncpg.Record]) -> list[Lease]:
     """Claimed rows as leases, in lease order."""
     leases = [Lease(job=_job(row), lease_token=str(row["lease_token"])) for row in rows]
@@ -296,55 +243,12 @@ def _leases(rows: Sequence[asyncpg.Record]) -> list[Lease]:
     return leases
 
 
-# Insert a parked long-poll's queue's new jobs, those it takes (the due ones,
-# in lease order, up to its limit) claimed already, unless something older
-# is claimable in the queue; NOTIFY the queue if any stay pending.
-_INSERT_HANDING_OVER_SQL = f"""
-WITH older AS (
-    SELECT EXISTS (
-        SELECT 1 FROM qftrio_jobs WHERE queue = $3 AND status = 'pending' AND scheduled_at <= $4
-    ) OR EXISTS (
-        SELECT 1 FROM qftrio_jobs
-        WHERE queue = $3 AND status = 'running' AND locked_until < $4 AND attempt < max_attempts
-    ) AS found
-), input AS (
-    SELECT u.*, u.scheduled_at <= $4 AS due,
-        row_number() OVER (PARTITION BY u.scheduled_at <= $4 ORDER BY u.priority DESC, u.scheduled_at, u.ord) AS rank
-    FROM unnest($1::uuid[], $2::text[], $5::text[], $6::jsonb[], $7::int[], $8::int[], $9::float8[])
-        WITH ORDINALITY AS u(id, tenant, kind, payload, priority, max_attempts, scheduled_at, ord)
-), chosen AS (
-    SELECT i.*, (i.due AND i.rank <= $10 AND NOT o.found) AS hand FROM input AS i CROSS JOIN older AS o
-), inserted AS (
-    INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts, scheduled_at,
-        status, attempt, locked_until, lease_token, worker_id, created_at, updated_at)
-    SELECT c.id, c.tenant, $3, c.kind, c.payload, c.priority, c.max_attempts, c.scheduled_at,
-        CASE WHEN c.hand THEN 'running' ELSE 'pending' END,
-        CASE WHEN c.hand THEN 1 ELSE 0 END,
-        CASE WHEN c.hand THEN $4 + $11::float8 END,
-        CASE WHEN c.hand THEN gen_random_uuid() END,
-        CASE WHEN c.hand THEN $12::text END,
-        $4, $4
-    FROM chosen AS c
-    RETURNING {_JOB_COLUMNS}
-), notified AS (
-    SELECT count(pg_notify($13, $3)) FROM (SELECT 1 FROM inserted WHERE status = 'pending' LIMIT 1) AS p
-)
-SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notified
-"""
-
-def _page_query(
-    columns: str,
-    table: str,
-    tenant: str,
-    equal: dict[str, Any],
-    before: tuple[float, str] | None,
-    limit: int,
-) -> tuple[str, list[Any]]:
-    """One page of a tenant's rows of *table*, newest first by ``(created_at,
-    id)``, after the row *before*; *equal* maps columns to the value they
-    must have (None: any)."""
-    where = ["tenant = $1"]
-    args: list[Any] = [tenant]
+def _page_where(equal: dict[str, Any], before: tuple[float, str] | None, limit: int, args: list[Any]) -> dict[str, str]:
+    """The ``{where}`` and ``{limit}`` of a page statement (``jobs_page``,
+    ``workflows_page``): after the row *before* by ``(created_at, id)``;
+    *equal* maps columns to the value they must have (None: any). Appends
+    the values to *args*, which hold the tenant already."""
+    where = []
 
     def arg(value: Any) -> str:
         args.append(value)
@@ -352,269 +256,75 @@ def _page_query(
 
     for column, value in equal.items():
         if value is not None:
-            where.append(f"{column} = {arg(value)}")
+            where.append(f"AND {column} = {arg(value)}")
     if before is not None:
         created_at, last_id = before
         key = _uuid(last_id)
         if key is None:
             raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
-        where.append(f"(created_at, id) < ({arg(float(created_at))}::float8, {arg(key)}::uuid)")
-    sql = f"SELECT {columns} FROM {table} WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT {arg(limit)}"
-    return sql, args
+        where.append(f"AND (created_at, id) < ({arg(float(created_at))}::float8, {arg(key)}::uuid)")
+    return {"where": " ".join(where), "limit": arg(limit)}
 
-
-_NEXT_AVAILABLE_SQL = """
-SELECT least(
-    (SELECT min(scheduled_at) FROM qftrio_jobs
-     WHERE queue = $1 AND status = 'pending' AND scheduled_at > created_at AND scheduled_at > $2),
-    (SELECT min(locked_until) FROM qftrio_jobs
-     WHERE queue = $1 AND status = 'running' AND attempt < max_attempts))
-"""
-
-# Heartbeats the way completes go (``_COMPLETE_CURRENT_SQL``): the current
-# leases are extended without being locked first, the other items take
-# ``_HEARTBEAT_SQL``.
-_HEARTBEAT_CURRENT_SQL = """
-UPDATE qftrio_jobs AS j SET locked_until = $4 + i.extend, updated_at = $4
-FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
-WHERE j.id = i.id AND j.status = 'running' AND j.lease_token = i.token
-RETURNING i.ord, j.locked_until
-"""
-
-# One statement per batch: lock the rows (id order), extend those whose token
-# is current and that are running, and report every item's row as locked.
-_HEARTBEAT_SQL = """
-WITH items AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
-), locked AS (
-    SELECT id, status, lease_token FROM qftrio_jobs
-    WHERE id IN (SELECT id FROM items)
-    ORDER BY id
-    FOR UPDATE
-), extended AS (
-    UPDATE qftrio_jobs AS j SET locked_until = $4 + i.extend, updated_at = $4
-    FROM items AS i JOIN locked AS l ON l.id = i.id
-    WHERE j.id = i.id AND l.status = 'running' AND l.lease_token = i.token
-      AND j.status = 'running' AND j.lease_token = i.token
-    RETURNING j.id, j.locked_until
-)
-SELECT i.ord, l.status, coalesce(l.lease_token = i.token, false) AS current, e.locked_until
-FROM items AS i
-LEFT JOIN locked AS l ON l.id = i.id
-LEFT JOIN extended AS e ON e.id = i.id
-ORDER BY i.ord
-"""
-
-_COMPLETE_SQL = """
-WITH items AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
-), locked AS (
-    SELECT id, status, lease_token, queue FROM qftrio_jobs
-    WHERE id IN (SELECT id FROM items)
-    ORDER BY id
-    FOR UPDATE
-), completed AS (
-    UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
-    FROM items AS i JOIN locked AS l ON l.id = i.id
-    WHERE j.id = i.id AND l.status = 'running' AND l.lease_token = i.token
-      AND j.status = 'running' AND j.lease_token = i.token
-    RETURNING j.id, j.tenant, j.queue, j.workflow_id, j.step, j.result
-)
-SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token, false) AS current,
-       c.id IS NOT NULL AS applied, c.tenant, c.workflow_id, c.step, c.result
-FROM items AS i
-LEFT JOIN locked AS l ON l.id = i.id
-LEFT JOIN completed AS c ON c.id = i.id
-ORDER BY i.ord
-"""
-
-
-# The common case: completes the running jobs outside workflows whose token
-# is current, and says which (by position). No row is locked before its
-# update, and nothing is read for the items it leaves: those (replays, stale
-# tokens, unknown ids, workflow steps) go through ``_COMPLETE_PLAIN_SQL``
-# after it. Locking each row first, for an outcome of every item, doubled the
-# statement's cost (4.9 against 2.5 ms for 100 jobs).
-_COMPLETE_CURRENT_SQL = """
-UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
-FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
-WHERE j.id = i.id AND j.status = 'running' AND j.lease_token = i.token AND j.workflow_id IS NULL
-RETURNING i.ord, j.queue
-"""
-
-# Every outcome, in one statement: completes jobs outside
-# workflows. Workflow steps are only reported (``step``): they complete in a
-# transaction that locks their workflow first (``_COMPLETE_SQL``). A job's
-# workflow never changes, so telling them apart needs no lock.
-_COMPLETE_PLAIN_SQL = """
-WITH items AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
-), steps AS (
-    SELECT id FROM qftrio_jobs WHERE id IN (SELECT id FROM items) AND workflow_id IS NOT NULL
-), locked AS (
-    SELECT id, status, lease_token, queue FROM qftrio_jobs
-    WHERE id IN (SELECT id FROM items) AND workflow_id IS NULL
-    ORDER BY id
-    FOR UPDATE
-), completed AS (
-    UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
-    FROM items AS i JOIN locked AS l ON l.id = i.id
-    WHERE j.id = i.id AND l.status = 'running' AND l.lease_token = i.token
-      AND j.status = 'running' AND j.lease_token = i.token
-    RETURNING j.id
-)
-SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token, false) AS current,
-       c.id IS NOT NULL AS applied, s.id IS NOT NULL AS step
-FROM items AS i
-LEFT JOIN locked AS l ON l.id = i.id
-LEFT JOIN completed AS c ON c.id = i.id
-LEFT JOIN steps AS s ON s.id = i.id
-ORDER BY i.ord
-"""
 
 # -- workflows ----------------------------------------------------------------------
 # asyncio-flavoured helpers that run inside the caller's transaction. Lock
 # order: a workflow's row (FOR UPDATE, in id order) before any of its jobs.
 
-_WORKFLOW_COLUMNS = "id, tenant, name, status, context, created_at, updated_at"
-
-#: ``rule(conn, job id, workflow id, job status)``, asyncio-flavoured: what a
-#: job transition does to the job's workflow (:meth:`PostgresStore._owned_transition`).
-_StepRule = Callable[[asyncpg.Connection, uuid.UUID, uuid.UUID, Status], Awaitable["Job | None"]]
-
-_LOCK_WORKFLOWS_OF_JOBS_SQL = """
-SELECT id FROM qftrio_workflows
-WHERE id IN (SELECT workflow_id FROM qftrio_jobs WHERE id = ANY($1::uuid[]) AND workflow_id IS NOT NULL)
-ORDER BY id
-FOR UPDATE
-"""
-
-
-async def _lock_workflows_of_jobs(conn: asyncpg.Connection, job_ids: Sequence[uuid.UUID | None]) -> None:
+async def _lock_workflows_of_jobs(conn: asyncpg.Connection, job_ids: Sequence[Any]) -> None:
     """Lock the workflows of *job_ids* before the jobs themselves are locked
     (a job's workflow never changes, so reading it unlocked is safe)."""
     keys = [k for k in job_ids if k is not None]
     if keys:
-        await conn.execute(_LOCK_WORKFLOWS_OF_JOBS_SQL, keys)
+        await conn.execute(Q["lock_workflows_of_jobs"], keys)
 
 
 async def _enqueue_steps(
     conn: asyncpg.Connection, workflow_id: uuid.UUID, tenant: str, names: Sequence[str], context: Any, now: float
 ) -> None:
     """Give the waiting steps *names* their jobs, carrying *context*."""
-    if not names:
-        return
-    # a CTE with a volatile function is materialised once: both statements
-    # see the same new ids
-    await conn.execute(
-        """WITH ready AS (
-            SELECT s.name, s.kind, s.payload, s.max_attempts, s.position, gen_random_uuid() AS job_id
-            FROM qftrio_workflow_steps AS s
-            WHERE s.workflow_id = $1 AND s.name = ANY($2::text[]) AND s.state = 'waiting'
-        ), inserted AS (
-            INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
-                scheduled_at, created_at, updated_at, workflow_id, step, context)
-            SELECT job_id, $3, $4, kind, payload, 'pending', 0, 0, max_attempts, $5, $5, $5, $1, name, $6::jsonb
-            FROM ready ORDER BY position
-            RETURNING 1
-        )
-        UPDATE qftrio_workflow_steps AS s SET state = 'enqueued', job_id = r.job_id
-        FROM ready AS r
-        WHERE s.workflow_id = $1 AND s.name = r.name""",
-        workflow_id,
-        list(names),
-        tenant,
-        WORKFLOW_QUEUE,
-        now,
-        context,
-    )
+    if names:
+        await conn.execute(Q["enqueue_steps"], workflow_id, list(names), tenant, WORKFLOW_QUEUE, now, context)
 
 
 async def _step_completed(conn: asyncpg.Connection, workflow_id: uuid.UUID, step: str, result: Any, now: float) -> bool:
     """Record that *step*'s job completed with *result* (the workflow row is
-    locked): merge it into the context, unblock the steps waiting for it,
-    finish the workflow after its last step. Touches only the steps that
-    depend on *step*. Returns whether it enqueued any job."""
+    locked): merge it into the context, count it, and do what
+    :func:`transitions.advance` decides. Touches only the steps that depend
+    on *step*. Returns whether it enqueued any job."""
     row = await conn.fetchrow(
-        """UPDATE qftrio_workflows SET context = context || $2::jsonb, steps_completed = steps_completed + 1,
-            updated_at = $3
-        WHERE id = $1
-        RETURNING tenant, status, context, steps_total, steps_completed""",
-        workflow_id,
-        result if isinstance(result, dict) else {},
-        now,
+        Q["workflow_step_completed"], workflow_id, result if isinstance(result, dict) else {}, now
     )
     if row is None:
         return False
-    unblocked = await conn.fetch(
-        """UPDATE qftrio_workflow_steps SET remaining = remaining - 1
-        WHERE workflow_id = $1
-          AND name IN (SELECT dependent FROM qftrio_workflow_edges WHERE workflow_id = $1 AND step = $2)
-        RETURNING name, remaining, state""",
-        workflow_id,
-        step,
+    unblocked = await conn.fetch(Q["steps_unblock"], workflow_id, step)
+    advance = transitions.advance(
+        WorkflowStatus(row["status"]),
+        steps_completed=row["steps_completed"],
+        steps_total=row["steps_total"],
+        unblocked=[tuple(r) for r in unblocked],
     )
-    if row["status"] != WorkflowStatus.RUNNING.value:
-        # A step of a workflow that is not running cannot complete (its job
-        # was cancelled with it); were it to, its dependents wait for a resume.
-        return False
-    ready = [r["name"] for r in unblocked if r["remaining"] == 0 and r["state"] == "waiting"]
-    await _enqueue_steps(conn, workflow_id, row["tenant"], ready, row["context"], now)
-    if row["steps_completed"] >= row["steps_total"]:
-        await conn.execute("UPDATE qftrio_workflows SET status = 'completed' WHERE id = $1", workflow_id)
-    return bool(ready)
+    await _enqueue_steps(conn, workflow_id, row["tenant"], advance.ready, row["context"], now)
+    if advance.completed:
+        await conn.execute(Q["workflow_complete"], workflow_id)
+    return bool(advance.ready)
 
 
 async def _end_workflow(conn: asyncpg.Connection, workflow_id: uuid.UUID, status: WorkflowStatus, now: float) -> None:
     """Fail or cancel a running workflow with its unfinished steps (a no-op if
     it is not running; the workflow row is locked)."""
-    ended = await conn.fetchval(
-        "UPDATE qftrio_workflows SET status = $2, updated_at = $3 WHERE id = $1 AND status = 'running' RETURNING 1",
-        workflow_id,
-        status.value,
-        now,
-    )
-    if ended is None:
+    if await conn.fetchval(Q["workflow_end"], workflow_id, status.value, now) is None:
         return
-    # The lease token and locked_until stay, as for any cancel: a late
-    # heartbeat of a running step is told "cancelled".
-    await conn.execute(
-        """UPDATE qftrio_jobs SET status = 'cancelled', updated_at = $2
-        WHERE workflow_id = $1 AND status IN ('pending', 'running')""",
-        workflow_id,
-        now,
-    )
-    await conn.execute(
-        "UPDATE qftrio_workflow_steps SET state = 'cancelled' WHERE workflow_id = $1 AND state = 'waiting'",
-        workflow_id,
-    )
+    await conn.execute(Q["workflow_jobs_cancel"], workflow_id, now)
+    await conn.execute(Q["workflow_steps_cancel"], workflow_id)
 
 
 async def _resume_workflow(conn: asyncpg.Connection, workflow_id: uuid.UUID, failed_job: uuid.UUID, now: float) -> None:
     """Run a failed workflow again from its failed step (the workflow row is
     locked): see :meth:`PostgresStore.job_retry`."""
-    row = await conn.fetchrow(
-        "UPDATE qftrio_workflows SET status = 'running', updated_at = $2 WHERE id = $1 RETURNING tenant, context",
-        workflow_id,
-        now,
-    )
-    # The failed step and those cancelled by the failure: their dependencies
-    # had completed, so they are ready again at once.
-    await conn.execute(
-        """UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $3, updated_at = $3,
-            context = $4::jsonb, locked_until = NULL, lease_token = NULL, worker_id = NULL
-        WHERE workflow_id = $1 AND (status = 'cancelled' OR id = $2)""",
-        workflow_id,
-        failed_job,
-        now,
-        row["context"],
-    )
-    waiting = await conn.fetch(
-        """UPDATE qftrio_workflow_steps SET state = 'waiting' WHERE workflow_id = $1 AND state = 'cancelled'
-        RETURNING name, remaining""",
-        workflow_id,
-    )
-    ready = [r["name"] for r in waiting if r["remaining"] == 0]
+    row = await conn.fetchrow(Q["workflow_resume"], workflow_id, now)
+    await conn.execute(Q["workflow_jobs_resume"], workflow_id, failed_job, now, row["context"])
+    waiting = await conn.fetch(Q["workflow_steps_wait_again"], workflow_id)
+    ready = [r["name"] for r in sorted(waiting, key=lambda r: r["position"]) if r["remaining"] == 0]
     await _enqueue_steps(conn, workflow_id, row["tenant"], ready, row["context"], now)
     await _notify(conn, [WORKFLOW_QUEUE])
 
@@ -626,22 +336,16 @@ async def _build_workflows(conn: asyncpg.Connection, rows: Sequence[asyncpg.Reco
         return []
     ids = [r["id"] for r in rows]
     steps: dict[uuid.UUID, list[asyncpg.Record]] = {i: [] for i in ids}
-    for step_row in await conn.fetch(
-        """SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
-        FROM qftrio_workflow_steps WHERE workflow_id = ANY($1::uuid[]) ORDER BY workflow_id, position""",
-        ids,
-    ):
+    for step_row in await conn.fetch(Q["steps_of_workflows"], ids):
         steps[step_row["workflow_id"]].append(step_row)
     full: dict[uuid.UUID, Job] = {}
     job_status: dict[uuid.UUID, str] = {}
     if jobs:
-        for job_row in await conn.fetch(
-            f"SELECT {_JOB_COLUMNS} FROM qftrio_jobs WHERE workflow_id = ANY($1::uuid[])", ids
-        ):
+        for job_row in await conn.fetch(Q["jobs_of_workflows"], ids):
             full[job_row["id"]] = _job(job_row)
             job_status[job_row["id"]] = job_row["status"]
     else:
-        for job_row in await conn.fetch("SELECT id, status FROM qftrio_jobs WHERE workflow_id = ANY($1::uuid[])", ids):
+        for job_row in await conn.fetch(Q["job_statuses_of_workflows"], ids):
             job_status[job_row["id"]] = job_row["status"]
     out = []
     for row in rows:
@@ -682,7 +386,7 @@ async def _build_workflows(conn: asyncpg.Connection, rows: Sequence[asyncpg.Reco
 async def _load_workflow(
     conn: asyncpg.Connection, workflow_id: uuid.UUID, *, tenant: str | None = None, jobs: bool = True
 ) -> Workflow | None:
-    row = await conn.fetchrow(f"SELECT {_WORKFLOW_COLUMNS} FROM qftrio_workflows WHERE id = $1", workflow_id)
+    row = await conn.fetchrow(Q["workflow_get"], workflow_id)
     if row is None or (tenant is not None and row["tenant"] != tenant):
         return None
     return (await _build_workflows(conn, [row], jobs=jobs))[0]
@@ -802,7 +506,7 @@ class PostgresStore(Store):
             claimed = []
             for c in claims:
                 rows = await conn.fetch(
-                    _CLAIM_SQL, c.queue, now, c.limit, float(c.lease_secs), c.worker_id, LEASE_EXPIRED
+                    Q["claim"], c.queue, now, c.limit, float(c.lease_secs), c.worker_id, LEASE_EXPIRED
                 ) if c.limit > 0 else []  # fmt: skip
                 claimed.append(_leases(rows))
             return inserted, claimed
@@ -819,7 +523,7 @@ class PostgresStore(Store):
         jobs are inserted pending and the claim runs after, as a claim."""
         ids = [uuid.uuid4() for _ in jobs]
         rows = await self._db.fetch(
-            _INSERT_HANDING_OVER_SQL,
+            Q["insert_handing_over"],
             ids,
             [j.tenant for j in jobs],
             claim.queue,
@@ -838,7 +542,7 @@ class PostgresStore(Store):
         inserted = [Inserted(job=_job(by_id[job_id]), created=True) for job_id in ids]
         if rows and rows[0]["older_found"]:
             claimed = await self._db.fetch(
-                _CLAIM_SQL, claim.queue, now, claim.limit, float(claim.lease_secs), claim.worker_id, LEASE_EXPIRED
+                Q["claim"], claim.queue, now, claim.limit, float(claim.lease_secs), claim.worker_id, LEASE_EXPIRED
             )
             return inserted, [_leases(claimed)]
         return inserted, [_leases([row for row in rows if row["status"] == Status.RUNNING.value])]
@@ -875,19 +579,7 @@ class PostgresStore(Store):
             # The NOTIFY of the new jobs' queues is part of the statement
             # (delivered when it commits): no round trip of its own.
             created_rows = await conn.fetch(
-                f"""WITH inserted AS (
-                    INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
-                        scheduled_at, idempotency_key, workflow_id, step, context,
-                        status, attempt, created_at, updated_at)
-                    SELECT u.*, 'pending', 0, $13::float8, $13::float8
-                    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int[], $7::int[],
-                                $8::float8[], $9::text[], $10::uuid[], $11::text[], $12::jsonb[]) AS u
-                    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-                    RETURNING {_JOB_COLUMNS}
-                ), notified AS (
-                    SELECT count(pg_notify($14, q.queue)) FROM (SELECT DISTINCT queue FROM inserted) AS q
-                )
-                SELECT inserted.* FROM inserted, notified""",
+                Q["jobs_insert"],
                 ids,
                 [n.tenant for n in rows],
                 [n.queue for n in rows],
@@ -910,8 +602,7 @@ class PostgresStore(Store):
                 # Their keys were taken (maybe by a transaction that committed
                 # while we waited on it): return those jobs.
                 found = await conn.fetch(
-                    f"""SELECT {_JOB_COLUMNS} FROM qftrio_jobs
-                    WHERE (tenant, idempotency_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))""",
+                    Q["jobs_by_idempotency_keys"],
                     [n.tenant for n in missing],
                     [n.idempotency_key for n in missing],
                 )
@@ -939,11 +630,9 @@ class PostgresStore(Store):
         if key is None:
             return None
         if tenant is None:
-            rows = await self._db.fetch(f"SELECT {_JOB_COLUMNS} FROM qftrio_jobs WHERE id = $1", key)
+            rows = await self._db.fetch(Q["job_get"], key)
         else:
-            rows = await self._db.fetch(
-                f"SELECT {_JOB_COLUMNS} FROM qftrio_jobs WHERE id = $1 AND tenant = $2", key, tenant
-            )
+            rows = await self._db.fetch(Q["job_get_owned"], key, tenant)
         return _job(rows[0]) if rows else None
 
     async def jobs_list(
@@ -956,134 +645,79 @@ class PostgresStore(Store):
         limit: int = 50,
         before: tuple[float, str] | None = None,
     ) -> list[Job]:
-        sql, args = _page_query(
-            _JOB_COLUMNS,
-            "qftrio_jobs",
-            tenant,
+        args: list[Any] = [tenant]
+        page = _page_where(
             {"queue": queue, "status": Status(status).value if status is not None else None, "kind": kind},
             before,
             limit,
+            args,
         )
-        return [_job(row) for row in await self._db.fetch(sql, *args)]
+        return [_job(row) for row in await self._db.fetch(Q["jobs_page"].format(**page), *args)]
 
-    async def _owned_transition(
-        self,
-        job_id: str,
-        tenant: str,
-        sql: str,
-        args: tuple[Any, ...],
-        allowed: tuple[Status, ...],
-        verb: str,
-        *,
-        before: _StepRule | None = None,
-        after: _StepRule | None = None,
-    ) -> Job | None:
-        """Lock the job, check its status, apply *sql*. For a workflow step,
-        its workflow is locked first, and ``before(conn, job id, workflow id,
-        status)`` may take over (returning the job) while ``after`` runs once
-        *sql* has."""
+    async def _lock_owned(self, conn: asyncpg.Connection, key: uuid.UUID, tenant: str) -> tuple[Status, Any] | None:
+        """Asyncio-flavoured: lock a tenant's job (a step's workflow first,
+        the lock order) and return its status and workflow id."""
+        # a step's workflow never changes: reading it unlocked is safe
+        workflow_id = await conn.fetchval(Q["job_workflow"], key, tenant)
+        if workflow_id is not None:
+            await conn.execute(Q["workflow_lock"], workflow_id)
+        status = await conn.fetchval(Q["job_lock_status"], key, tenant)
+        return None if status is None else (STATUS_OF[status], workflow_id)
+
+    async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
         key = _uuid(job_id)
         if key is None:
             return None
 
-        async def transition(conn: asyncpg.Connection) -> Job | None:
-            # a step's workflow never changes: reading it unlocked is safe
-            workflow_id = await conn.fetchval(
-                "SELECT workflow_id FROM qftrio_jobs WHERE id = $1 AND tenant = $2", key, tenant
-            )
-            if workflow_id is not None:
-                await conn.execute("SELECT 1 FROM qftrio_workflows WHERE id = $1 FOR UPDATE", workflow_id)
-            row = await conn.fetchrow(
-                "SELECT status FROM qftrio_jobs WHERE id = $1 AND tenant = $2 FOR UPDATE", key, tenant
-            )
-            if row is None:
+        async def cancel(conn: asyncpg.Connection) -> Job | None:
+            owned = await self._lock_owned(conn, key, tenant)
+            if owned is None:
                 return None
-            status = Status(row["status"])
-            if status not in allowed:
-                only = " or ".join(s.value for s in allowed)
-                raise errors.Conflict(f"job {job_id} is {row['status']}; only {only} jobs can be {verb}")
-            if workflow_id is not None and before is not None:
-                taken = await before(conn, key, workflow_id, status)
-                if taken is not None:
-                    return taken
-            job = _job(await conn.fetchrow(sql, key, *args))
-            if workflow_id is not None and after is not None:
-                await after(conn, key, workflow_id, status)
-            if job.status is Status.PENDING:
-                await _notify(conn, [job.queue])
+            status, workflow_id = owned
+            transitions.cancel(job_id, status)
+            job = _job(await conn.fetchrow(Q["job_cancel"], key, now))
+            if workflow_id is not None:  # a step cancelled by hand cancels its workflow
+                await _end_workflow(conn, workflow_id, WorkflowStatus.CANCELLED, now)
             return job
 
-        return await self._db.run(transition)
-
-    async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
-        # The lease token and locked_until stay: a late heartbeat of the
-        # running attempt must still be told "cancelled", not "conflict".
-        return await self._owned_transition(
-            job_id,
-            tenant,
-            f"""UPDATE qftrio_jobs SET status = 'cancelled', updated_at = $2
-            WHERE id = $1 RETURNING {_JOB_COLUMNS}""",
-            (now,),
-            (Status.PENDING, Status.RUNNING),
-            "cancelled",
-            # a step cancelled by hand cancels its workflow
-            after=lambda conn, key, workflow_id, status: _end_workflow(
-                conn, workflow_id, WorkflowStatus.CANCELLED, now
-            ),
-        )
+        return await self._db.run(cancel)
 
     async def job_retry(self, job_id: str, *, tenant: str, now: float) -> Job | None:
-        async def resume(
-            conn: asyncpg.Connection, key: uuid.UUID, workflow_id: uuid.UUID, status: Status
-        ) -> Job | None:
-            workflow_status = await conn.fetchval("SELECT status FROM qftrio_workflows WHERE id = $1", workflow_id)
-            if workflow_status == WorkflowStatus.CANCELLED.value:
-                raise errors.Conflict(
-                    f"job {job_id} is a step of workflow {workflow_id}, which was cancelled; "
-                    "a cancelled workflow does not resume"
-                )
-            if workflow_status != WorkflowStatus.FAILED.value:
-                return None
-            if status is not Status.FAILED:
-                failed = await conn.fetchrow(
-                    "SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' LIMIT 1",
-                    workflow_id,
-                )
-                raise errors.Conflict(
-                    f"workflow {workflow_id} failed at step {failed['step']!r}; "
-                    f"retry that step's job ({failed['id']}) to resume it"
-                )
-            await _resume_workflow(conn, workflow_id, key, now)
-            return _job(await conn.fetchrow(f"SELECT {_JOB_COLUMNS} FROM qftrio_jobs WHERE id = $1", key))
+        key = _uuid(job_id)
+        if key is None:
+            return None
 
-        return await self._owned_transition(
-            job_id,
-            tenant,
-            f"""UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $2, updated_at = $2,
-                locked_until = NULL, lease_token = NULL, worker_id = NULL
-            WHERE id = $1 RETURNING {_JOB_COLUMNS}""",
-            (now,),
-            (Status.FAILED, Status.CANCELLED),
-            "retried",
-            before=resume,
-        )
+        async def retry(conn: asyncpg.Connection) -> Job | None:
+            owned = await self._lock_owned(conn, key, tenant)
+            if owned is None:
+                return None
+            status, workflow_id = owned
+            workflow_status = None
+            if workflow_id is not None:
+                workflow_status = WorkflowStatus(await conn.fetchval(Q["workflow_status"], workflow_id))
+            plan = transitions.retry(
+                job_id,
+                status,
+                workflow_id=None if workflow_id is None else str(workflow_id),
+                workflow_status=workflow_status,
+            )
+            if plan is transitions.Retry.NOT_THE_FAILED_STEP:
+                failed = await conn.fetchrow(Q["failed_step"], workflow_id)
+                raise transitions.not_the_failed_step(str(workflow_id), failed["step"], str(failed["id"]))
+            if plan is transitions.Retry.RESUME:
+                await _resume_workflow(conn, workflow_id, key, now)
+                return _job(await conn.fetchrow(Q["job_get"], key))
+            job = _job(await conn.fetchrow(Q["job_reset"], key, now))
+            await _notify(conn, [job.queue])
+            return job
+
+        return await self._db.run(retry)
 
     async def queues_stats(self, *, tenant: str, now: float, queue: str | None = None) -> list[QueueStats]:
-        sql = """SELECT queue,
-                count(*) FILTER (WHERE status = 'pending') AS pending,
-                count(*) FILTER (WHERE status = 'running') AS running,
-                count(*) FILTER (WHERE status = 'completed') AS completed,
-                count(*) FILTER (WHERE status = 'failed') AS failed,
-                count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
-                min(scheduled_at) FILTER (WHERE status = 'pending' AND scheduled_at <= $2) AS oldest_ready_at,
-                least(min(scheduled_at) FILTER (WHERE status = 'pending' AND scheduled_at > $2),
-                      min(locked_until) FILTER (WHERE status = 'running')) AS next_available_at
-            FROM qftrio_jobs WHERE tenant = $1 {} GROUP BY queue ORDER BY queue COLLATE "C"
-        """
         if queue is None:
-            rows = await self._db.fetch(sql.format(""), tenant, now)
+            rows = await self._db.fetch(Q["queues_stats"].format(where=""), tenant, now)
         else:
-            rows = await self._db.fetch(sql.format("AND queue = $3"), tenant, now, queue)
+            rows = await self._db.fetch(Q["queues_stats"].format(where="AND queue = $3"), tenant, now, queue)
         out = [
             QueueStats(
                 queue=row["queue"],
@@ -1105,68 +739,43 @@ class PostgresStore(Store):
     ) -> list[Lease]:
         if limit <= 0:
             return []
-        rows = await self._db.fetch(_CLAIM_SQL, queue, now, limit, float(lease_secs), worker_id, LEASE_EXPIRED)
+        rows = await self._db.fetch(Q["claim"], queue, now, limit, float(lease_secs), worker_id, LEASE_EXPIRED)
         return _leases(rows)
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
-        # A lease counts even if it already ran out: its job is claimable now.
-        # A job due later was scheduled ahead of its creation, which keeps
-        # this on qftrio_jobs_scheduled_idx (migration 0003).
-        return await self._db.fetchval(
-            _NEXT_AVAILABLE_SQL,
-            queue,
-            now,
-        )
-
-    async def _current_first(
-        self,
-        current_sql: str,
-        every_sql: str,
-        columns: list[list[Any]],
-        now: float,
-        applied: Callable[[asyncpg.Record], Any],
-    ) -> list[Any]:
-        """A report batch in at most two statements: *current_sql* changes
-        the items whose lease is current without locking them and returns
-        their ``ord``; the items it left go through *every_sql*, which reads
-        each one's outcome. One row per item, in order (``applied(row)`` for
-        the first kind)."""
-        rows: list[Any] = [None] * len(columns[0])
-        for row in await self._db.fetch(current_sql, *columns, now):
-            rows[row["ord"] - 1] = applied(row)
-        rest = [k for k, row in enumerate(rows) if row is None]
-        if rest:
-            others = await self._db.fetch(every_sql, *[[column[k] for k in rest] for column in columns], now)
-            for k, row in zip(rest, others, strict=True):
-                rows[k] = row
-        return rows
+        return await self._db.fetchval(Q["next_available"], queue, now)
 
     async def jobs_heartbeat(self, items: Sequence[HeartbeatItem], *, now: float) -> list[HeartbeatResult]:
         if not items:
             return []
-        # (the same job twice in a batch: one of the two is extended first)
-        rows = await self._current_first(
-            _HEARTBEAT_CURRENT_SQL,
-            _HEARTBEAT_SQL,
-            [
-                [_uuid_param(i.job_id) for i in items],
-                [_uuid_param(i.lease_token) for i in items],
-                [float(i.extend_secs) for i in items],
-            ],
-            now,
-            lambda row: {"status": Status.RUNNING.value, "current": True, "locked_until": row["locked_until"]},
-        )
+        unique, slot = transitions.one_per_lease(items)
+        ids = [_uuid_param(i.job_id) for i in unique]
+        tokens = [_uuid_param(i.lease_token) for i in unique]
+        extends = [float(i.extend_secs) for i in unique]
+        rows: list[Any] = [None] * len(unique)
+        for row in await self._db.fetch(Q["heartbeat"], ids, tokens, extends, now):
+            rows[row["ord"] - 1] = row
+        raced = [
+            k
+            for k, row in enumerate(rows)
+            if not row["changed"] and row["status"] == Status.RUNNING.value and row["current"]
+        ]
+        if raced:
+            again = await self._db.fetch(
+                Q["heartbeat_locking"], [ids[k] for k in raced], [tokens[k] for k in raced], [extends[k] for k in raced], now
+            )
+            for k, row in zip(raced, again, strict=True):
+                rows[k] = row
         out = []
-        for row in rows:
-            if row["status"] is None:
-                out.append(HeartbeatResult(outcome=Outcome.NOT_FOUND))
-            elif not row["current"]:
-                out.append(HeartbeatResult(outcome=Outcome.CONFLICT))
-            else:
-                out.append(
-                    HeartbeatResult(outcome=Outcome.OK, status=STATUS_OF[row["status"]], locked_until=row["locked_until"])
-                )
-        return out
+        for k, row in enumerate(rows):
+            status = None if row["status"] is None else STATUS_OF[row["status"]]
+            result = transitions.heartbeat(status, row["current"], extend_secs=extends[k], now=now)
+            if result.locked_until is not None:
+                if not row["changed"]:  # running under the token, yet unchanged under the lock
+                    raise RuntimeError("jobs_heartbeat: a locked row refused its guarded write")
+                result = dataclasses.replace(result, locked_until=row["locked_until"])
+            out.append(result)
+        return [out[k] for k in slot]
 
     async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
         if not items:
@@ -1182,79 +791,58 @@ class PostgresStore(Store):
                 first[pair] = len(unique)
                 unique.append(item)
             slot.append(first[pair])
-
-        async def complete(
-            conn: asyncpg.Connection, steps: list[CompleteItem]
-        ) -> tuple[list[asyncpg.Record], set[int]]:
-            keys = [_uuid_param(i.job_id) for i in steps]
-            await _lock_workflows_of_jobs(conn, keys)
-            rows = await conn.fetch(
-                _COMPLETE_SQL,
-                keys,
-                [_uuid_param(i.lease_token) for i in steps],
-                [i.result for i in steps],
-                now,
-            )
-            applied = [row for row in rows if row["applied"]]
-            unblocked: set[int] = set()
-            if applied:
-                unblocked = await self._after_complete(conn, applied, now=now)
-            return rows, unblocked
-
-        # The jobs of a batch are mostly of one queue: one row (and below,
-        # one result) per queue serves them all.
-        done_in: dict[str, dict[str, Any]] = {}
-
-        def done(row: asyncpg.Record) -> dict[str, Any]:
-            queue = row["queue"]
-            if queue not in done_in:
-                done_in[queue] = {"status": Status.COMPLETED.value, "queue": queue, "current": True, "applied": True, "step": False}
-            return done_in[queue]
-
-        rows = await self._current_first(
-            _COMPLETE_CURRENT_SQL,
-            _COMPLETE_PLAIN_SQL,
-            [[_uuid_param(i.job_id) for i in unique], [_uuid_param(i.lease_token) for i in unique], [i.result for i in unique]],
-            now,
-            done,
-        )
+        ids = [_uuid_param(i.job_id) for i in unique]
+        tokens = [_uuid_param(i.lease_token) for i in unique]
+        results_of = [i.result for i in unique]
+        rows: list[Any] = [None] * len(unique)
+        for row in await self._db.fetch(Q["complete"], ids, tokens, results_of, now):
+            rows[row["ord"] - 1] = row
+        # Workflow steps (the batch holding one completed nothing yet), and
+        # items that raced another change of their job, under the lock.
+        locking = [
+            k
+            for k, row in enumerate(rows)
+            if row["step"] or (not row["applied"] and row["status"] == Status.RUNNING.value and row["current"])
+        ]
         unblocked: set[int] = set()  # positions in `unique` whose completion enqueued steps
-        at = [k for k, row in enumerate(rows) if row["step"]]
-        if at:
-            step_rows, step_unblocked = await self._db.run(complete, [unique[k] for k in at])
-            for k, row in zip(at, step_rows):
+        if locking:
+            at = range(len(unique)) if any(row["step"] for row in rows) else locking
+
+            async def complete(conn: asyncpg.Connection) -> tuple[list[asyncpg.Record], set[int]]:
+                keys = [ids[k] for k in at]
+                await _lock_workflows_of_jobs(conn, keys)
+                done = await conn.fetch(
+                    Q["complete_locking"], keys, [tokens[k] for k in at], [results_of[k] for k in at], now
+                )
+                applied = [row for row in done if row["applied"]]
+                return done, (await self._after_complete(conn, applied, now=now) if applied else set())
+
+            step_rows, step_unblocked = await self._db.run(complete)
+            for k, row in zip(at, step_rows, strict=True):
                 rows[k] = row
                 if row["ord"] in step_unblocked:
                     unblocked.add(k)
         results = []
+        # The jobs of a batch are mostly of one queue: one result per queue
+        # serves them all.
         applied_in: dict[str, ReportResult] = {}
         for k, row in enumerate(rows):
-            if row["status"] is None:
-                results.append(ReportResult(outcome=Outcome.NOT_FOUND))
-            elif not row["current"]:
-                results.append(ReportResult(outcome=Outcome.CONFLICT))
-            elif row["applied"] and k in unblocked:
-                results.append(
-                    ReportResult(
-                        outcome=Outcome.OK,
-                        queue=row["queue"],
-                        status=Status.COMPLETED,
-                        applied=True,
-                        ready_queues=(WORKFLOW_QUEUE,),
-                    )
-                )
-            elif row["applied"]:
+            status = None if row["status"] is None else STATUS_OF[row["status"]]
+            if row["applied"]:
                 queue = row["queue"]
-                result = applied_in.get(queue)
-                if result is None:
-                    result = applied_in[queue] = ReportResult(
-                        outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True
+                if k in unblocked:
+                    result = ReportResult(
+                        outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True, ready_queues=(WORKFLOW_QUEUE,)
                     )
-                results.append(result)
-            elif row["status"] == Status.COMPLETED.value:
-                results.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=Status.COMPLETED))
+                else:
+                    result = applied_in.get(queue) or applied_in.setdefault(
+                        queue, ReportResult(outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True)
+                    )
             else:
-                results.append(ReportResult(outcome=Outcome.CONFLICT))
+                result = transitions.complete(status, row["current"], queue=row["queue"])
+                if result.applied:  # running under the token, yet unchanged under the lock
+                    raise RuntimeError("jobs_complete: a locked row refused its guarded write")
+            results.append(result)
         out = []
         seen: set[int] = set()
         for index in slot:
@@ -1290,11 +878,7 @@ class PostgresStore(Store):
 
         async def fail(conn: asyncpg.Connection) -> list[ReportResult]:
             await _lock_workflows_of_jobs(conn, keys)
-            locked = await conn.fetch(
-                """SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id FROM qftrio_jobs
-                WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE""",
-                [k for k in keys if k is not None],
-            )
+            locked = await conn.fetch(Q["fail_lock"], [k for k in keys if k is not None])
             state = {row["id"]: dict(row) for row in locked}
             out: list[ReportResult] = []
             updates: dict[uuid.UUID, tuple[uuid.UUID, str, float | None, str]] = {}
@@ -1304,40 +888,30 @@ class PostgresStore(Store):
             failing: dict[uuid.UUID, None] = {}
             for item, key, token in zip(items, keys, tokens):
                 row = state.get(key) if key is not None else None
-                if row is None:
-                    out.append(ReportResult(outcome=Outcome.NOT_FOUND))
-                elif token is None or row["lease_token"] != token:
-                    out.append(ReportResult(outcome=Outcome.CONFLICT))
-                elif row["status"] == Status.RUNNING.value and row["workflow_id"] in failing:
+                if row is not None and row["status"] == Status.RUNNING.value and row["workflow_id"] in failing:
                     row["status"] = Status.CANCELLED.value
-                    out.append(ReportResult(outcome=Outcome.CONFLICT))
-                elif row["status"] in (Status.PENDING.value, Status.FAILED.value):
-                    out.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=Status(row["status"])))
-                elif row["status"] != Status.RUNNING.value:
-                    out.append(ReportResult(outcome=Outcome.CONFLICT))
-                else:
-                    when = retry_at(row["attempt"], row["max_attempts"], item.retryable, now)
-                    status = Status.FAILED if when is None else Status.PENDING
-                    updates[key] = (token, status.value, when, _text(item.error))
-                    row["status"] = status.value  # a repeat later in this batch is a replay
-                    if status is Status.FAILED and row["workflow_id"] is not None:
+                decided = transitions.fail(
+                    None if row is None else STATUS_OF[row["status"]],
+                    row is not None and token is not None and row["lease_token"] == token,
+                    queue=None if row is None else row["queue"],
+                    attempt=0 if row is None else row["attempt"],
+                    max_attempts=0 if row is None else row["max_attempts"],
+                    retryable=item.retryable,
+                    retry_at=retry_at,
+                    now=now,
+                )
+                result = decided.result
+                if result.applied:
+                    assert row is not None and key is not None and token is not None and result.status is not None
+                    updates[key] = (token, result.status.value, decided.retry_at, _text(item.error))
+                    row["status"] = result.status.value  # a repeat later in this batch is a replay
+                    if result.status is Status.FAILED and row["workflow_id"] is not None:
                         failing[row["workflow_id"]] = None
-                    out.append(ReportResult(outcome=Outcome.OK, queue=row["queue"], status=status, applied=True))
+                out.append(result)
             if updates:
                 ids = list(updates)
                 changed = await conn.fetch(
-                    """UPDATE qftrio_jobs AS j SET
-                        status = u.status,
-                        scheduled_at = coalesce(u.scheduled_at, j.scheduled_at),
-                        locked_until = NULL,
-                        error = u.error,
-                        errors = j.errors || jsonb_build_array(
-                            jsonb_build_object('attempt', j.attempt, 'error', u.error, 'at', $6::float8)),
-                        updated_at = $6
-                    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[])
-                        AS u(id, token, status, scheduled_at, error)
-                    WHERE j.id = u.id AND j.lease_token = u.token AND j.status = 'running'
-                    RETURNING j.id, j.queue, j.status""",
+                    Q["fail"],
                     ids,
                     [updates[k][0] for k in ids],
                     [updates[k][1] for k in ids],
@@ -1358,112 +932,51 @@ class PostgresStore(Store):
 
     async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
         async def reap(conn: asyncpg.Connection) -> list[Reaped]:
-            # A step dead-lettered here fails its workflow, whose row must be
-            # locked before the step's (the lock order): lock the workflows
-            # first, skipping those busy elsewhere; their steps wait for the
-            # next round.
-            workflows = [
-                row["id"]
-                for row in await conn.fetch(
-                    """SELECT id FROM qftrio_workflows
-                    WHERE id IN (SELECT workflow_id FROM qftrio_jobs
-                                 WHERE status = 'running' AND locked_until < $1 AND attempt >= max_attempts
-                                   AND workflow_id IS NOT NULL)
-                    ORDER BY id
-                    FOR UPDATE SKIP LOCKED""",
+            workflows = [row["id"] for row in await conn.fetch(Q["reap_lock_workflows"], now)]
+            expired = [
+                transitions.Expired(
+                    job_id=str(row["id"]),
+                    queue=row["queue"],
+                    attempt=row["attempt"],
+                    max_attempts=row["max_attempts"],
+                    locked_until=row["locked_until"],
+                    workflow_id=None if row["workflow_id"] is None else str(row["workflow_id"]),
+                    step=row["step"],
+                    position=row["position"],
+                )
+                for row in await conn.fetch(Q["expired"], now, limit, workflows)
+            ]
+            decided, failing = transitions.reap(expired)
+            if decided:
+                await conn.execute(
+                    Q["reap"],
+                    [d.job_id for d in decided],
+                    [d.status.value for d in decided],
+                    [d.error for d in decided],
                     now,
                 )
-            ]
-            rows = await conn.fetch(
-                """WITH expired AS (
-                    SELECT id FROM qftrio_jobs
-                    WHERE status = 'running' AND locked_until < $1
-                      AND (workflow_id IS NULL OR attempt < max_attempts OR workflow_id = ANY($4::uuid[]))
-                    ORDER BY locked_until
-                    LIMIT $2
-                    FOR UPDATE SKIP LOCKED
-                )
-                UPDATE qftrio_jobs AS j SET
-                    status = CASE WHEN j.attempt < j.max_attempts THEN 'pending' ELSE 'failed' END,
-                    locked_until = NULL,
-                    lease_token = NULL,
-                    worker_id = NULL,
-                    error = $3,
-                    errors = j.errors || jsonb_build_array(
-                        jsonb_build_object('attempt', j.attempt, 'error', $3::text, 'at', $1::float8)),
-                    updated_at = $1
-                FROM expired AS e
-                WHERE j.id = e.id
-                RETURNING j.id, j.queue, j.status, j.workflow_id""",
-                now,
-                limit,
-                LEASE_EXPIRED,
-                workflows,
-            )
-            await _notify(conn, {row["queue"] for row in rows if row["status"] == Status.PENDING.value})
-            # One failed step per workflow, as if reaped one at a time: the
-            # first fails it, the others (running too) are cancelled with it.
-            failing: dict[uuid.UUID, None] = {}
-            out = []
-            for row in sorted(rows, key=lambda r: r["id"]):
-                if row["status"] == Status.FAILED.value and row["workflow_id"] is not None:
-                    if row["workflow_id"] in failing:
-                        await conn.execute("UPDATE qftrio_jobs SET status = 'cancelled' WHERE id = $1", row["id"])
-                        continue
-                    failing[row["workflow_id"]] = None
-                out.append(Reaped(job_id=str(row["id"]), queue=row["queue"], status=Status(row["status"])))
+            await _notify(conn, {d.queue for d in decided if d.status is Status.PENDING})
             for workflow_id in failing:
-                await _end_workflow(conn, workflow_id, WorkflowStatus.FAILED, now)
-            return out
+                await _end_workflow(conn, uuid.UUID(workflow_id), WorkflowStatus.FAILED, now)
+            return [
+                Reaped(job_id=d.job_id, queue=d.queue, status=d.status) for d in decided if d.status is not Status.CANCELLED
+            ]
 
         return await self._db.run(reap)
 
     async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
-        # A workflow's jobs go only with the whole workflow (completed or
-        # cancelled; failed ones stay, like dead letters), so that a
-        # workflow never shows a step whose job has vanished.
-        count = await self._db.fetchval(
-            """WITH doomed AS (
-                SELECT id FROM qftrio_jobs
-                WHERE status IN ('completed', 'cancelled') AND updated_at < $1 AND workflow_id IS NULL
-                ORDER BY updated_at
-                LIMIT $2
-                FOR UPDATE SKIP LOCKED
-            ), deleted AS (
-                DELETE FROM qftrio_jobs WHERE id IN (SELECT id FROM doomed) RETURNING 1
-            )
-            SELECT count(*) FROM deleted""",
-            before,
-            limit,
-        )
-        deleted = int(count)
-        if deleted >= limit:
+        async def prune(conn: asyncpg.Connection) -> int:
+            deleted = int(await conn.fetchval(Q["prune_jobs"], before, limit))
+            if deleted >= limit:
+                return deleted
+            for row in await conn.fetch(Q["prune_finished_workflows"], before):
+                if deleted >= limit:
+                    break
+                deleted += int(await conn.fetchval(Q["prune_workflow_jobs"], row["id"]))
+                await conn.execute(Q["prune_workflow"], row["id"])
             return deleted
 
-        async def prune_workflows(conn: asyncpg.Connection) -> int:
-            done = 0
-            finished = await conn.fetch(
-                """SELECT id FROM qftrio_workflows
-                WHERE status IN ('completed', 'cancelled') AND updated_at < $1
-                ORDER BY updated_at
-                LIMIT 100
-                FOR UPDATE SKIP LOCKED""",
-                before,
-            )
-            for row in finished:
-                if deleted + done >= limit:
-                    break
-                jobs = await conn.fetchval(
-                    """WITH gone AS (DELETE FROM qftrio_jobs WHERE workflow_id = $1 RETURNING 1)
-                    SELECT count(*) FROM gone""",
-                    row["id"],
-                )
-                # its steps and edges go with it (ON DELETE CASCADE)
-                await conn.execute("DELETE FROM qftrio_workflows WHERE id = $1", row["id"])
-                done += int(jobs)
-            return done
-
-        return deleted + await self._db.run(prune_workflows)
+        return await self._db.run(prune)
 
     # -- workflows ---------------------------------------------------------
 
@@ -1474,24 +987,10 @@ class PostgresStore(Store):
 
         async def create(conn: asyncpg.Connection) -> Workflow:
             await conn.execute(
-                """INSERT INTO qftrio_workflows (id, tenant, name, status, context, steps_total, steps_completed,
-                    created_at, updated_at)
-                VALUES ($1, $2, $3, 'running', $4::jsonb, $5, 0, $6, $6)""",
-                workflow_id,
-                workflow.tenant,
-                workflow.name,
-                workflow.context,
-                len(steps),
-                now,
+                Q["workflow_insert"], workflow_id, workflow.tenant, workflow.name, workflow.context, len(steps), now
             )
             await conn.execute(
-                """INSERT INTO qftrio_workflow_steps (workflow_id, name, position, kind, payload, depends_on,
-                    max_attempts, state, remaining, job_id)
-                SELECT $1, u.name, u.position, u.kind, u.payload, u.depends_on::jsonb, u.max_attempts, u.state,
-                       u.remaining, u.job_id
-                FROM unnest($2::text[], $3::int[], $4::text[], $5::jsonb[], $6::text[], $7::int[], $8::text[],
-                            $9::int[], $10::uuid[])
-                    AS u(name, position, kind, payload, depends_on, max_attempts, state, remaining, job_id)""",
+                Q["workflow_steps_insert"],
                 workflow_id,
                 [s.name for s in steps],
                 list(range(len(steps))),
@@ -1507,20 +1006,11 @@ class PostgresStore(Store):
             edges = [(dep, s.name) for s in steps for dep in s.depends_on]
             if edges:
                 await conn.execute(
-                    """INSERT INTO qftrio_workflow_edges (workflow_id, step, dependent)
-                    SELECT $1, u.step, u.dependent FROM unnest($2::text[], $3::text[]) AS u(step, dependent)""",
-                    workflow_id,
-                    [e[0] for e in edges],
-                    [e[1] for e in edges],
+                    Q["workflow_edges_insert"], workflow_id, [e[0] for e in edges], [e[1] for e in edges]
                 )
             first = [s for s in steps if s.name in roots]
             await conn.execute(
-                """INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt,
-                    max_attempts, scheduled_at, created_at, updated_at, workflow_id, step, context)
-                SELECT u.id, $2, $3, u.kind, u.payload, 'pending', 0, 0, u.max_attempts, $4, $4, $4, $1, u.step,
-                       $5::jsonb
-                FROM unnest($6::uuid[], $7::text[], $8::jsonb[], $9::int[], $10::text[])
-                    AS u(id, kind, payload, max_attempts, step)""",
+                Q["workflow_root_jobs_insert"],
                 workflow_id,
                 workflow.tenant,
                 WORKFLOW_QUEUE,
@@ -1559,18 +1049,15 @@ class PostgresStore(Store):
         limit: int = 50,
         before: tuple[float, str] | None = None,
     ) -> list[Workflow]:
-        sql, args = _page_query(
-            _WORKFLOW_COLUMNS,
-            "qftrio_workflows",
-            tenant,
-            {"status": WorkflowStatus(status).value if status is not None else None},
-            before,
-            limit,
+        args: list[Any] = [tenant]
+        page = _page_where(
+            {"status": WorkflowStatus(status).value if status is not None else None}, before, limit, args
         )
+        statement = Q["workflows_page"].format(**page)
 
         async def list_(conn: asyncpg.Connection) -> list[Workflow]:
             async with conn.transaction(isolation="repeatable_read", readonly=True):
-                return await _build_workflows(conn, await conn.fetch(sql, *args), jobs=False)
+                return await _build_workflows(conn, await conn.fetch(statement, *args), jobs=False)
 
         return await self._db.run(list_, transaction=False)
 
@@ -1580,9 +1067,7 @@ class PostgresStore(Store):
             return None
 
         async def cancel(conn: asyncpg.Connection) -> Workflow | None:
-            status = await conn.fetchval(
-                "SELECT status FROM qftrio_workflows WHERE id = $1 AND tenant = $2 FOR UPDATE", key, tenant
-            )
+            status = await conn.fetchval(Q["workflow_owned_lock"], key, tenant)
             if status is None:
                 return None
             if status != WorkflowStatus.RUNNING.value:

@@ -7,6 +7,11 @@ method is one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction; with
 ``journal_mode=WAL`` and ``synchronous=FULL`` a commit is on disk before the
 call returns, which is what lets the server acknowledge a job.
 
+Every outcome is decided by :mod:`qftrio.server.transitions`; this module
+reads what a decision needs and executes it with the guarded statements of
+``queries/sqlite.sql``. The schema is ``migrations/sqlite/``, its version in
+``PRAGMA user_version``.
+
 A single process owns the file: several servers on one SQLite file are not
 supported (use PostgreSQL to scale out).
 """
@@ -39,6 +44,8 @@ from ...models import (
     WorkflowStatus,
     WorkflowStep,
 )
+from .. import transitions
+from . import sql
 from .base import (
     LEASE_EXPIRED,
     WORKFLOW_QUEUE,
@@ -50,7 +57,6 @@ from .base import (
     Inserted,
     NewJob,
     NewWorkflow,
-    Outcome,
     Reaped,
     ReportResult,
     RetryAt,
@@ -61,89 +67,12 @@ __all__ = ["SqliteStore", "open_sqlite_store"]
 
 T = TypeVar("T")
 
-_MIGRATIONS: list[str] = [
-    # 1: jobs
-    """
-    CREATE TABLE jobs (
-        id TEXT PRIMARY KEY,
-        tenant TEXT NOT NULL,
-        queue TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        payload TEXT NOT NULL,
-        status TEXT NOT NULL,
-        priority INTEGER NOT NULL,
-        attempt INTEGER NOT NULL,
-        max_attempts INTEGER NOT NULL,
-        scheduled_at REAL NOT NULL,
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL,
-        locked_until REAL,
-        worker_id TEXT,
-        lease_token TEXT,
-        result TEXT,
-        error TEXT,
-        errors TEXT NOT NULL DEFAULT '[]',
-        idempotency_key TEXT,
-        workflow_id TEXT,
-        step TEXT,
-        context TEXT
-    );
-    CREATE UNIQUE INDEX jobs_idempotency ON jobs (tenant, idempotency_key)
-        WHERE idempotency_key IS NOT NULL;
-    CREATE INDEX jobs_ready ON jobs (queue, priority DESC, scheduled_at, created_at)
-        WHERE status = 'pending';
-    CREATE INDEX jobs_leased ON jobs (queue, locked_until) WHERE status = 'running';
-    CREATE INDEX jobs_by_tenant ON jobs (tenant, created_at DESC, id DESC);
-    CREATE INDEX jobs_by_tenant_queue ON jobs (tenant, queue, status);
-    CREATE INDEX jobs_finished ON jobs (updated_at) WHERE status IN ('completed', 'cancelled');
-    """,
-    # 2: workflows. A step's ``state`` is ``waiting`` until it has a job,
-    # ``enqueued`` after (the job's status is then the step's), or
-    # ``cancelled`` if its workflow ended before it had one. ``remaining``
-    # counts its dependencies not completed yet; ``workflow_edges`` lets a
-    # completion find the steps waiting for it without a scan.
-    """
-    CREATE TABLE workflows (
-        id TEXT PRIMARY KEY,
-        tenant TEXT NOT NULL,
-        name TEXT NOT NULL,
-        status TEXT NOT NULL,
-        context TEXT NOT NULL,
-        steps_total INTEGER NOT NULL,
-        steps_completed INTEGER NOT NULL DEFAULT 0,
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL
-    );
-    CREATE INDEX workflows_by_tenant ON workflows (tenant, created_at DESC, id DESC);
-    CREATE INDEX workflows_finished ON workflows (updated_at) WHERE status IN ('completed', 'cancelled');
-    CREATE TABLE workflow_steps (
-        workflow_id TEXT NOT NULL,
-        name TEXT NOT NULL,
-        position INTEGER NOT NULL,
-        kind TEXT NOT NULL,
-        payload TEXT NOT NULL,
-        depends_on TEXT NOT NULL,
-        max_attempts INTEGER NOT NULL,
-        state TEXT NOT NULL,
-        remaining INTEGER NOT NULL,
-        job_id TEXT,
-        PRIMARY KEY (workflow_id, name)
-    ) WITHOUT ROWID;
-    CREATE UNIQUE INDEX workflow_steps_order ON workflow_steps (workflow_id, position);
-    CREATE TABLE workflow_edges (
-        workflow_id TEXT NOT NULL,
-        step TEXT NOT NULL,
-        dependent TEXT NOT NULL,
-        PRIMARY KEY (workflow_id, step, dependent)
-    ) WITHOUT ROWID;
-    CREATE UNIQUE INDEX jobs_workflow_step ON jobs (workflow_id, step) WHERE workflow_id IS NOT NULL;
-    """,
-]
+Q = sql.load("sqlite")
+_MIGRATIONS = sql.migrations("sqlite")
 
-_COLUMNS = (
-    "id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at, "
-    "updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context"
-)
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
 
 
 def _loads(text: str | None) -> Any:
@@ -185,35 +114,45 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     )
 
 
-_COMPLETE_SQL = "UPDATE jobs SET status = 'completed', result = ?, locked_until = NULL, updated_at = ? WHERE id = ?"
+@dataclasses.dataclass(slots=True)
+class _Row:
+    """A job as a report batch sees it; ``status`` follows the batch's own
+    changes, so that a repeat later in the batch is decided as a replay."""
+
+    status: Status
+    token: str | None
+    queue: str
+    attempt: int
+    max_attempts: int
+    workflow_id: str | None
+    step: str | None
 
 
-def _rows_by_id(conn: sqlite3.Connection, columns: str, ids: list[str]) -> dict[str, tuple[Any, ...]]:
-    """``{id: (columns...)}`` of the jobs among *ids* that exist, in one query."""
-    out: dict[str, tuple[Any, ...]] = {}
+def _report_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, _Row]:
+    """The jobs among *ids* that exist, in as few queries as the batch allows."""
+    out: dict[str, _Row] = {}
     unique = list(dict.fromkeys(ids))
     for start in range(0, len(unique), 500):
         chunk = unique[start : start + 500]
-        sql = f"SELECT id, {columns} FROM jobs WHERE id IN ({','.join('?' * len(chunk))})"
-        for row in conn.execute(sql, chunk):
-            out[row[0]] = row[1:]
+        for id_, status, token, queue, attempt, max_attempts, workflow_id, step in conn.execute(
+            Q["reports_of"].format(marks=_marks(len(chunk))), chunk
+        ):
+            out[id_] = _Row(STATUS_OF[status], token, queue, attempt, max_attempts, workflow_id, step)
     return out
 
 
-def _append_error(errors_json: str, attempt: int, error: str, at: float) -> str:
-    history = _json.loads(errors_json)
-    history.append({"attempt": attempt, "error": error, "at": at})
-    return _json.dumps_str(history)
+def _state(rows: dict[str, _Row], job_id: str, token: str) -> tuple[_Row | None, Status | None, bool]:
+    row = rows.get(job_id)
+    if row is None:
+        return None, None, False
+    return row, row.status, row.token is not None and row.token == token
 
 
 def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[Inserted]:
     out: list[Inserted] = []
     for new in jobs:
         if new.idempotency_key is not None:
-            row = conn.execute(
-                f"SELECT {_COLUMNS} FROM jobs WHERE tenant = ? AND idempotency_key = ?",
-                (new.tenant, new.idempotency_key),
-            ).fetchone()
+            row = conn.execute(Q["job_by_idempotency_key"], (new.tenant, new.idempotency_key)).fetchone()
             if row is not None:
                 out.append(Inserted(job=_row_to_job(row), created=False))
                 continue
@@ -224,34 +163,15 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
 def _claim(
     conn: sqlite3.Connection, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float
 ) -> list[Lease]:
-    candidates = conn.execute(
-        """SELECT id, priority, scheduled_at, created_at, NULL FROM jobs INDEXED BY jobs_ready
-        WHERE queue = ? AND status = 'pending' AND scheduled_at <= ?
-        ORDER BY priority DESC, scheduled_at, created_at LIMIT ?""",
-        (queue, now, limit),
-    ).fetchall()
-    candidates += conn.execute(
-        """SELECT id, priority, scheduled_at, created_at, errors FROM jobs INDEXED BY jobs_leased
-        WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts
-        ORDER BY locked_until LIMIT ?""",
-        (queue, now, limit),
-    ).fetchall()
+    candidates = conn.execute(Q["claim_ready"], (queue, now, limit)).fetchall()
+    candidates += conn.execute(Q["claim_expired"], (queue, now, limit)).fetchall()
     if not candidates:
         return []
     candidates.sort(key=lambda c: (-c[1], c[2], c[3]))
     ids = [c[0] for c in candidates[:limit]]
     tokens = {job_id: str(uuid.uuid4()) for job_id in ids}
-    # One statement for the whole batch. SET expressions see the row
-    # as it was, so `status = 'running'` marks the expired leases,
-    # whose lost attempt goes into the error history.
     rows = conn.execute(
-        f"""UPDATE jobs SET status = 'running', attempt = attempt + 1, locked_until = ?,
-            worker_id = ?, updated_at = ?,
-            lease_token = CASE id {" ".join("WHEN ? THEN ?" for _ in ids)} END,
-            error = CASE WHEN status = 'running' THEN ? ELSE error END,
-            errors = CASE WHEN status = 'running' THEN json_insert(errors, '$[#]',
-                json_object('attempt', attempt, 'error', ?, 'at', ?)) ELSE errors END
-        WHERE id IN ({",".join("?" * len(ids))}) RETURNING {_COLUMNS}""",
+        Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
         (
             now + lease_secs, worker_id, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
             LEASE_EXPIRED, LEASE_EXPIRED, now, *ids,
@@ -261,15 +181,11 @@ def _claim(
     return [Lease(job=_row_to_job(by_id[job_id]), lease_token=tokens[job_id]) for job_id in ids]
 
 
-def _insert_job(conn: sqlite3.Connection, new: NewJob, now: float, job_id: str | None = None) -> Job:
+def _insert_job(conn: sqlite3.Connection, new: NewJob, now: float) -> Job:
     row = conn.execute(
-        f"""INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt,
-            max_attempts, scheduled_at, created_at, updated_at, idempotency_key, workflow_id,
-            step, context)
-        VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)
-        RETURNING {_COLUMNS}""",
+        Q["job_insert"],
         (
-            job_id or str(uuid.uuid4()), new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority,
+            str(uuid.uuid4()), new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority,
             new.max_attempts, new.scheduled_at, now, now, new.idempotency_key, new.workflow_id,
             new.step, _dumps(new.context),
         ),  # fmt: skip
@@ -285,111 +201,64 @@ def _enqueue_step(
     conn: sqlite3.Connection, workflow_id: str, tenant: str, step: str, context: dict[str, Any], now: float
 ) -> None:
     """Give a waiting step its job, carrying *context* as it stands."""
-    kind, payload, max_attempts = conn.execute(
-        "SELECT kind, payload, max_attempts FROM workflow_steps WHERE workflow_id = ? AND name = ?",
-        (workflow_id, step),
-    ).fetchone()
+    kind, payload, max_attempts = conn.execute(Q["step_definition"], (workflow_id, step)).fetchone()
     job_id = str(uuid.uuid4())
     conn.execute(
-        """INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
-            scheduled_at, created_at, updated_at, workflow_id, step, context)
-        VALUES (?, ?, ?, ?, ?, 'pending', 0, 0, ?, ?, ?, ?, ?, ?, ?)""",
+        Q["step_job_insert"],
         (job_id, tenant, WORKFLOW_QUEUE, kind, payload, max_attempts, now, now, now, workflow_id, step, _dumps(context)),
     )
-    conn.execute(
-        "UPDATE workflow_steps SET state = 'enqueued', job_id = ? WHERE workflow_id = ? AND name = ?",
-        (job_id, workflow_id, step),
-    )
+    conn.execute(Q["step_enqueued"], (job_id, workflow_id, step))
 
 
 def _step_completed(
     conn: sqlite3.Connection, workflow_id: str, step: str, result: dict[str, Any], now: float
 ) -> tuple[str, ...]:
     """Record that *step*'s job completed with *result*: merge it into the
-    context, unblock the steps waiting for it, finish the workflow after its
-    last step. Returns the queues that got new jobs. Touches only the
-    steps that depend on *step*."""
-    row = conn.execute(
-        "SELECT tenant, status, context, steps_total, steps_completed FROM workflows WHERE id = ?", (workflow_id,)
-    ).fetchone()
+    context, count it, and do what :func:`transitions.advance` decides.
+    Returns the queues that got new jobs. Touches only the steps that depend
+    on *step*."""
+    row = conn.execute(Q["workflow_of_step"], (workflow_id,)).fetchone()
     if row is None:
         return ()
     tenant, status, context_json, total, completed = row
     context = _json.loads(context_json)
     context.update(result)
     completed += 1
-    unblocked = conn.execute(
-        """UPDATE workflow_steps SET remaining = remaining - 1
-        WHERE workflow_id = ? AND name IN (SELECT dependent FROM workflow_edges WHERE workflow_id = ? AND step = ?)
-        RETURNING name, position, remaining, state""",
-        (workflow_id, workflow_id, step),
-    ).fetchall()
-    running = status == WorkflowStatus.RUNNING.value
-    ready = sorted((pos, name) for name, pos, remaining, state in unblocked if remaining == 0 and state == "waiting")
-    if running:
-        # A step that is not running cannot complete (its job was cancelled
-        # with the workflow); were it to, its dependents wait for a resume.
-        for _, name in ready:
-            _enqueue_step(conn, workflow_id, tenant, name, context, now)
-        if completed >= total:
-            status = WorkflowStatus.COMPLETED.value
-    conn.execute(
-        "UPDATE workflows SET context = ?, steps_completed = ?, status = ?, updated_at = ? WHERE id = ?",
-        (_dumps(context), completed, status, now, workflow_id),
+    unblocked = conn.execute(Q["steps_unblock"], (workflow_id, workflow_id, step)).fetchall()
+    advance = transitions.advance(
+        WorkflowStatus(status), steps_completed=completed, steps_total=total, unblocked=unblocked
     )
-    return (WORKFLOW_QUEUE,) if running and ready else ()
+    for name in advance.ready:
+        _enqueue_step(conn, workflow_id, tenant, name, context, now)
+    if advance.completed:
+        status = WorkflowStatus.COMPLETED.value
+    conn.execute(Q["workflow_advance"], (_dumps(context), completed, status, now, workflow_id))
+    return (WORKFLOW_QUEUE,) if advance.ready else ()
 
 
 def _end_workflow(conn: sqlite3.Connection, workflow_id: str, status: WorkflowStatus, now: float) -> None:
     """Fail or cancel a running workflow with its unfinished steps (a no-op
     if it is not running). A running step's worker learns it on its next
     heartbeat, as for any cancelled job."""
-    cur = conn.execute(
-        "UPDATE workflows SET status = ?, updated_at = ? WHERE id = ? AND status = 'running'",
-        (status.value, now, workflow_id),
-    )
-    if cur.rowcount == 0:
+    if conn.execute(Q["workflow_end"], (status.value, now, workflow_id)).rowcount == 0:
         return
-    conn.execute(
-        """UPDATE jobs SET status = 'cancelled', updated_at = ?
-        WHERE workflow_id = ? AND status IN ('pending', 'running')""",
-        (now, workflow_id),
-    )
-    conn.execute(
-        "UPDATE workflow_steps SET state = 'cancelled' WHERE workflow_id = ? AND state = 'waiting'", (workflow_id,)
-    )
+    conn.execute(Q["workflow_jobs_cancel"], (now, workflow_id))
+    conn.execute(Q["workflow_steps_cancel"], (workflow_id,))
 
 
 def _resume_workflow(conn: sqlite3.Connection, workflow_id: str, failed_job_id: str, now: float) -> None:
     """Run a failed workflow again from its failed step (see
     :meth:`SqliteStore.job_retry`)."""
-    tenant, context_json = conn.execute(
-        "SELECT tenant, context FROM workflows WHERE id = ?", (workflow_id,)
-    ).fetchone()
-    conn.execute("UPDATE workflows SET status = 'running', updated_at = ? WHERE id = ?", (now, workflow_id))
-    # The failed step and those cancelled by the failure: their
-    # dependencies had completed, so they are ready again at once.
-    conn.execute(
-        """UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?, updated_at = ?, context = ?,
-            locked_until = NULL, lease_token = NULL, worker_id = NULL
-        WHERE workflow_id = ? AND (status = 'cancelled' OR id = ?)""",
-        (now, now, context_json, workflow_id, failed_job_id),
-    )
-    waiting = conn.execute(
-        """UPDATE workflow_steps SET state = 'waiting' WHERE workflow_id = ? AND state = 'cancelled'
-        RETURNING name, position, remaining""",
-        (workflow_id,),
-    ).fetchall()
+    tenant, context_json = conn.execute(Q["workflow_resume"], (now, workflow_id)).fetchone()
+    conn.execute(Q["workflow_jobs_resume"], (now, now, context_json, workflow_id, failed_job_id))
+    waiting = conn.execute(Q["workflow_steps_wait_again"], (workflow_id,)).fetchall()
     context = _json.loads(context_json)
-    for _, name in sorted((pos, name) for name, pos, remaining in waiting if remaining == 0):
+    for _, name in sorted((pos, name) for pos, name, remaining in waiting if remaining == 0):
         _enqueue_step(conn, workflow_id, tenant, name, context, now)
 
 
 def _load_workflow(conn: sqlite3.Connection, workflow_id: str, *, jobs: bool = True) -> Workflow | None:
-    row = conn.execute(
-        "SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows WHERE id = ?",
-        (workflow_id,),
-    ).fetchone()
+    row = conn.execute(Q["workflow_get"], (workflow_id,)).fetchone()
     if row is None:
         return None
     return _build_workflows(conn, [row], jobs=jobs)[0]
@@ -401,23 +270,19 @@ def _build_workflows(conn: sqlite3.Connection, rows: list[Any], *, jobs: bool) -
     if not rows:
         return []
     ids = [r[0] for r in rows]
-    marks = ",".join("?" * len(ids))
+    marks = _marks(len(ids))
     steps: dict[str, list[tuple[Any, ...]]] = {i: [] for i in ids}
-    for step_row in conn.execute(
-        f"""SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
-        FROM workflow_steps WHERE workflow_id IN ({marks}) ORDER BY workflow_id, position""",
-        ids,
-    ):
+    for step_row in conn.execute(Q["steps_of_workflows"].format(marks=marks), ids):
         steps[step_row[0]].append(step_row)
     job_status: dict[str, Status] = {}
     full: dict[str, Job] = {}
     if jobs:
-        for job_row in conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE workflow_id IN ({marks})", ids):
+        for job_row in conn.execute(Q["jobs_of_workflows"].format(marks=marks), ids):
             job = _row_to_job(job_row)
             full[job.id] = job
             job_status[job.id] = job.status
     else:
-        job_status = dict(conn.execute(f"SELECT id, status FROM jobs WHERE workflow_id IN ({marks})", ids).fetchall())
+        job_status = dict(conn.execute(Q["job_statuses_of_workflows"].format(marks=marks), ids).fetchall())
     out = []
     for id_, tenant, name, status, context, created_at, updated_at in rows:
         built = []
@@ -533,7 +398,7 @@ class SqliteStore(Store):
     def _migrate(self) -> None:
         conn = self._require()
         (version,) = conn.execute("PRAGMA user_version").fetchone()
-        for number, script in enumerate(_MIGRATIONS[version:], start=version + 1):
+        for number, (_, _, script) in enumerate(_MIGRATIONS[version:], start=version + 1):
             conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
 
     def _require(self) -> sqlite3.Connection:
@@ -618,6 +483,8 @@ class SqliteStore(Store):
 
     # -- application side --------------------------------------------------
 
+    # -- application side --------------------------------------------------
+
     async def jobs_insert(self, jobs: Sequence[NewJob], *, now: float) -> list[Inserted]:
         return await self._run(lambda conn: _insert_jobs(conn, jobs, now))
 
@@ -635,7 +502,7 @@ class SqliteStore(Store):
 
     async def job_get(self, job_id: str, *, tenant: str | None = None) -> Job | None:
         def get(conn: sqlite3.Connection) -> Job | None:
-            row = conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            row = conn.execute(Q["job_get"], (job_id,)).fetchone()
             if row is None:
                 return None
             job = _row_to_job(row)
@@ -653,44 +520,31 @@ class SqliteStore(Store):
         limit: int = 50,
         before: tuple[float, str] | None = None,
     ) -> list[Job]:
-        where = ["tenant = ?"]
+        where = []
         args: list[Any] = [tenant]
         if queue is not None:
-            where.append("queue = ?")
+            where.append("AND queue = ?")
             args.append(queue)
         if status is not None:
-            where.append("status = ?")
+            where.append("AND status = ?")
             args.append(Status(status).value)
         if kind is not None:
-            where.append("kind = ?")
+            where.append("AND kind = ?")
             args.append(kind)
         if before is not None:
-            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            where.append("AND (created_at < ? OR (created_at = ? AND id < ?))")
             args += [before[0], before[0], before[1]]
-        sql = (
-            f"SELECT {_COLUMNS} FROM jobs WHERE {' AND '.join(where)} "
-            "ORDER BY created_at DESC, id DESC LIMIT ?"
-        )
+        statement = Q["jobs_page"].format(where=" ".join(where))
         args.append(limit)
-        return await self._run(lambda conn: [_row_to_job(r) for r in conn.execute(sql, args)])
-
-    def _get_owned(self, conn: sqlite3.Connection, job_id: str, tenant: str) -> tuple[str, str, str | None] | None:
-        return conn.execute(
-            "SELECT status, queue, workflow_id FROM jobs WHERE id = ? AND tenant = ?", (job_id, tenant)
-        ).fetchone()
+        return await self._run(lambda conn: [_row_to_job(r) for r in conn.execute(statement, args)])
 
     async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
         def cancel(conn: sqlite3.Connection) -> Job | None:
-            row = self._get_owned(conn, job_id, tenant)
+            row = conn.execute(Q["job_owned"], (job_id, tenant)).fetchone()
             if row is None:
                 return None
-            if Status(row[0]) not in (Status.PENDING, Status.RUNNING):
-                raise errors.Conflict(f"job {job_id} is {row[0]}; only pending or running jobs can be cancelled")
-            row = conn.execute(
-                f"UPDATE jobs SET status = 'cancelled', updated_at = ? WHERE id = ? RETURNING {_COLUMNS}",
-                (now, job_id),
-            ).fetchone()
-            job = _row_to_job(row)
+            transitions.cancel(job_id, STATUS_OF[row[0]])
+            job = _row_to_job(conn.execute(Q["job_cancel"], (now, job_id)).fetchone())
             if job.workflow_id is not None:  # a step cancelled by hand cancels its workflow
                 _end_workflow(conn, job.workflow_id, WorkflowStatus.CANCELLED, now)
             return job
@@ -699,69 +553,39 @@ class SqliteStore(Store):
 
     async def job_retry(self, job_id: str, *, tenant: str, now: float) -> Job | None:
         def retry(conn: sqlite3.Connection) -> Job | None:
-            row = self._get_owned(conn, job_id, tenant)
+            row = conn.execute(Q["job_owned"], (job_id, tenant)).fetchone()
             if row is None:
                 return None
-            if Status(row[0]) not in (Status.FAILED, Status.CANCELLED):
-                raise errors.Conflict(f"job {job_id} is {row[0]}; only failed or cancelled jobs can be retried")
-            workflow_id = row[2]
+            status, _, workflow_id = row
+            workflow_status = None
             if workflow_id is not None:
-                (wf_status,) = conn.execute("SELECT status FROM workflows WHERE id = ?", (workflow_id,)).fetchone()
-                if wf_status == WorkflowStatus.CANCELLED.value:
-                    raise errors.Conflict(
-                        f"job {job_id} is a step of workflow {workflow_id}, which was cancelled; "
-                        "a cancelled workflow does not resume"
-                    )
-                if wf_status == WorkflowStatus.FAILED.value:
-                    if row[0] != Status.FAILED.value:
-                        step, failed_id = conn.execute(
-                            "SELECT step, id FROM jobs WHERE workflow_id = ? AND status = 'failed' LIMIT 1",
-                            (workflow_id,),
-                        ).fetchone()
-                        raise errors.Conflict(
-                            f"workflow {workflow_id} failed at step {step!r}; "
-                            f"retry that step's job ({failed_id}) to resume it"
-                        )
-                    _resume_workflow(conn, workflow_id, job_id, now)
-                    return _row_to_job(conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone())
-            row = conn.execute(
-                f"""UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?, updated_at = ?,
-                    locked_until = NULL, lease_token = NULL, worker_id = NULL
-                WHERE id = ? RETURNING {_COLUMNS}""",
-                (now, now, job_id),
-            ).fetchone()
-            return _row_to_job(row)
+                (found,) = conn.execute(Q["workflow_status"], (workflow_id,)).fetchone()
+                workflow_status = WorkflowStatus(found)
+            plan = transitions.retry(
+                job_id, STATUS_OF[status], workflow_id=workflow_id, workflow_status=workflow_status
+            )
+            if plan is transitions.Retry.NOT_THE_FAILED_STEP:
+                step, failed_id = conn.execute(Q["failed_step"], (workflow_id,)).fetchone()
+                raise transitions.not_the_failed_step(workflow_id, step, failed_id)
+            if plan is transitions.Retry.RESUME:
+                _resume_workflow(conn, workflow_id, job_id, now)
+                return _row_to_job(conn.execute(Q["job_get"], (job_id,)).fetchone())
+            return _row_to_job(conn.execute(Q["job_reset"], (now, now, job_id)).fetchone())
 
         return await self._run(retry)
 
     async def queues_stats(self, *, tenant: str, now: float, queue: str | None = None) -> list[QueueStats]:
         def stats(conn: sqlite3.Connection) -> list[QueueStats]:
             if queue is None:
-                queues = [r[0] for r in conn.execute("SELECT DISTINCT queue FROM jobs WHERE tenant = ?", (tenant,))]
+                queues = [r[0] for r in conn.execute(Q["queues_of_tenant"], (tenant,))]
             else:
                 queues = [queue]
             out = []
             for q in sorted(queues):
-                counts = dict(
-                    conn.execute(
-                        "SELECT status, count(*) FROM jobs WHERE tenant = ? AND queue = ? GROUP BY status",
-                        (tenant, q),
-                    ).fetchall()
-                )
-                (oldest,) = conn.execute(
-                    """SELECT min(scheduled_at) FROM jobs
-                    WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at <= ?""",
-                    (tenant, q, now),
-                ).fetchone()
-                (next_scheduled,) = conn.execute(
-                    """SELECT min(scheduled_at) FROM jobs
-                    WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at > ?""",
-                    (tenant, q, now),
-                ).fetchone()
-                (next_lease,) = conn.execute(
-                    "SELECT min(locked_until) FROM jobs WHERE tenant = ? AND queue = ? AND status = 'running'",
-                    (tenant, q),
-                ).fetchone()
+                counts = dict(conn.execute(Q["queue_counts"], (tenant, q)).fetchall())
+                (oldest,) = conn.execute(Q["queue_oldest_ready"], (tenant, q, now)).fetchone()
+                (next_scheduled,) = conn.execute(Q["queue_next_scheduled"], (tenant, q, now)).fetchone()
+                (next_lease,) = conn.execute(Q["queue_next_lease"], (tenant, q)).fetchone()
                 nexts = [t for t in (next_scheduled, next_lease) if t is not None]
                 out.append(
                     QueueStats(
@@ -786,74 +610,51 @@ class SqliteStore(Store):
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
         def next_at(conn: sqlite3.Connection) -> float | None:
-            (scheduled,) = conn.execute(
-                """SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_ready
-                WHERE queue = ? AND status = 'pending' AND scheduled_at > ?""",
-                (queue, now),
-            ).fetchone()
-            (lease,) = conn.execute(
-                """SELECT min(locked_until) FROM jobs INDEXED BY jobs_leased
-                WHERE queue = ? AND status = 'running' AND attempt < max_attempts""",
-                (queue,),
-            ).fetchone()
+            (scheduled,) = conn.execute(Q["next_scheduled"], (queue, now)).fetchone()
+            (lease,) = conn.execute(Q["next_lease"], (queue,)).fetchone()
             times = [t for t in (scheduled, lease) if t is not None]
             return min(times) if times else None
 
         return await self._run(next_at)
 
     async def jobs_heartbeat(self, items: Sequence[HeartbeatItem], *, now: float) -> list[HeartbeatResult]:
+        unique, slot = transitions.one_per_lease(items)
+
         def heartbeat(conn: sqlite3.Connection) -> list[HeartbeatResult]:
-            rows = _rows_by_id(conn, "status, lease_token", [i.job_id for i in items])
+            rows = _report_rows(conn, [i.job_id for i in unique])
             updates = []
             out = []
-            for item in items:
-                row = rows.get(item.job_id)
-                if row is None:
-                    out.append(HeartbeatResult(outcome=Outcome.NOT_FOUND))
-                elif row[1] is None or row[1] != item.lease_token:
-                    out.append(HeartbeatResult(outcome=Outcome.CONFLICT))
-                elif row[0] != Status.RUNNING.value:
-                    out.append(HeartbeatResult(outcome=Outcome.OK, status=Status(row[0])))
-                else:
-                    until = now + item.extend_secs
-                    updates.append((until, item.job_id))
-                    out.append(HeartbeatResult(outcome=Outcome.OK, status=Status.RUNNING, locked_until=until))
-            conn.executemany("UPDATE jobs SET locked_until = ? WHERE id = ?", updates)
-            return out
+            for item in unique:
+                _, status, current = _state(rows, item.job_id, item.lease_token)
+                result = transitions.heartbeat(status, current, extend_secs=item.extend_secs, now=now)
+                if result.locked_until is not None:
+                    updates.append((result.locked_until, now, item.job_id, item.lease_token))
+                out.append(result)
+            conn.executemany(Q["heartbeat"], updates)
+            return [out[k] for k in slot]
 
         return await self._run(heartbeat)
 
     async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
         def complete(conn: sqlite3.Connection) -> list[ReportResult]:
-            rows = _rows_by_id(conn, "status, lease_token, queue, workflow_id, step", [i.job_id for i in items])
+            rows = _report_rows(conn, [i.job_id for i in items])
             updates = []
             out = []
             for item in items:
-                row = rows.get(item.job_id)
-                if row is None:
-                    out.append(ReportResult(outcome=Outcome.NOT_FOUND))
-                    continue
-                status, token, queue, workflow_id, step = row
-                if token is None or token != item.lease_token:
-                    out.append(ReportResult(outcome=Outcome.CONFLICT))
-                elif status == Status.COMPLETED.value:
-                    out.append(ReportResult(outcome=Outcome.OK, queue=queue, status=Status.COMPLETED))
-                elif status != Status.RUNNING.value:
-                    out.append(ReportResult(outcome=Outcome.CONFLICT))
-                else:
-                    rows[item.job_id] = (Status.COMPLETED.value, token, queue, workflow_id, step)
-                    ready: tuple[str, ...] = ()
-                    if workflow_id is None:
-                        updates.append((_dumps(item.result), now, item.job_id))
+                row, status, current = _state(rows, item.job_id, item.lease_token)
+                result = transitions.complete(status, current, queue=row.queue if row else None)
+                if result.applied:
+                    assert row is not None
+                    row.status = Status.COMPLETED
+                    write = (_dumps(item.result), now, item.job_id, item.lease_token)
+                    if row.workflow_id is None:
+                        updates.append(write)
                     else:
-                        conn.execute(_COMPLETE_SQL, (_dumps(item.result), now, item.job_id))
-                        ready = _step_completed(conn, workflow_id, step, item.result, now)
-                    out.append(
-                        ReportResult(
-                            outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True, ready_queues=ready
-                        )
-                    )
-            conn.executemany(_COMPLETE_SQL, updates)
+                        conn.execute(Q["complete"], write)
+                        ready = _step_completed(conn, row.workflow_id, row.step, item.result, now)
+                        result = dataclasses.replace(result, ready_queues=ready)
+                out.append(result)
+            conn.executemany(Q["complete"], updates)
             return out
 
         return await self._run(complete)
@@ -862,94 +663,70 @@ class SqliteStore(Store):
         def fail(conn: sqlite3.Connection) -> list[ReportResult]:
             out = []
             for item in items:
-                row = conn.execute(
-                    """SELECT status, lease_token, queue, attempt, max_attempts, errors, workflow_id
-                    FROM jobs WHERE id = ?""",
-                    (item.job_id,),
-                ).fetchone()
-                if row is None:
-                    out.append(ReportResult(outcome=Outcome.NOT_FOUND))
-                    continue
-                status, token, queue, attempt, max_attempts, errors_json, workflow_id = row
-                if token is None or token != item.lease_token:
-                    out.append(ReportResult(outcome=Outcome.CONFLICT))
-                elif status in (Status.PENDING.value, Status.FAILED.value):
-                    out.append(ReportResult(outcome=Outcome.OK, queue=queue, status=Status(status)))
-                elif status != Status.RUNNING.value:
-                    out.append(ReportResult(outcome=Outcome.CONFLICT))
-                else:
-                    when = retry_at(attempt, max_attempts, item.retryable, now)
-                    new_status = Status.FAILED if when is None else Status.PENDING
+                # read item by item: a dead-lettered step cancels its
+                # siblings, which a later item of the batch must see
+                rows = _report_rows(conn, [item.job_id])
+                row, status, current = _state(rows, item.job_id, item.lease_token)
+                decided = transitions.fail(
+                    status,
+                    current,
+                    queue=row.queue if row else None,
+                    attempt=row.attempt if row else 0,
+                    max_attempts=row.max_attempts if row else 0,
+                    retryable=item.retryable,
+                    retry_at=retry_at,
+                    now=now,
+                )
+                result = decided.result
+                if result.applied:
+                    assert row is not None and result.status is not None
                     conn.execute(
-                        """UPDATE jobs SET status = ?, scheduled_at = coalesce(?, scheduled_at),
-                            locked_until = NULL, error = ?, errors = ?, updated_at = ? WHERE id = ?""",
-                        (
-                            new_status.value, when, item.error,
-                            _append_error(errors_json, attempt, item.error, now), now, item.job_id,
-                        ),  # fmt: skip
+                        Q["fail"],
+                        (result.status.value, decided.retry_at, item.error, item.error, now, now, item.job_id, item.lease_token),
                     )
-                    if new_status is Status.FAILED and workflow_id is not None:
-                        _end_workflow(conn, workflow_id, WorkflowStatus.FAILED, now)
-                    out.append(ReportResult(outcome=Outcome.OK, queue=queue, status=new_status, applied=True))
+                    if result.status is Status.FAILED and row.workflow_id is not None:
+                        _end_workflow(conn, row.workflow_id, WorkflowStatus.FAILED, now)
+                out.append(result)
             return out
 
         return await self._run(fail)
 
     async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
         def reap(conn: sqlite3.Connection) -> list[Reaped]:
-            rows = conn.execute(
-                """SELECT id, queue, attempt, max_attempts, workflow_id FROM jobs
-                WHERE status = 'running' AND locked_until < ? LIMIT ?""",
-                (now, limit),
-            ).fetchall()
-            out = []
-            for job_id, queue, attempt, max_attempts, workflow_id in rows:
-                status = Status.PENDING if attempt < max_attempts else Status.FAILED
-                cur = conn.execute(
-                    """UPDATE jobs SET status = ?, locked_until = NULL, lease_token = NULL, worker_id = NULL,
-                        error = ?, errors = json_insert(errors, '$[#]',
-                            json_object('attempt', attempt, 'error', ?, 'at', ?)),
-                        updated_at = ?
-                    WHERE id = ? AND status = 'running'""",
-                    (status.value, LEASE_EXPIRED, LEASE_EXPIRED, now, now, job_id),
+            expired = [
+                transitions.Expired(
+                    job_id=job_id, queue=queue, attempt=attempt, max_attempts=max_attempts,
+                    locked_until=locked_until, workflow_id=workflow_id, step=step, position=position,
+                )  # fmt: skip
+                for job_id, queue, attempt, max_attempts, locked_until, workflow_id, step, position in conn.execute(
+                    Q["expired"], (now, limit)
                 )
-                if cur.rowcount == 0:  # cancelled with its workflow earlier in this round
-                    continue
-                if status is Status.FAILED and workflow_id is not None:
-                    _end_workflow(conn, workflow_id, WorkflowStatus.FAILED, now)
-                out.append(Reaped(job_id=job_id, queue=queue, status=status))
-            return out
+            ]
+            decided, failing = transitions.reap(expired)
+            conn.executemany(
+                Q["reap"], [(d.status.value, d.error, d.error, now, now, d.job_id, now) for d in decided]
+            )
+            for workflow_id in failing:
+                _end_workflow(conn, workflow_id, WorkflowStatus.FAILED, now)
+            return [
+                Reaped(job_id=d.job_id, queue=d.queue, status=d.status) for d in decided if d.status is not Status.CANCELLED
+            ]
 
         return await self._run(reap)
 
     async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
         def prune(conn: sqlite3.Connection) -> int:
-            cur = conn.execute(
-                """DELETE FROM jobs WHERE id IN (
-                    SELECT id FROM jobs INDEXED BY jobs_finished
-                    WHERE status IN ('completed', 'cancelled') AND updated_at < ? AND workflow_id IS NULL
-                    LIMIT ?)""",
-                (before, limit),
-            )
-            deleted = cur.rowcount
-            # Workflows go whole, so that a workflow never shows a step whose
-            # job has vanished; failed ones stay, like dead-lettered jobs.
-            finished = conn.execute(
-                """SELECT id FROM workflows INDEXED BY workflows_finished
-                WHERE status IN ('completed', 'cancelled') AND updated_at < ? LIMIT 100""",
-                (before,),
-            ).fetchall()
-            for (workflow_id,) in finished:
+            deleted = conn.execute(Q["prune_jobs"], (before, limit)).rowcount
+            for (workflow_id,) in conn.execute(Q["prune_finished_workflows"], (before,)).fetchall():
                 if deleted >= limit:
                     break
-                deleted += conn.execute("DELETE FROM jobs WHERE workflow_id = ?", (workflow_id,)).rowcount
-                conn.execute("DELETE FROM workflow_edges WHERE workflow_id = ?", (workflow_id,))
-                conn.execute("DELETE FROM workflow_steps WHERE workflow_id = ?", (workflow_id,))
-                conn.execute("DELETE FROM workflows WHERE id = ?", (workflow_id,))
+                deleted += conn.execute(Q["prune_workflow_jobs"], (workflow_id,)).rowcount
+                conn.execute(Q["prune_workflow_edges"], (workflow_id,))
+                conn.execute(Q["prune_workflow_steps"], (workflow_id,))
+                conn.execute(Q["prune_workflow"], (workflow_id,))
             return deleted
 
         return await self._run(prune)
-
 
     # -- workflows ---------------------------------------------------------
 
@@ -958,16 +735,12 @@ class SqliteStore(Store):
             workflow_id = str(uuid.uuid4())
             context = _dumps(workflow.context)
             conn.execute(
-                """INSERT INTO workflows (id, tenant, name, status, context, steps_total, steps_completed,
-                    created_at, updated_at)
-                VALUES (?, ?, ?, 'running', ?, ?, 0, ?, ?)""",
+                Q["workflow_insert"],
                 (workflow_id, workflow.tenant, workflow.name, context, len(workflow.steps), now, now),
             )
             roots = {s.name: str(uuid.uuid4()) for s in workflow.steps if not s.depends_on}
             conn.executemany(
-                """INSERT INTO workflow_steps (workflow_id, name, position, kind, payload, depends_on,
-                    max_attempts, state, remaining, job_id)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                Q["workflow_step_insert"],
                 [
                     (
                         workflow_id, s.name, i, s.kind, _dumps(s.payload), _dumps(list(s.depends_on)),
@@ -978,13 +751,11 @@ class SqliteStore(Store):
                 ],
             )
             conn.executemany(
-                "INSERT INTO workflow_edges (workflow_id, step, dependent) VALUES (?, ?, ?)",
+                Q["workflow_edge_insert"],
                 [(workflow_id, dep, s.name) for s in workflow.steps for dep in s.depends_on],
             )
             conn.executemany(
-                """INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
-                    scheduled_at, created_at, updated_at, workflow_id, step, context)
-                VALUES (?, ?, ?, ?, ?, 'pending', 0, 0, ?, ?, ?, ?, ?, ?, ?)""",
+                Q["step_job_insert"],
                 [
                     (
                         roots[s.name], workflow.tenant, WORKFLOW_QUEUE, s.kind, _dumps(s.payload), s.max_attempts,
@@ -1002,7 +773,7 @@ class SqliteStore(Store):
 
     async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:
         def get(conn: sqlite3.Connection) -> Workflow | None:
-            row = conn.execute("SELECT tenant FROM workflows WHERE id = ?", (workflow_id,)).fetchone()
+            row = conn.execute(Q["workflow_tenant"], (workflow_id,)).fetchone()
             if row is None or (tenant is not None and row[0] != tenant):
                 return None
             return _load_workflow(conn, workflow_id, jobs=jobs)
@@ -1017,26 +788,23 @@ class SqliteStore(Store):
         limit: int = 50,
         before: tuple[float, str] | None = None,
     ) -> list[Workflow]:
-        where = ["tenant = ?"]
+        where = []
         args: list[Any] = [tenant]
         if status is not None:
-            where.append("status = ?")
+            where.append("AND status = ?")
             args.append(WorkflowStatus(status).value)
         if before is not None:
-            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            where.append("AND (created_at < ? OR (created_at = ? AND id < ?))")
             args += [before[0], before[0], before[1]]
-        sql = (
-            "SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows "
-            f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT ?"
-        )
+        statement = Q["workflows_page"].format(where=" ".join(where))
         args.append(limit)
-        return await self._run(lambda conn: _build_workflows(conn, conn.execute(sql, args).fetchall(), jobs=False))
+        return await self._run(
+            lambda conn: _build_workflows(conn, conn.execute(statement, args).fetchall(), jobs=False)
+        )
 
     async def workflow_cancel(self, workflow_id: str, *, tenant: str, now: float) -> Workflow | None:
         def cancel(conn: sqlite3.Connection) -> Workflow | None:
-            row = conn.execute(
-                "SELECT status FROM workflows WHERE id = ? AND tenant = ?", (workflow_id, tenant)
-            ).fetchone()
+            row = conn.execute(Q["workflow_owned"], (workflow_id, tenant)).fetchone()
             if row is None:
                 return None
             if row[0] != WorkflowStatus.RUNNING.value:

@@ -1,0 +1,495 @@
+-- The PostgreSQL store's statements (qftrio.server.store.postgres), by name.
+-- "{where}" and "{limit}" are filled in at run time for the pages.
+
+-- name: notify
+-- Inside the caller's transaction, so it is delivered on commit only.
+SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
+
+-- name: migration_settings
+SET lock_timeout = '60s'; SET statement_timeout = 0;
+
+-- name: migration_settings_reset
+RESET lock_timeout; RESET statement_timeout;
+
+-- name: migration_lock
+SELECT pg_advisory_lock($1);
+
+-- name: migration_unlock
+SELECT pg_advisory_unlock($1);
+
+-- name: migrations_table
+CREATE TABLE IF NOT EXISTS qftrio_schema_migrations (
+    version text PRIMARY KEY,
+    name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migrations_table_exists
+SELECT to_regclass('qftrio_schema_migrations') IS NOT NULL;
+
+-- name: migrations_applied
+SELECT version FROM qftrio_schema_migrations;
+
+-- name: migration_record
+INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2);
+
+-- name: claim
+-- Candidates are picked with FOR UPDATE SKIP LOCKED, so concurrent claimers
+-- never wait on each other and never take the same row. An expired lease
+-- (c.status = 'running') records its lost attempt as "lease expired".
+WITH ready AS (
+    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
+    WHERE queue = $1 AND status = 'pending' AND scheduled_at <= $2
+    ORDER BY priority DESC, scheduled_at, created_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
+    WHERE queue = $1 AND status = 'running' AND locked_until < $2 AND attempt < max_attempts
+    ORDER BY priority DESC, scheduled_at, created_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), chosen AS (
+    SELECT * FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) AS c
+    ORDER BY priority DESC, scheduled_at, created_at
+    LIMIT $3
+)
+UPDATE qftrio_jobs AS j SET
+    status = 'running',
+    attempt = j.attempt + 1,
+    locked_until = $2 + $4::float8,
+    lease_token = gen_random_uuid(),
+    worker_id = $5,
+    updated_at = $2,
+    error = CASE WHEN c.status = 'running' THEN $6 ELSE j.error END,
+    errors = CASE WHEN c.status = 'running'
+        THEN j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'error', $6::text, 'at', $2))
+        ELSE j.errors END
+FROM chosen AS c
+WHERE j.id = c.id
+RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
+    j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context;
+
+-- name: insert_handing_over
+-- Insert a parked long-poll's queue's new jobs, those it takes (the due
+-- ones, in lease order, up to its limit) claimed already, unless something
+-- older is claimable in the queue; NOTIFY the queue if any stay pending.
+WITH older AS (
+    SELECT EXISTS (
+        SELECT 1 FROM qftrio_jobs WHERE queue = $3 AND status = 'pending' AND scheduled_at <= $4
+    ) OR EXISTS (
+        SELECT 1 FROM qftrio_jobs
+        WHERE queue = $3 AND status = 'running' AND locked_until < $4 AND attempt < max_attempts
+    ) AS found
+), input AS (
+    SELECT u.*, u.scheduled_at <= $4 AS due,
+        row_number() OVER (PARTITION BY u.scheduled_at <= $4 ORDER BY u.priority DESC, u.scheduled_at, u.ord) AS rank
+    FROM unnest($1::uuid[], $2::text[], $5::text[], $6::jsonb[], $7::int[], $8::int[], $9::float8[])
+        WITH ORDINALITY AS u(id, tenant, kind, payload, priority, max_attempts, scheduled_at, ord)
+), chosen AS (
+    SELECT i.*, (i.due AND i.rank <= $10 AND NOT o.found) AS hand FROM input AS i CROSS JOIN older AS o
+), inserted AS (
+    INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts, scheduled_at,
+        status, attempt, locked_until, lease_token, worker_id, created_at, updated_at)
+    SELECT c.id, c.tenant, $3, c.kind, c.payload, c.priority, c.max_attempts, c.scheduled_at,
+        CASE WHEN c.hand THEN 'running' ELSE 'pending' END,
+        CASE WHEN c.hand THEN 1 ELSE 0 END,
+        CASE WHEN c.hand THEN $4 + $11::float8 END,
+        CASE WHEN c.hand THEN gen_random_uuid() END,
+        CASE WHEN c.hand THEN $12::text END,
+        $4, $4
+    FROM chosen AS c
+    RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+        updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id,
+        step, context
+), notified AS (
+    SELECT count(pg_notify($13, $3)) FROM (SELECT 1 FROM inserted WHERE status = 'pending' LIMIT 1) AS p
+)
+SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notified;
+
+-- name: jobs_insert
+-- The NOTIFY of the new jobs' queues is part of the statement (delivered
+-- when it commits): no round trip of its own.
+WITH inserted AS (
+    INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
+        scheduled_at, idempotency_key, workflow_id, step, context,
+        status, attempt, created_at, updated_at)
+    SELECT u.*, 'pending', 0, $13::float8, $13::float8
+    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int[], $7::int[],
+                $8::float8[], $9::text[], $10::uuid[], $11::text[], $12::jsonb[]) AS u
+    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+        updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id,
+        step, context
+), notified AS (
+    SELECT count(pg_notify($14, q.queue)) FROM (SELECT DISTINCT queue FROM inserted) AS q
+)
+SELECT inserted.* FROM inserted, notified;
+
+-- name: jobs_by_idempotency_keys
+SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
+    context
+FROM qftrio_jobs
+WHERE (tenant, idempotency_key) IN (SELECT * FROM unnest($1::text[], $2::text[]));
+
+-- name: job_get
+SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
+    context
+FROM qftrio_jobs WHERE id = $1;
+
+-- name: job_get_owned
+SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
+    context
+FROM qftrio_jobs WHERE id = $1 AND tenant = $2;
+
+-- name: jobs_page
+SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
+    context
+FROM qftrio_jobs WHERE tenant = $1 {where} ORDER BY created_at DESC, id DESC LIMIT {limit};
+
+-- name: next_available
+-- A lease counts even if it already ran out: its job is claimable now. A
+-- job due later was scheduled ahead of its creation, which keeps this on
+-- qftrio_jobs_scheduled_idx (migration 0003); the embedded store asks the same.
+SELECT least(
+    (SELECT min(scheduled_at) FROM qftrio_jobs
+     WHERE queue = $1 AND status = 'pending' AND scheduled_at > created_at AND scheduled_at > $2),
+    (SELECT min(locked_until) FROM qftrio_jobs
+     WHERE queue = $1 AND status = 'running' AND attempt < max_attempts));
+
+-- name: heartbeat
+-- One statement, so one transaction, per batch. The current leases are
+-- extended without being locked first (the guarded write of
+-- transitions.heartbeat); the other items' rows are read as they stood, for
+-- their outcome, and not read at all when every lease was current.
+WITH extended AS (
+    UPDATE qftrio_jobs AS j SET locked_until = $4 + i.extend, updated_at = $4
+    FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
+    WHERE j.id = i.id AND j.status = 'running' AND j.lease_token = i.token
+    RETURNING i.ord, j.id, j.locked_until
+)
+SELECT e.ord, e.id, true AS changed, e.locked_until, 'running' AS status, true AS current FROM extended AS e
+UNION ALL
+SELECT i.ord, i.id, false, NULL, j.status, coalesce(j.lease_token = i.token, false)
+FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS i(id, token, ord)
+LEFT JOIN qftrio_jobs AS j ON j.id = i.id
+WHERE i.ord NOT IN (SELECT ord FROM extended);
+
+-- name: heartbeat_locking
+-- A heartbeat that raced another change of its job: lock the rows (id
+-- order), extend those still running under the token, report every row.
+WITH items AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
+), locked AS (
+    SELECT id, status, lease_token FROM qftrio_jobs
+    WHERE id IN (SELECT id FROM items)
+    ORDER BY id
+    FOR UPDATE
+), extended AS (
+    UPDATE qftrio_jobs AS j SET locked_until = $4 + i.extend, updated_at = $4
+    FROM items AS i JOIN locked AS l ON l.id = i.id
+    WHERE j.id = i.id AND l.status = 'running' AND l.lease_token = i.token
+      AND j.status = 'running' AND j.lease_token = i.token
+    RETURNING j.id, j.locked_until
+)
+SELECT i.ord, i.id, e.id IS NOT NULL AS changed, e.locked_until, l.status,
+    coalesce(l.lease_token = i.token, false) AS current
+FROM items AS i
+LEFT JOIN locked AS l ON l.id = i.id
+LEFT JOIN extended AS e ON e.id = i.id
+ORDER BY i.ord;
+
+-- name: complete
+-- One statement, so one transaction, per batch of jobs outside workflows:
+-- the current leases are completed without being locked first (the guarded
+-- write of transitions.complete), the other items' rows read as they stood.
+-- A batch holding a workflow step completes nothing here: it goes whole
+-- through complete_locking, which locks the steps' workflows first. A
+-- job's workflow never changes, so telling them apart needs no lock.
+WITH steps AS (
+    -- one primary key probe per item (OFFSET 0 keeps the planner from
+    -- scanning every workflow's jobs instead)
+    SELECT EXISTS (
+        SELECT 1 FROM unnest($1::uuid[]) AS u(id)
+        CROSS JOIN LATERAL (SELECT workflow_id FROM qftrio_jobs AS s WHERE s.id = u.id OFFSET 0) AS s
+        WHERE s.workflow_id IS NOT NULL
+    ) AS found
+), completed AS (
+    UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
+    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
+    WHERE j.id = i.id AND j.status = 'running' AND j.lease_token = i.token AND j.workflow_id IS NULL
+      AND NOT (SELECT found FROM steps)
+    RETURNING i.ord, j.queue
+)
+SELECT c.ord, c.queue, true AS applied, 'completed' AS status, true AS current, false AS step FROM completed AS c
+UNION ALL
+SELECT i.ord, j.queue, false, j.status, coalesce(j.lease_token = i.token, false), j.workflow_id IS NOT NULL
+FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS i(id, token, ord)
+LEFT JOIN qftrio_jobs AS j ON j.id = i.id
+WHERE i.ord NOT IN (SELECT ord FROM completed);
+
+-- name: complete_locking
+-- Every outcome, the rows locked (id order) after their workflows.
+WITH items AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
+), locked AS (
+    SELECT id, status, lease_token, queue FROM qftrio_jobs
+    WHERE id IN (SELECT id FROM items)
+    ORDER BY id
+    FOR UPDATE
+), completed AS (
+    UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
+    FROM items AS i JOIN locked AS l ON l.id = i.id
+    WHERE j.id = i.id AND l.status = 'running' AND l.lease_token = i.token
+      AND j.status = 'running' AND j.lease_token = i.token
+    RETURNING j.id, j.tenant, j.queue, j.workflow_id, j.step, j.result
+)
+SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token, false) AS current,
+       c.id IS NOT NULL AS applied, c.tenant, c.workflow_id, c.step, c.result
+FROM items AS i
+LEFT JOIN locked AS l ON l.id = i.id
+LEFT JOIN completed AS c ON c.id = i.id
+ORDER BY i.ord;
+
+-- name: fail_lock
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id FROM qftrio_jobs
+WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE;
+
+-- name: fail
+-- The guarded write of transitions.fail, for the whole batch.
+UPDATE qftrio_jobs AS j SET
+    status = u.status,
+    scheduled_at = coalesce(u.scheduled_at, j.scheduled_at),
+    locked_until = NULL,
+    error = u.error,
+    errors = j.errors || jsonb_build_array(
+        jsonb_build_object('attempt', j.attempt, 'error', u.error, 'at', $6::float8)),
+    updated_at = $6
+FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[])
+    AS u(id, token, status, scheduled_at, error)
+WHERE j.id = u.id AND j.lease_token = u.token AND j.status = 'running'
+RETURNING j.id, j.queue, j.status;
+
+-- name: reap_lock_workflows
+-- A step dead-lettered by the janitor fails its workflow, whose row must be
+-- locked before the step's (the lock order): the workflows first, skipping
+-- those busy elsewhere; their steps wait for the next round.
+SELECT id FROM qftrio_workflows
+WHERE id IN (SELECT workflow_id FROM qftrio_jobs
+             WHERE status = 'running' AND locked_until < $1 AND attempt >= max_attempts
+               AND workflow_id IS NOT NULL)
+ORDER BY id
+FOR UPDATE SKIP LOCKED;
+
+-- name: expired
+-- The janitor's round, first expired first, skipping rows another server is
+-- working on.
+SELECT j.id, j.queue, j.attempt, j.max_attempts, j.locked_until, j.workflow_id, j.step,
+    coalesce(s.position, 0) AS position
+FROM qftrio_jobs AS j
+LEFT JOIN qftrio_workflow_steps AS s ON s.workflow_id = j.workflow_id AND s.name = j.step
+WHERE j.status = 'running' AND j.locked_until < $1
+  AND (j.workflow_id IS NULL OR j.attempt < j.max_attempts OR j.workflow_id = ANY($3::uuid[]))
+ORDER BY j.locked_until
+LIMIT $2
+FOR UPDATE OF j SKIP LOCKED;
+
+-- name: reap
+-- The janitor takes the jobs back as transitions.reap decided: their tokens
+-- go stale, their worker_id stays.
+UPDATE qftrio_jobs AS j SET
+    status = u.status,
+    locked_until = NULL,
+    lease_token = NULL,
+    error = u.error,
+    errors = j.errors || jsonb_build_array(
+        jsonb_build_object('attempt', j.attempt, 'error', u.error, 'at', $4::float8)),
+    updated_at = $4
+FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(id, status, error)
+WHERE j.id = u.id AND j.status = 'running' AND j.locked_until < $4;
+
+-- name: prune_jobs
+-- A workflow's jobs go only with the whole workflow.
+WITH doomed AS (
+    SELECT id FROM qftrio_jobs
+    WHERE status IN ('completed', 'cancelled') AND updated_at < $1 AND workflow_id IS NULL
+    ORDER BY updated_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM qftrio_jobs WHERE id IN (SELECT id FROM doomed) RETURNING 1
+)
+SELECT count(*) FROM deleted;
+
+-- name: prune_finished_workflows
+-- Completed or cancelled workflows go whole; failed ones stay, like dead letters.
+SELECT id FROM qftrio_workflows
+WHERE status IN ('completed', 'cancelled') AND updated_at < $1
+ORDER BY updated_at
+LIMIT 100
+FOR UPDATE SKIP LOCKED;
+
+-- name: prune_workflow_jobs
+WITH gone AS (DELETE FROM qftrio_jobs WHERE workflow_id = $1 RETURNING 1) SELECT count(*) FROM gone;
+
+-- name: prune_workflow
+-- Its steps and edges go with it (ON DELETE CASCADE).
+DELETE FROM qftrio_workflows WHERE id = $1;
+
+-- name: job_workflow
+SELECT workflow_id FROM qftrio_jobs WHERE id = $1 AND tenant = $2;
+
+-- name: workflow_lock
+SELECT 1 FROM qftrio_workflows WHERE id = $1 FOR UPDATE;
+
+-- name: job_lock_status
+SELECT status FROM qftrio_jobs WHERE id = $1 AND tenant = $2 FOR UPDATE;
+
+-- name: job_cancel
+-- The lease token and locked_until stay: a late heartbeat of the running
+-- attempt must still be told "cancelled", not "conflict".
+UPDATE qftrio_jobs SET status = 'cancelled', updated_at = $2
+WHERE id = $1 AND status IN ('pending', 'running')
+RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
+    context;
+
+-- name: job_reset
+UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $2, updated_at = $2,
+    locked_until = NULL, lease_token = NULL, worker_id = NULL
+WHERE id = $1 AND status IN ('failed', 'cancelled')
+RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
+    context;
+
+-- name: failed_step
+SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' ORDER BY updated_at, id LIMIT 1;
+
+-- name: queues_stats
+SELECT queue,
+    count(*) FILTER (WHERE status = 'pending') AS pending,
+    count(*) FILTER (WHERE status = 'running') AS running,
+    count(*) FILTER (WHERE status = 'completed') AS completed,
+    count(*) FILTER (WHERE status = 'failed') AS failed,
+    count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+    min(scheduled_at) FILTER (WHERE status = 'pending' AND scheduled_at <= $2) AS oldest_ready_at,
+    least(min(scheduled_at) FILTER (WHERE status = 'pending' AND scheduled_at > $2),
+          min(locked_until) FILTER (WHERE status = 'running')) AS next_available_at
+FROM qftrio_jobs WHERE tenant = $1 {where} GROUP BY queue ORDER BY queue COLLATE "C";
+
+-- name: lock_workflows_of_jobs
+SELECT id FROM qftrio_workflows
+WHERE id IN (SELECT workflow_id FROM qftrio_jobs WHERE id = ANY($1::uuid[]) AND workflow_id IS NOT NULL)
+ORDER BY id
+FOR UPDATE;
+
+-- name: enqueue_steps
+-- A CTE with a volatile function is materialised once: both statements see
+-- the same new ids.
+WITH ready AS (
+    SELECT s.name, s.kind, s.payload, s.max_attempts, s.position, gen_random_uuid() AS job_id
+    FROM qftrio_workflow_steps AS s
+    WHERE s.workflow_id = $1 AND s.name = ANY($2::text[]) AND s.state = 'waiting'
+), inserted AS (
+    INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
+        scheduled_at, created_at, updated_at, workflow_id, step, context)
+    SELECT job_id, $3, $4, kind, payload, 'pending', 0, 0, max_attempts, $5, $5, $5, $1, name, $6::jsonb
+    FROM ready ORDER BY position
+    RETURNING 1
+)
+UPDATE qftrio_workflow_steps AS s SET state = 'enqueued', job_id = r.job_id
+FROM ready AS r
+WHERE s.workflow_id = $1 AND s.name = r.name;
+
+-- name: workflow_step_completed
+UPDATE qftrio_workflows SET context = context || $2::jsonb, steps_completed = steps_completed + 1, updated_at = $3
+WHERE id = $1
+RETURNING tenant, status, context, steps_total, steps_completed;
+
+-- name: steps_unblock
+-- The steps waiting for a completed one, their count lowered.
+UPDATE qftrio_workflow_steps SET remaining = remaining - 1
+WHERE workflow_id = $1
+  AND name IN (SELECT dependent FROM qftrio_workflow_edges WHERE workflow_id = $1 AND step = $2)
+RETURNING position, name, remaining, state;
+
+-- name: workflow_complete
+UPDATE qftrio_workflows SET status = 'completed' WHERE id = $1;
+
+-- name: workflow_end
+UPDATE qftrio_workflows SET status = $2, updated_at = $3 WHERE id = $1 AND status = 'running' RETURNING 1;
+
+-- name: workflow_jobs_cancel
+-- The lease token and locked_until stay, as for any cancel: a late
+-- heartbeat of a running step is told "cancelled".
+UPDATE qftrio_jobs SET status = 'cancelled', updated_at = $2
+WHERE workflow_id = $1 AND status IN ('pending', 'running');
+
+-- name: workflow_steps_cancel
+UPDATE qftrio_workflow_steps SET state = 'cancelled' WHERE workflow_id = $1 AND state = 'waiting';
+
+-- name: workflow_resume
+UPDATE qftrio_workflows SET status = 'running', updated_at = $2 WHERE id = $1 RETURNING tenant, context;
+
+-- name: workflow_jobs_resume
+-- The failed step and those cancelled by the failure: their dependencies
+-- had completed, so they are ready again at once.
+UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $3, updated_at = $3,
+    context = $4::jsonb, locked_until = NULL, lease_token = NULL, worker_id = NULL
+WHERE workflow_id = $1 AND (status = 'cancelled' OR id = $2);
+
+-- name: workflow_steps_wait_again
+UPDATE qftrio_workflow_steps SET state = 'waiting' WHERE workflow_id = $1 AND state = 'cancelled'
+RETURNING position, name, remaining;
+
+-- name: workflow_status
+SELECT status FROM qftrio_workflows WHERE id = $1;
+
+-- name: workflow_owned_lock
+SELECT status FROM qftrio_workflows WHERE id = $1 AND tenant = $2 FOR UPDATE;
+
+-- name: workflow_get
+SELECT id, tenant, name, status, context, created_at, updated_at FROM qftrio_workflows WHERE id = $1;
+
+-- name: workflows_page
+SELECT id, tenant, name, status, context, created_at, updated_at FROM qftrio_workflows
+WHERE tenant = $1 {where} ORDER BY created_at DESC, id DESC LIMIT {limit};
+
+-- name: steps_of_workflows
+SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
+FROM qftrio_workflow_steps WHERE workflow_id = ANY($1::uuid[]) ORDER BY workflow_id, position;
+
+-- name: jobs_of_workflows
+SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
+    context
+FROM qftrio_jobs WHERE workflow_id = ANY($1::uuid[]);
+
+-- name: job_statuses_of_workflows
+SELECT id, status FROM qftrio_jobs WHERE workflow_id = ANY($1::uuid[]);
+
+-- name: workflow_insert
+INSERT INTO qftrio_workflows (id, tenant, name, status, context, steps_total, steps_completed, created_at, updated_at)
+VALUES ($1, $2, $3, 'running', $4::jsonb, $5, 0, $6, $6);
+
+-- name: workflow_steps_insert
+INSERT INTO qftrio_workflow_steps (workflow_id, name, position, kind, payload, depends_on, max_attempts, state,
+    remaining, job_id)
+SELECT $1, u.name, u.position, u.kind, u.payload, u.depends_on::jsonb, u.max_attempts, u.state, u.remaining, u.job_id
+FROM unnest($2::text[], $3::int[], $4::text[], $5::jsonb[], $6::text[], $7::int[], $8::text[], $9::int[], $10::uuid[])
+    AS u(name, position, kind, payload, depends_on, max_attempts, state, remaining, job_id);
+
+-- name: workflow_edges_insert
+INSERT INTO qftrio_workflow_edges (workflow_id, step, dependent)
+SELECT $1, u.step, u.dependent FROM unnest($2::text[], $3::text[]) AS u(step, dependent);
+
+-- name: workflow_root_jobs_insert
+INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
+    created_at, updated_at, workflow_id, step, context)
+SELECT u.id, $2, $3, u.kind, u.payload, 'pending', 0, 0, u.max_attempts, $4, $4, $4, $1, u.step, $5::jsonb
+FROM unnest($6::uuid[], $7::text[], $8::jsonb[], $9::int[], $10::text[]) AS u(id, kind, payload, max_attempts, step);

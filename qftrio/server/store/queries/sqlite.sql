@@ -1,0 +1,239 @@
+-- The embedded store's statements (qftrio.server.store.sqlite), by name.
+-- "{marks}" stands for a list of "?" the length of a batch, filled in at run time.
+
+-- name: job_get
+SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+FROM jobs WHERE id = ?;
+
+-- name: job_by_idempotency_key
+SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+FROM jobs WHERE tenant = ? AND idempotency_key = ?;
+
+-- name: jobs_page
+-- A tenant's jobs, newest first; "{where}" adds the filters of the page.
+SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+FROM jobs WHERE tenant = ? {where} ORDER BY created_at DESC, id DESC LIMIT ?;
+
+-- name: job_insert
+INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
+    created_at, updated_at, idempotency_key, workflow_id, step, context)
+VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)
+RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
+
+-- name: reports_of
+-- What a report batch decides on: each job's state and current token.
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, step
+FROM jobs WHERE id IN ({marks});
+
+-- name: claim_ready
+SELECT id, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_ready
+WHERE queue = ? AND status = 'pending' AND scheduled_at <= ?
+ORDER BY priority DESC, scheduled_at, created_at LIMIT ?;
+
+-- name: claim_expired
+SELECT id, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_leased
+WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts
+ORDER BY locked_until LIMIT ?;
+
+-- name: claim
+-- One statement for the whole batch; "{tokens}" is one "WHEN ? THEN ?" per
+-- job. SET expressions see the row as it was, so status = 'running' marks
+-- the expired leases, whose lost attempt goes into the error history.
+UPDATE jobs SET status = 'running', attempt = attempt + 1, locked_until = ?,
+    worker_id = ?, updated_at = ?,
+    lease_token = CASE id {tokens} END,
+    error = CASE WHEN status = 'running' THEN ? ELSE error END,
+    errors = CASE WHEN status = 'running' THEN json_insert(errors, '$[#]',
+        json_object('attempt', attempt, 'error', ?, 'at', ?)) ELSE errors END
+WHERE id IN ({marks})
+RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
+
+-- name: next_scheduled
+-- A job scheduled ahead of its creation (a delay, a time, a retry); one
+-- due when created is claimable at once and never "next". As on PostgreSQL.
+SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_ready
+WHERE queue = ? AND status = 'pending' AND scheduled_at > created_at AND scheduled_at > ?;
+
+-- name: next_lease
+-- A lease counts even if it already ran out: its job is claimable now.
+SELECT min(locked_until) FROM jobs INDEXED BY jobs_leased
+WHERE queue = ? AND status = 'running' AND attempt < max_attempts;
+
+-- name: heartbeat
+-- The guarded write of a heartbeat: only a running job under the token.
+UPDATE jobs SET locked_until = ?, updated_at = ?
+WHERE id = ? AND status = 'running' AND lease_token = ?;
+
+-- name: complete
+UPDATE jobs SET status = 'completed', result = ?, locked_until = NULL, updated_at = ?
+WHERE id = ? AND status = 'running' AND lease_token = ?;
+
+-- name: fail
+UPDATE jobs SET status = ?, scheduled_at = coalesce(?, scheduled_at), locked_until = NULL, error = ?,
+    errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', ?, 'at', ?)),
+    updated_at = ?
+WHERE id = ? AND status = 'running' AND lease_token = ?;
+
+-- name: expired
+-- The janitor's round: running jobs whose lease ran out, first expired first.
+SELECT j.id, j.queue, j.attempt, j.max_attempts, j.locked_until, j.workflow_id, j.step, coalesce(s.position, 0)
+FROM jobs AS j LEFT JOIN workflow_steps AS s ON s.workflow_id = j.workflow_id AND s.name = j.step
+WHERE j.status = 'running' AND j.locked_until < ?
+ORDER BY j.locked_until LIMIT ?;
+
+-- name: reap
+-- The janitor takes a job back: its token goes stale, its worker_id stays.
+UPDATE jobs SET status = ?, locked_until = NULL, lease_token = NULL, error = ?,
+    errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', ?, 'at', ?)),
+    updated_at = ?
+WHERE id = ? AND status = 'running' AND locked_until < ?;
+
+-- name: job_owned
+SELECT status, queue, workflow_id FROM jobs WHERE id = ? AND tenant = ?;
+
+-- name: job_cancel
+UPDATE jobs SET status = 'cancelled', updated_at = ? WHERE id = ? AND status IN ('pending', 'running')
+RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
+
+-- name: job_reset
+UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?, updated_at = ?,
+    locked_until = NULL, lease_token = NULL, worker_id = NULL
+WHERE id = ? AND status IN ('failed', 'cancelled')
+RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
+
+-- name: failed_step
+SELECT step, id FROM jobs WHERE workflow_id = ? AND status = 'failed' ORDER BY updated_at, id LIMIT 1;
+
+-- name: queues_of_tenant
+SELECT DISTINCT queue FROM jobs WHERE tenant = ?;
+
+-- name: queue_counts
+SELECT status, count(*) FROM jobs WHERE tenant = ? AND queue = ? GROUP BY status;
+
+-- name: queue_oldest_ready
+SELECT min(scheduled_at) FROM jobs WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at <= ?;
+
+-- name: queue_next_scheduled
+SELECT min(scheduled_at) FROM jobs WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at > ?;
+
+-- name: queue_next_lease
+SELECT min(locked_until) FROM jobs WHERE tenant = ? AND queue = ? AND status = 'running';
+
+-- name: prune_jobs
+DELETE FROM jobs WHERE id IN (
+    SELECT id FROM jobs INDEXED BY jobs_finished
+    WHERE status IN ('completed', 'cancelled') AND updated_at < ? AND workflow_id IS NULL
+    LIMIT ?);
+
+-- name: prune_finished_workflows
+-- Workflows go whole, so that a workflow never shows a step whose job has
+-- vanished; failed ones stay, like dead-lettered jobs.
+SELECT id FROM workflows INDEXED BY workflows_finished
+WHERE status IN ('completed', 'cancelled') AND updated_at < ? LIMIT 100;
+
+-- name: prune_workflow_jobs
+DELETE FROM jobs WHERE workflow_id = ?;
+
+-- name: prune_workflow_edges
+DELETE FROM workflow_edges WHERE workflow_id = ?;
+
+-- name: prune_workflow_steps
+DELETE FROM workflow_steps WHERE workflow_id = ?;
+
+-- name: prune_workflow
+DELETE FROM workflows WHERE id = ?;
+
+-- name: workflow_insert
+INSERT INTO workflows (id, tenant, name, status, context, steps_total, steps_completed, created_at, updated_at)
+VALUES (?, ?, ?, 'running', ?, ?, 0, ?, ?);
+
+-- name: workflow_step_insert
+INSERT INTO workflow_steps (workflow_id, name, position, kind, payload, depends_on, max_attempts, state,
+    remaining, job_id)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: workflow_edge_insert
+INSERT INTO workflow_edges (workflow_id, step, dependent) VALUES (?, ?, ?);
+
+-- name: step_job_insert
+INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
+    scheduled_at, created_at, updated_at, workflow_id, step, context)
+VALUES (?, ?, ?, ?, ?, 'pending', 0, 0, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: step_definition
+SELECT kind, payload, max_attempts FROM workflow_steps WHERE workflow_id = ? AND name = ?;
+
+-- name: step_enqueued
+UPDATE workflow_steps SET state = 'enqueued', job_id = ? WHERE workflow_id = ? AND name = ?;
+
+-- name: workflow_of_step
+SELECT tenant, status, context, steps_total, steps_completed FROM workflows WHERE id = ?;
+
+-- name: steps_unblock
+-- The steps waiting for a completed one, their count lowered.
+UPDATE workflow_steps SET remaining = remaining - 1
+WHERE workflow_id = ? AND name IN (SELECT dependent FROM workflow_edges WHERE workflow_id = ? AND step = ?)
+RETURNING position, name, remaining, state;
+
+-- name: workflow_advance
+UPDATE workflows SET context = ?, steps_completed = ?, status = ?, updated_at = ? WHERE id = ?;
+
+-- name: workflow_end
+UPDATE workflows SET status = ?, updated_at = ? WHERE id = ? AND status = 'running';
+
+-- name: workflow_jobs_cancel
+-- The lease token and locked_until stay, as for any cancel: a running
+-- step's next heartbeat is told "cancelled".
+UPDATE jobs SET status = 'cancelled', updated_at = ? WHERE workflow_id = ? AND status IN ('pending', 'running');
+
+-- name: workflow_steps_cancel
+UPDATE workflow_steps SET state = 'cancelled' WHERE workflow_id = ? AND state = 'waiting';
+
+-- name: workflow_resume
+UPDATE workflows SET status = 'running', updated_at = ? WHERE id = ? RETURNING tenant, context;
+
+-- name: workflow_jobs_resume
+-- The failed step and those cancelled by the failure: their dependencies had
+-- completed, so they are ready again at once.
+UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?, updated_at = ?, context = ?,
+    locked_until = NULL, lease_token = NULL, worker_id = NULL
+WHERE workflow_id = ? AND (status = 'cancelled' OR id = ?);
+
+-- name: workflow_steps_wait_again
+UPDATE workflow_steps SET state = 'waiting' WHERE workflow_id = ? AND state = 'cancelled'
+RETURNING position, name, remaining;
+
+-- name: workflow_status
+SELECT status FROM workflows WHERE id = ?;
+
+-- name: workflow_owned
+SELECT status FROM workflows WHERE id = ? AND tenant = ?;
+
+-- name: workflow_tenant
+SELECT tenant FROM workflows WHERE id = ?;
+
+-- name: workflow_get
+SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows WHERE id = ?;
+
+-- name: workflows_page
+SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows
+WHERE tenant = ? {where} ORDER BY created_at DESC, id DESC LIMIT ?;
+
+-- name: steps_of_workflows
+SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
+FROM workflow_steps WHERE workflow_id IN ({marks}) ORDER BY workflow_id, position;
+
+-- name: jobs_of_workflows
+SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+FROM jobs WHERE workflow_id IN ({marks});
+
+-- name: job_statuses_of_workflows
+SELECT id, status FROM jobs WHERE workflow_id IN ({marks});

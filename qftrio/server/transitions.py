@@ -1,0 +1,303 @@
+"""Every decision of a job's life, once: pure functions, no I/O.
+
+A store reads what a decision needs (a row's status, whether the caller's
+lease token is the row's current one, its attempt count), calls the function
+here, and executes what it answers through a guarded write ("set this if the
+job is still running and the token is current"). Both stores call the same
+functions, so a rule changes in one place; ``tests/test_transitions.py`` holds
+the rules, and the store conformance suite checks that each backend executes
+them.
+
+Reports (complete / fail / heartbeat) of a job that exists:
+
+=====================  =================  ==========================  ================
+row state              complete(token)    fail(token)                 heartbeat(token)
+=====================  =================  ==========================  ================
+token not current      CONFLICT           CONFLICT                    CONFLICT
+running                OK (completed)     OK (pending or failed)      OK, extended
+completed              OK (replay)        CONFLICT                    OK, status only
+pending (after fail)   CONFLICT           OK (replay)                 OK, status only
+failed                 CONFLICT           OK (replay)                 OK, status only
+cancelled              CONFLICT           CONFLICT                    OK, status only
+=====================  =================  ==========================  ================
+
+The table is :func:`complete`, :func:`fail` and :func:`heartbeat`.
+
+Lease tokens (DESIGN §2): a claim gives the job a fresh token. It stays on
+the row after complete, fail and cancel, so that replays and late heartbeats
+are told apart from stale callers; it stays valid after the lease runs out,
+until the job is claimed again (the claim records the lost attempt as
+``lease expired``) or taken back by the janitor (:func:`reap`), which
+replace or clear it: stale from then on.
+A job's ``worker_id`` is kept after it ends, so that one can see where it ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+
+from .. import errors
+from ..models import HeartbeatItem, Status, WorkflowStatus
+from .store.base import LEASE_EXPIRED, HeartbeatResult, Outcome, ReportResult, RetryAt
+
+__all__ = [
+    "complete",
+    "fail",
+    "Failed",
+    "heartbeat",
+    "one_per_lease",
+    "cancel",
+    "Retry",
+    "retry",
+    "not_the_failed_step",
+    "Expired",
+    "Reap",
+    "reap",
+    "sibling_cancelled",
+    "Advance",
+    "advance",
+    "UNFINISHED",
+]
+
+#: Job statuses a workflow's end cancels (and a cancel accepts).
+UNFINISHED = (Status.PENDING, Status.RUNNING)
+
+_NOT_FOUND_REPORT = ReportResult(outcome=Outcome.NOT_FOUND)
+_CONFLICT_REPORT = ReportResult(outcome=Outcome.CONFLICT)
+_NOT_FOUND_BEAT = HeartbeatResult(outcome=Outcome.NOT_FOUND)
+_CONFLICT_BEAT = HeartbeatResult(outcome=Outcome.CONFLICT)
+
+
+# -- reports ----------------------------------------------------------------
+
+
+def heartbeat(status: Status | None, current: bool, *, extend_secs: float, now: float) -> HeartbeatResult:
+    """The answer to a heartbeat of a job in *status* (None: unknown job),
+    *current* telling whether its token is the job's current one. A result
+    with ``locked_until`` set is a lease to extend to that time (and
+    ``updated_at`` to *now*), if the job is still running under that token."""
+    if status is None:
+        return _NOT_FOUND_BEAT
+    if not current:
+        return _CONFLICT_BEAT
+    if status is Status.RUNNING:
+        return HeartbeatResult(outcome=Outcome.OK, status=Status.RUNNING, locked_until=now + extend_secs)
+    return HeartbeatResult(outcome=Outcome.OK, status=status)
+
+
+def one_per_lease(items: Sequence[HeartbeatItem]) -> tuple[list[HeartbeatItem], list[int]]:
+    """A batch's heartbeats, one per lease: a lease heartbeated twice in one
+    batch is extended once, by the longer extension, and both items are
+    answered alike. Returns the heartbeats to run and, for each of *items*,
+    the index of its answer among them."""
+    index: dict[tuple[str, str], int] = {}
+    unique: list[HeartbeatItem] = []
+    slot = []
+    for item in items:
+        key = (item.job_id, item.lease_token)
+        k = index.get(key)
+        if k is None:
+            k = index[key] = len(unique)
+            unique.append(item)
+        elif item.extend_secs > unique[k].extend_secs:
+            unique[k] = item
+        slot.append(k)
+    return unique, slot
+
+
+def complete(status: Status | None, current: bool, *, queue: str | None = None) -> ReportResult:
+    """The answer to a completion. ``applied`` set: complete the job (result
+    stored, ``locked_until`` cleared), if it is still running under that
+    token."""
+    if status is None:
+        return _NOT_FOUND_REPORT
+    if not current:
+        return _CONFLICT_REPORT
+    if status is Status.RUNNING:
+        return ReportResult(outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True)
+    if status is Status.COMPLETED:
+        return ReportResult(outcome=Outcome.OK, queue=queue, status=Status.COMPLETED)
+    return _CONFLICT_REPORT
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Failed:
+    """What a fail decided: the answer, and when ``result.applied`` the
+    write: status ``result.status``, scheduled at ``retry_at`` (None: left
+    as it was, the job is dead-lettered), ``locked_until`` cleared, the error
+    recorded for the attempt."""
+
+    result: ReportResult
+    retry_at: float | None = None
+
+
+def fail(
+    status: Status | None,
+    current: bool,
+    *,
+    queue: str | None = None,
+    attempt: int = 0,
+    max_attempts: int = 0,
+    retryable: bool = True,
+    retry_at: RetryAt,
+    now: float,
+) -> Failed:
+    """The answer to a fail: a retry when the engine's *retry_at* gives a
+    time, else a dead letter."""
+    if status is None:
+        return Failed(result=_NOT_FOUND_REPORT)
+    if not current:
+        return Failed(result=_CONFLICT_REPORT)
+    if status is Status.RUNNING:
+        when = retry_at(attempt, max_attempts, retryable, now)
+        after = Status.FAILED if when is None else Status.PENDING
+        return Failed(result=ReportResult(outcome=Outcome.OK, queue=queue, status=after, applied=True), retry_at=when)
+    if status in (Status.PENDING, Status.FAILED):
+        return Failed(result=ReportResult(outcome=Outcome.OK, queue=queue, status=status))
+    return Failed(result=_CONFLICT_REPORT)
+
+
+# -- the application's changes ------------------------------------------------
+
+
+def cancel(job_id: str, status: Status) -> None:
+    """Raise :class:`~qftrio.errors.Conflict` unless a job in *status* can
+    be cancelled. Cancelling keeps the lease token and ``locked_until``: the
+    running attempt's next heartbeat is told ``cancelled``, not ``conflict``."""
+    if status not in UNFINISHED:
+        raise errors.Conflict(f"job {job_id} is {status.value}; only pending or running jobs can be cancelled")
+
+
+class Retry(enum.Enum):
+    """What retrying a job does."""
+
+    #: Back to pending, attempt 0, ready now, lease token cleared.
+    RESET = "reset"
+    #: The failed step of a failed workflow: resume the workflow.
+    RESUME = "resume"
+    #: Another step of a failed workflow: a conflict naming the failed step
+    #: (:func:`not_the_failed_step`, once the store has found it).
+    NOT_THE_FAILED_STEP = "not_the_failed_step"
+
+
+def retry(
+    job_id: str, status: Status, *, workflow_id: str | None = None, workflow_status: WorkflowStatus | None = None
+) -> Retry:
+    """What retrying a job in *status* does (a workflow step's: by its
+    workflow's status). Raises :class:`~qftrio.errors.Conflict` for a job
+    that is neither failed nor cancelled, and for any step of a cancelled
+    workflow: a cancelled workflow is final."""
+    if status not in (Status.FAILED, Status.CANCELLED):
+        raise errors.Conflict(f"job {job_id} is {status.value}; only failed or cancelled jobs can be retried")
+    if workflow_status is WorkflowStatus.CANCELLED:
+        raise errors.Conflict(
+            f"job {job_id} is a step of workflow {workflow_id}, which was cancelled; "
+            "a cancelled workflow does not resume"
+        )
+    if workflow_status is WorkflowStatus.FAILED:
+        return Retry.RESUME if status is Status.FAILED else Retry.NOT_THE_FAILED_STEP
+    return Retry.RESET
+
+
+def not_the_failed_step(workflow_id: str, step: str, failed_job_id: str) -> errors.Conflict:
+    """The conflict of :attr:`Retry.NOT_THE_FAILED_STEP`."""
+    return errors.Conflict(
+        f"workflow {workflow_id} failed at step {step!r}; retry that step's job ({failed_job_id}) to resume it"
+    )
+
+
+# -- the janitor ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Expired:
+    """A running job whose lease ran out, as the janitor found it."""
+
+    job_id: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    locked_until: float
+    workflow_id: str | None = None
+    step: str | None = None
+    #: The step's place in its workflow (creation order), for ties.
+    position: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Reap:
+    """What the janitor does to one expired job: status ``status``,
+    ``locked_until`` and the lease token cleared, ``error`` recorded for the
+    attempt. ``worker_id`` stays."""
+
+    job_id: str
+    queue: str
+    status: Status  # PENDING, FAILED, or CANCELLED (a sibling of the failed step)
+    error: str
+
+
+def sibling_cancelled(step: str) -> str:
+    """The error of an expired step cancelled because a sibling that expired
+    in the same round failed its workflow."""
+    return f"{LEASE_EXPIRED}; cancelled with its workflow, which failed at step {step!r}"
+
+
+def reap(expired: Sequence[Expired]) -> tuple[list[Reap], dict[str, str]]:
+    """One janitor round over the *expired* jobs: each goes back to pending
+    with attempts left, else is dead-lettered with ``lease expired``.
+
+    A workflow with a dead-lettered step fails. When several of its steps
+    expire in one round, the one whose lease ran out first (ties: the
+    earlier step in the workflow's order) is its failed step, the one to
+    retry; the workflow's other steps expired in the round are cancelled with
+    an error naming the failed step (:func:`sibling_cancelled`).
+
+    Returns the decisions in the order of *expired*, and the workflows to
+    fail, ``{workflow id: failed step's job id}``.
+    """
+    failed_step: dict[str, Expired] = {}
+    for job in expired:
+        if job.workflow_id is not None and job.attempt >= job.max_attempts:
+            first = failed_step.get(job.workflow_id)
+            if first is None or (job.locked_until, job.position) < (first.locked_until, first.position):
+                failed_step[job.workflow_id] = job
+    out = []
+    for job in expired:
+        first = failed_step.get(job.workflow_id) if job.workflow_id is not None else None
+        if first is not None and first is not job:
+            out.append(Reap(job_id=job.job_id, queue=job.queue, status=Status.CANCELLED, error=sibling_cancelled(first.step or "")))
+        elif job.attempt < job.max_attempts:
+            out.append(Reap(job_id=job.job_id, queue=job.queue, status=Status.PENDING, error=LEASE_EXPIRED))
+        else:
+            out.append(Reap(job_id=job.job_id, queue=job.queue, status=Status.FAILED, error=LEASE_EXPIRED))
+    return out, {workflow_id: job.job_id for workflow_id, job in failed_step.items()}
+
+
+# -- workflows ------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Advance:
+    """What a step's completion does to its workflow."""
+
+    #: Steps to enqueue now, in workflow order.
+    ready: tuple[str, ...]
+    #: The workflow completes with this step.
+    completed: bool
+
+
+def advance(
+    workflow_status: WorkflowStatus, *, steps_completed: int, steps_total: int, unblocked: Sequence[tuple[int, str, int, str]]
+) -> Advance:
+    """A step of a workflow in *workflow_status* completed; *steps_completed*
+    counts it. *unblocked* holds ``(position, name, remaining dependencies,
+    state)`` of the steps that depended on it, their count already lowered.
+    Those with nothing left to wait for are enqueued, in workflow order. A
+    workflow that is not running advances nothing (its step's job was
+    cancelled with it); its dependents wait for a resume."""
+    if workflow_status is not WorkflowStatus.RUNNING:
+        return Advance(ready=(), completed=False)
+    ready = tuple(name for _, name, remaining, state in sorted(unblocked) if remaining == 0 and state == "waiting")
+    return Advance(ready=ready, completed=steps_completed >= steps_total)
