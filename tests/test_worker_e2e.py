@@ -19,7 +19,8 @@ import trio
 
 from qftrio.client import Client
 from qftrio.models import Job, Status
-from qftrio.worker import EngineTransport, HttpTransport, Registry, WorkerEvent, open_worker
+from qftrio.server.inprocess import EngineTransport
+from qftrio.worker import HttpTransport, Registry, WorkerEvent, open_worker
 from qftrio.worker.transport import ReportReply
 
 from .conftest import RunningServer
