@@ -48,12 +48,13 @@ def _always(exc: BaseException) -> bool:
 
 
 class _Call(Generic[T, R]):
-    __slots__ = ("items", "taken", "done", "results", "error")
+    __slots__ = ("items", "taken", "runs", "woken", "results", "error")
 
     def __init__(self, items: list[T]) -> None:
         self.items = items
-        self.taken = False
-        self.done = trio.Event()
+        self.taken = False  # in a batch (sent, or being sent)
+        self.runs = False  # this call's caller gathers and sends the next batch
+        self.woken = trio.Event()  # its batch is done, or it runs the next one
         self.results: list[R] = []
         self.error: BaseException | None = None
 
@@ -61,6 +62,9 @@ class _Call(Generic[T, R]):
 class Batcher(Generic[T, R]):
     """Run ``operation(items)`` for concurrent callers, batching the callers
     that queue up.
+
+    One caller at a time gathers the next batch (it lingers, then waits for
+    a turn in flight) and sends it; the others wait for their results.
 
     Args:
         operation: the batch operation: one result per item, in order.
@@ -90,8 +94,8 @@ class Batcher(Generic[T, R]):
         self._turns = trio.Semaphore(limit)
         self._queued: list[_Call[T, R]] = []
         self._queued_items = 0
+        self._gathering = False  # a caller gathers the next batch
         self._lingering: trio.CancelScope | None = None
-        self._forming: trio.Event | None = None  # set when the lingering batch goes
         self._in_flight: set[trio.CancelScope] = set()
         self._closed = False
 
@@ -113,29 +117,24 @@ class Batcher(Generic[T, R]):
         call: _Call[T, R] = _Call(list(items))
         self._queued.append(call)
         self._queued_items += len(call.items)
-        full = self._max_items is not None and self._queued_items >= self._max_items
-        if full and self._lingering is not None:
+        if not self._gathering:
+            self._gathering = call.runs = True
+        elif self._lingering is not None and self._max_items is not None and self._queued_items >= self._max_items:
             self._lingering.cancel()  # a full batch need not linger
-        try:
-            if self._linger > 0 and not full:
-                await self._wait_for_company()
-            async with self._turns:
-                if not call.taken:
-                    batch = self._take()
-                    with trio.CancelScope(shield=True) as scope:
-                        if self._closed:
-                            scope.cancel()
-                        self._in_flight.add(scope)
-                        try:
-                            await self._run(batch)
-                        finally:
-                            self._in_flight.discard(scope)
-        finally:
+        if not call.runs:
+            try:
+                await call.woken.wait()  # one park per call that joins a batch
+            except BaseException:
+                if not call.taken:  # cancelled before it was sent
+                    self._drop(call)
+                raise
             if not call.taken:
-                self._queued.remove(call)
-                self._queued_items -= len(call.items)
-        # Taken into a batch that another caller runs: wait for it.
-        await call.done.wait()
+                call.woken = trio.Event()  # handed over: it gathers the next batch
+        if not call.taken:
+            await self._gather_and_send(call)
+            # Like every caller, it raises Cancelled if it was cancelled
+            # meanwhile (its batch ran all the same).
+            await trio.lowlevel.checkpoint_if_cancelled()
         if call.error is not None:
             try:
                 error = copy.copy(call.error)
@@ -144,20 +143,41 @@ class Batcher(Generic[T, R]):
             raise error
         return call.results
 
-    async def _wait_for_company(self) -> None:
-        """The first call of a batch lingers; calls that come meanwhile wait
-        with it, so that they all go out together."""
-        forming = self._forming
-        if forming is not None:
-            await forming.wait()
-            return
-        self._forming = forming = trio.Event()
+    async def _gather_and_send(self, call: _Call[T, R]) -> None:
         try:
-            with trio.move_on_after(self._linger) as self._lingering:
-                await trio.sleep_forever()
+            if self._linger > 0 and (self._max_items is None or self._queued_items < self._max_items):
+                with trio.move_on_after(self._linger) as self._lingering:
+                    await trio.sleep_forever()
+                self._lingering = None
+            # Waiting for a turn in flight, the batch keeps growing.
+            async with self._turns:
+                batch = self._take()
+                with trio.CancelScope(shield=True) as scope:
+                    if self._closed:
+                        scope.cancel()
+                    self._in_flight.add(scope)
+                    try:
+                        await self._run(batch)
+                    finally:
+                        self._in_flight.discard(scope)
         finally:
-            self._lingering = self._forming = None
-            forming.set()
+            self._lingering = None
+            if not call.taken:  # cancelled before it was sent
+                self._drop(call)
+
+    def _drop(self, call: _Call[T, R]) -> None:
+        self._queued.remove(call)
+        self._queued_items -= len(call.items)
+        if call.runs:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """The next queued call, if any, gathers the next batch."""
+        self._gathering = bool(self._queued)
+        if self._queued:
+            nxt = self._queued[0]
+            nxt.runs = True
+            nxt.woken.set()
 
     def _take(self) -> list[_Call[T, R]]:
         queued, max_items = self._queued, self._max_items
@@ -169,6 +189,7 @@ class Batcher(Generic[T, R]):
         self._queued_items -= count
         for call in batch:
             call.taken = True
+        self._hand_over()
         return batch
 
     async def _run(self, batch: list[_Call[T, R]]) -> None:
@@ -200,7 +221,7 @@ class Batcher(Generic[T, R]):
             raise
         finally:
             for call in batch:
-                call.done.set()
+                call.woken.set()
 
     async def _run_one(self, call: _Call[T, R]) -> None:
         try:

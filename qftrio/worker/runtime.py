@@ -542,10 +542,13 @@ class Worker:
                 # The job's cancel scope holds its heartbeat loop and its
                 # handler; the loop cancels it when the job is lost or its
                 # lease is about to run out.
-                beating = trio.CancelScope()
-                job.start_soon(self._heartbeat_loop, held, job.cancel_scope, beating)
+                handled = trio.Event()
+                job.start_soon(self._heartbeat_loop, held, job.cancel_scope, handled)
                 outcome = await self._execute(held)
-                beating.cancel()
+                # Ends the heartbeat loop by waking it, not by cancelling it:
+                # most jobs end before their first heartbeat, and a Cancelled
+                # raised through the loop costs more than the rest of the job.
+                handled.set()
             if held.lost is not None:
                 self._job_event("lost", held, error=held.lost)
                 return
@@ -564,47 +567,52 @@ class Worker:
             del self._held[held.lease.lease_token]
             self._notify_changed()
 
-    async def _heartbeat_loop(self, held: _Held, job_scope: trio.CancelScope, beating: trio.CancelScope) -> None:
+    async def _heartbeat_loop(self, held: _Held, job_scope: trio.CancelScope, handled: trio.Event) -> None:
+        """Renew *held*'s lease every ``heartbeat_secs`` until *handled* is
+        set; cancel *job_scope* when the job is lost or its lease is about
+        to run out."""
         job = held.job
         failures = 0
         next_at = held.deadline - self.heartbeat_secs
-        with beating:
-            while True:
-                abort_at = held.deadline - self.abort_margin_secs
-                await trio.sleep_until(min(next_at, abort_at))
-                if trio.current_time() >= abort_at:
-                    # Renewals kept failing and the lease is about to end: stop
-                    # the handler while there is still time to say so.
-                    job_scope.cancel()
-                    return
-                sent_at = trio.current_time()
-                with trio.move_on_at(abort_at) as call_scope:
-                    try:
-                        (reply,) = await self._heartbeats([HeartbeatItem(job.id, held.lease.lease_token, self.lease_secs)])
-                    except (errors.QftrioError, BatcherClosed) as exc:
-                        if _is_fatal(exc):
-                            self._die(exc)
-                            return
-                        failures += 1
-                        held.last_error = _one_line(str(exc))
-                        log.debug("heartbeat of job %s failed (%s); retrying", job.id, held.last_error)
-                        next_at = trio.current_time() + backoff(failures, *REPORT_BACKOFF)
-                        continue
-                if call_scope.cancelled_caught:
-                    continue  # the abort point passed during the call: handled above
-                if reply.code == 200 and reply.status == "running":
-                    held.deadline = sent_at + self.lease_secs
-                    failures = 0
-                    next_at = sent_at + self.heartbeat_secs
-                    continue
-                if reply.code == 200:
-                    held.lost = f"the job is {reply.status}"
-                elif reply.code == 409:
-                    held.lost = "lease lost (409): the job was taken back"
-                else:
-                    held.lost = f"heartbeat answered {reply.code}"
+        while True:
+            abort_at = held.deadline - self.abort_margin_secs
+            with trio.move_on_at(min(next_at, abort_at)):
+                await handled.wait()
+            if handled.is_set():
+                return
+            if trio.current_time() >= abort_at:
+                # Renewals kept failing and the lease is about to end: stop
+                # the handler while there is still time to say so.
                 job_scope.cancel()
                 return
+            sent_at = trio.current_time()
+            with trio.move_on_at(abort_at) as call_scope:
+                try:
+                    (reply,) = await self._heartbeats([HeartbeatItem(job.id, held.lease.lease_token, self.lease_secs)])
+                except (errors.QftrioError, BatcherClosed) as exc:
+                    if _is_fatal(exc):
+                        self._die(exc)
+                        return
+                    failures += 1
+                    held.last_error = _one_line(str(exc))
+                    log.debug("heartbeat of job %s failed (%s); retrying", job.id, held.last_error)
+                    next_at = trio.current_time() + backoff(failures, *REPORT_BACKOFF)
+                    continue
+            if call_scope.cancelled_caught:
+                continue  # the abort point passed during the call: handled above
+            if reply.code == 200 and reply.status == "running":
+                held.deadline = sent_at + self.lease_secs
+                failures = 0
+                next_at = sent_at + self.heartbeat_secs
+                continue
+            if reply.code == 200:
+                held.lost = f"the job is {reply.status}"
+            elif reply.code == 409:
+                held.lost = "lease lost (409): the job was taken back"
+            else:
+                held.lost = f"heartbeat answered {reply.code}"
+            job_scope.cancel()
+            return
 
     async def _execute(self, held: _Held) -> _Outcome:
         job = held.job
