@@ -146,9 +146,11 @@ class Batcher(Generic[T, R]):
     async def _gather_and_send(self, call: _Call[T, R]) -> None:
         try:
             if self._linger > 0 and (self._max_items is None or self._queued_items < self._max_items):
-                with trio.move_on_after(self._linger) as self._lingering:
-                    await trio.sleep_forever()
-                self._lingering = None
+                try:
+                    with trio.move_on_after(self._linger) as self._lingering:
+                        await trio.sleep_forever()
+                finally:
+                    self._lingering = None
             # Waiting for a turn in flight, the batch keeps growing.
             async with self._turns:
                 batch = self._take()
@@ -161,7 +163,6 @@ class Batcher(Generic[T, R]):
                     finally:
                         self._in_flight.discard(scope)
         finally:
-            self._lingering = None
             if not call.taken:  # cancelled before it was sent
                 self._drop(call)
 
