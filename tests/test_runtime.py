@@ -624,7 +624,7 @@ async def test_a_lease_request_refused_stops_the_worker(
 
     server.lease = refuse  # type: ignore[method-assign]
     worker, rec = make_worker(server, echo_registry())
-    with pytest.raises(type(refusal)):
+    with trio.fail_after(60), pytest.raises(type(refusal)):
         await worker.run()
     assert not rec.of("waiting")
 
