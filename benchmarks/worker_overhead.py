@@ -3,7 +3,7 @@
 no-op jobs against an in-memory fake transport (no HTTP, no store). Leases
 come back at once with pre-built ``Lease`` objects and every report is
 acknowledged at once, so what is measured is the runtime's own machinery:
-task spawns, cancel scopes, the batchers, events.
+task spawns, cancel scopes, the batching, events.
 
 Prints jobs/s (wall) and CPU microseconds per job (``time.process_time()``).
 The machine may be noisy: run it several times and take the median.
@@ -148,7 +148,7 @@ def main() -> None:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--lanes", type=int, default=32)
-    p.add_argument("--batch", type=int, default=25)
+    p.add_argument("--batch", type=int, default=None, help="the worker's batch (default: its own, the free lanes)")
     p.add_argument("--jobs", type=int, default=20000, help="no-op jobs per run")
     p.add_argument("--runs", type=int, default=5, help="runs; the median is reported")
     p.add_argument("--coalesce", type=float, default=Transport.coalesce_secs, help="the transport's coalesce_secs")
@@ -158,7 +158,7 @@ def main() -> None:
     args = p.parse_args()
 
     print(
-        f"worker_overhead: lanes={args.lanes} batch={args.batch} jobs={args.jobs} runs={args.runs} "
+        f"worker_overhead: lanes={args.lanes} batch={args.batch or 'free lanes'} jobs={args.jobs} runs={args.runs} "
         f"coalesce={args.coalesce:g}s on_event={'yes' if args.on_event else 'no'} "
         f"profile={'yes' if args.profile else 'no'} python={sys.version.split()[0]} trio={trio.__version__}"
     )

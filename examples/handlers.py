@@ -1,11 +1,16 @@
-"""Example handlers: run them with
+"""Example handlers. Against a development server (``qftrio serve --dev``,
+whose tenant ``default`` has the token ``dev``, which is also accepted as a
+worker token there), run them with
 
     cd examples
-    qftrio worker images handlers:registry --token "$QUEUEFLOW_WORKER_TOKEN"
+    QUEUEFLOW_WORKER_TOKEN=dev qftrio worker images handlers:registry
 
-and enqueue work from another shell:
+and enqueue work from another shell, with a tenant token:
 
-    qftrio enqueue resize-image '{"src": "cat.png", "width": 320}' --queue images
+    QUEUEFLOW_TOKEN=dev qftrio enqueue resize-image '{"src": "cat.png", "width": 320}' --queue images
+
+Against a production server, use its worker token for the worker and a
+tenant's token for ``enqueue``.
 
 Handlers must be safe to run twice (delivery is at-least-once): pass
 ``job.id`` to other services as an idempotency key.

@@ -106,12 +106,13 @@ def _worker(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("QUEUEFLOW_WORKER_TOKEN")
     if not token:
         raise errors.ConfigError("no worker token: pass --token or set QUEUEFLOW_WORKER_TOKEN")
+    lanes = {} if args.lanes is None else {"lanes": args.lanes}
     return run_worker_process(
         url=args.url,
         token=token,
         queue=args.queue,
         registry_ref=args.registry,
-        lanes=args.lanes,
+        **lanes,
         batch=args.batch,
         lease_secs=args.lease_secs,
         wait_secs=args.wait_secs,
@@ -294,8 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("registry", metavar="MODULE:REGISTRY", help="where the handlers are, e.g. handlers:registry")
     p.add_argument("--url", default=os.environ.get("QUEUEFLOW_URL", DEFAULT_URL), help="server URL (QUEUEFLOW_URL)")
     p.add_argument("--token", help="the worker token (QUEUEFLOW_WORKER_TOKEN)")
-    p.add_argument("--lanes", type=_positive_int, default=4, help="jobs run at a time (default 4)")
-    p.add_argument("--batch", type=_positive_int, default=1, help="jobs leased per call (default 1)")
+    p.add_argument("--lanes", type=_positive_int, default=None, help="jobs run at a time (default 64)")
+    p.add_argument(
+        "--batch", type=_positive_int, default=None, help="jobs leased per call at most (default: the free lanes)"
+    )
     p.add_argument("--lease-secs", type=_positive_int, default=60, help="lease length (default 60)")
     p.add_argument("--wait-secs", type=_non_negative, default=20, help="long-poll wait (default 20)")
     p.add_argument("--worker-id", help="this process's id (default host-pid)")

@@ -29,3 +29,24 @@ def test_importing_qftrio_does_not_load_the_server() -> None:
     code = "import sys, qftrio; print(any(m.startswith(('quart', 'qftrio.server.app', 'asyncpg')) for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_worker_package_never_imports_the_server() -> None:
+    # The server runs workers in-process (serve --handlers), so the
+    # dependency goes one way only: the worker knows its Transport
+    # interface, and the server implements it.
+    import ast
+    from pathlib import Path
+
+    package = Path(qftrio.__file__).parent / "worker"
+    offenders = []
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [("." * node.level) + (node.module or "")]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            offenders += [f"{path.name}: {n}" for n in names if n.startswith(("..server", "qftrio.server"))]
+    assert offenders == []

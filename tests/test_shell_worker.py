@@ -3,10 +3,12 @@ against a real ``qftrio serve --dev`` process."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -90,6 +92,38 @@ async def test_seed_shell_worker_processes_jobs(tmp_path: Path) -> None:
         assert [j["status"] for j in jobs] == ["completed", "completed", "completed", "failed"]
         assert all(j["result"] == {"ok": True} and j["attempt"] == 1 for j in jobs[:3])
         assert jobs[3]["error"] == "resize failed"
+    finally:
+        if worker is not None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+        stop(server)
+
+
+async def test_the_example_handlers_run_as_their_docstring_says(tmp_path: Path) -> None:
+    # The commands exactly as examples/handlers.py prints them, against a
+    # `qftrio serve --dev` found through QUEUEFLOW_URL.
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    doc = (examples / "handlers.py").read_text().split('"""')[1]
+    worker_cmd, enqueue_cmd = [line.strip() for line in doc.splitlines() if line.startswith("    QUEUEFLOW_")]
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "QUEUEFLOW_URL": base, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    server = spawn(["serve", "--dev", "--db", str(tmp_path / "q.db"), "--bind", f"127.0.0.1:{port}"], log=tmp_path / "server.log")
+    worker = None
+    try:
+        await wait_healthy(base)
+        worker = subprocess.Popen(
+            ["bash", "-c", worker_cmd], cwd=examples, env=env, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        out = subprocess.run(["bash", "-c", enqueue_cmd], cwd=examples, env=env, capture_output=True, text=True, timeout=20)
+        assert out.returncode == 0, out.stderr
+        job_id = json.loads(out.stdout)["id"]
+        async with httpx.AsyncClient(base_url=base, timeout=10, headers={"Authorization": "Bearer dev"}) as client:
+            with trio.fail_after(20):
+                while (job := (await client.get(f"/api/v1/jobs/{job_id}")).json())["status"] != "completed":
+                    await trio.sleep(0.1)
+        assert job["result"]["output"] == "cat-320w.png"
     finally:
         if worker is not None:
             os.killpg(worker.pid, signal.SIGKILL)

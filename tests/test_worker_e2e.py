@@ -4,10 +4,14 @@ process (kill -9, cancellation, SIGINT, leases outlived by heartbeats)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import os
 import signal
 import subprocess
 import textwrap
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -19,10 +23,14 @@ import trio
 
 from qftrio.client import Client
 from qftrio.models import Job, Status
-from qftrio.worker import EngineTransport, HttpTransport, Registry, WorkerEvent, open_worker
+from qftrio.server.engine import Engine
+from qftrio.server.inprocess import EngineTransport
+from qftrio.server.serve import run_server
+from qftrio.server.store.sqlite import open_sqlite_store
+from qftrio.worker import HttpTransport, Registry, WorkerEvent, open_worker
 from qftrio.worker.transport import ReportReply
 
-from .conftest import RunningServer
+from .conftest import RunningServer, server_config
 from .processes import QFTRIO, ROOT, free_port, spawn, stop
 
 WORKER_TOKEN = "e2e-worker"
@@ -111,6 +119,80 @@ async def _status_is(client: Client, job_id: str, status: Status) -> bool:
 
 async def _has_event(events: list[WorkerEvent], type: str) -> bool:
     return any(e.type == type for e in events)
+
+
+def big_registry() -> Registry:
+    reg = Registry()
+
+    @reg.handler("shout")
+    async def shout(job: Job) -> dict[str, Any]:
+        raise ValueError("x" * job.payload["chars"])
+
+    @reg.handler("blob")
+    async def blob(job: Job) -> dict[str, Any]:
+        await trio.sleep(0.05)  # so that the batch's jobs finish together
+        return {"blob": "b" * job.payload["bytes"]}
+
+    return reg
+
+
+async def _all_ended(client: Client, job_ids: list[str]) -> list[Job] | None:
+    jobs = [await client.job_get(i) for i in job_ids]
+    return jobs if all(j.status in (Status.COMPLETED, Status.FAILED) for j in jobs) else None
+
+
+async def test_an_error_over_the_servers_cap_is_truncated_saying_so(server: RunningServer) -> None:
+    async with Client(server.url, server.tenants["acme"]) as tenant, Client(server.url, server.worker_token) as wc:
+        job = await tenant.enqueue("shout", {"chars": 100_000}, queue="big", max_attempts=1)
+        async with open_worker(HttpTransport(wc), "big", big_registry(), lease_secs=5, wait_secs=1):
+            (failed,) = await wait_until(lambda: _all_ended(tenant, [job.id]))
+    assert failed.status is Status.FAILED and failed.attempt == 1
+    error = failed.error or ""
+    assert len(error) == 65536 and error.startswith("ValueError: xxx")
+    assert error.endswith("[truncated: 100012 characters in all]")
+
+
+async def test_a_result_too_large_fails_its_job_at_once_saying_its_size(server: RunningServer) -> None:
+    async with Client(server.url, server.tenants["acme"]) as tenant, Client(server.url, server.worker_token) as wc:
+        job = await tenant.enqueue("blob", {"bytes": 2_000_000}, queue="big")
+        async with open_worker(HttpTransport(wc), "big", big_registry(), lease_secs=5, wait_secs=1):
+            (failed,) = await wait_until(lambda: _all_ended(tenant, [job.id]))
+    assert failed.status is Status.FAILED and failed.attempt == 1  # not retried
+    assert "result too large: 2000011 bytes" in (failed.error or "")
+
+
+async def test_reports_too_large_together_go_in_requests_under_the_cap(server: RunningServer) -> None:
+    async with Client(server.url, server.tenants["acme"]) as tenant, Client(server.url, server.worker_token) as wc:
+        jobs = await tenant.enqueue_many([{"kind": "blob", "payload": {"bytes": 30_000}, "queue": "big"}] * 60)
+        transport = CountingHttpTransport(wc)
+        async with open_worker(transport, "big", big_registry(), lanes=60, lease_secs=5, wait_secs=1):
+            ended = await wait_until(lambda: _all_ended(tenant, [j.id for j in jobs]))
+    assert all(j.status is Status.COMPLETED and j.attempt == 1 for j in ended)
+    assert sum(transport.complete_calls) == 60 and max(transport.complete_calls) > 34  # split, not sent one by one
+
+
+@pytest.fixture
+async def small_body_server(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[str]:
+    """A server on the embedded store whose body cap is 64 KiB."""
+    async with open_sqlite_store(tmp_path / "small.db") as store:
+        stop_serving = trio.Event()
+        config = server_config(max_body_bytes=65536)
+        binds = await nursery.start(functools.partial(run_server, Engine(store), config, shutdown_trigger=stop_serving.wait))
+        yield binds[0]
+        stop_serving.set()
+
+
+async def test_one_refused_report_fails_its_own_job_and_not_the_batch(small_body_server: str) -> None:
+    url = small_body_server
+    async with Client(url, "acme-secret") as tenant, Client(url, "worker-secret") as wc:
+        small = await tenant.enqueue_many([{"kind": "blob", "payload": {"bytes": 10}, "queue": "big"}] * 5)
+        big = await tenant.enqueue("blob", {"bytes": 100_000}, queue="big")
+        async with open_worker(HttpTransport(wc), "big", big_registry(), lanes=6, lease_secs=5, wait_secs=1):
+            ended = await wait_until(lambda: _all_ended(tenant, [*(j.id for j in small), big.id]))
+    *done, refused = ended
+    assert all(j.status is Status.COMPLETED for j in done)
+    assert refused.status is Status.FAILED and refused.attempt == 1
+    assert "the server refused the result" in (refused.error or "") and "65536" in (refused.error or "")
 
 
 # -- real processes ----------------------------------------------------------------
@@ -350,6 +432,72 @@ def test_an_unimportable_registry_is_one_line_and_exit_2(procs: Procs) -> None:
         assert res.returncode == 2, (ref, res.stderr)
         assert words in res.stderr and "Traceback" not in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+class _Impostor(http.server.BaseHTTPRequestHandler):
+    """Something at the worker's URL that is not qftrio: it answers every
+    POST with ``status`` and ``body``."""
+
+    status = 404
+    body = b"<!DOCTYPE html>\n<html>\n<head><title>404 Not Found</title></head>\n" + b"<p>padding</p>\n" * 500 + b"</html>\n"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(self.status)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _impostor(status: int, body: bytes) -> Iterator[str]:
+    handler = type("Handler", (_Impostor,), {"status": status, "body": body})
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as httpd:
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{httpd.server_address[1]}"
+        finally:
+            httpd.shutdown()
+            thread.join()
+
+
+def _one_line_exit_2(res: subprocess.CompletedProcess[str], words: str) -> None:
+    assert res.returncode == 2, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.startswith("qftrio worker:")]
+    assert len(lines) == 1 and words in lines[0], res.stderr
+    assert "Traceback" not in res.stderr and "padding" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    "status, body, words",
+    [
+        (404, _Impostor.body, "has no qftrio worker routes"),
+        (200, b'{"leases": []}', "does not answer as qftrio does"),
+    ],
+)
+def test_a_url_where_qftrio_does_not_answer_is_one_line_and_exit_2(
+    procs: Procs, status: int, body: bytes, words: str
+) -> None:
+    with _impostor(status, body) as url:
+        res = _run_cli(procs, ["worker", "q", "e2e_handlers:registry", "--url", url])
+    _one_line_exit_2(res, words)
+
+
+def test_settings_the_server_always_refuses_are_one_line_and_exit_2(procs: Procs) -> None:
+    worker = ["worker", "q", "e2e_handlers:registry", "--url", procs.url]
+    _one_line_exit_2(_run_cli(procs, [*worker, "--worker-id", "w" * 201]), "worker_id")
+    for token in ("line\nbreak", "caf\u00e9"):
+        _one_line_exit_2(_run_cli(procs, worker, QUEUEFLOW_WORKER_TOKEN=token), "token")
+
+
+def test_a_registry_with_no_handler_is_one_line_and_exit_2(procs: Procs) -> None:
+    (procs.tmp / "empty_handlers.py").write_text("import qftrio\nregistry = qftrio.Registry()\n")
+    res = _run_cli(procs, ["worker", "q", "empty_handlers:registry", "--url", procs.url])
+    _one_line_exit_2(res, "no handlers")
 
 
 async def _async(value: Any) -> Any:

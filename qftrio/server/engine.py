@@ -40,7 +40,7 @@ import trio
 from .. import errors
 from ..models import Job, Lease, QueueStats, Status, Workflow, WorkflowCreateRequest, WorkflowStatus, parse_time
 from . import metrics
-from .coalesce import Coalescer
+from .._batching import Batcher as Coalescer
 from .store.base import (
     ALL_QUEUES,
     ClaimRequest,

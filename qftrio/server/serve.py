@@ -182,7 +182,7 @@ async def run_server(
 async def _start_handlers(nursery: trio.Nursery, engine: Engine, config: Config) -> list[Callable[[], None]]:
     from ..worker.registry import load_registry
     from ..worker.runtime import Worker
-    from ..worker.transport import EngineTransport
+    from .inprocess import EngineTransport
 
     registry = load_registry(config.handlers or "")
     stoppers = []

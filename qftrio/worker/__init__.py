@@ -1,4 +1,6 @@
-"""The Trio worker runtime: registry, runtime, and transports."""
+"""The Trio worker runtime: registry, runtime, and the transport interface
+(with its HTTP implementation; the in-process one is the server's,
+:mod:`qftrio.server.inprocess`)."""
 
 from .registry import Handler as Handler, Registry as Registry, load_registry as load_registry
 from .runtime import (
@@ -8,7 +10,7 @@ from .runtime import (
     default_worker_id as default_worker_id,
     open_worker as open_worker,
 )
-from .transport import EngineTransport as EngineTransport, HttpTransport as HttpTransport, Transport as Transport
+from .transport import HttpTransport as HttpTransport, Transport as Transport, UnexpectedAnswer as UnexpectedAnswer
 
 __all__ = [
     "Registry",
@@ -21,5 +23,5 @@ __all__ = [
     "default_worker_id",
     "Transport",
     "HttpTransport",
-    "EngineTransport",
+    "UnexpectedAnswer",
 ]

@@ -1,9 +1,12 @@
 """A worker pool process: ``qftrio worker QUEUE module:registry``.
 
 Exit codes: 0 after a graceful stop (SIGINT/SIGTERM: finish held jobs), 130
-when a second signal cancelled everything, 2 when the setup cannot work (an
-unimportable registry, a refused credential, a bad option). Problems are one
-line on stderr, never a traceback.
+when a second signal cancelled everything, 2 when the setup cannot work and
+retrying would not change it: an unimportable registry or one with no
+handlers, a bad option, a refused credential, a lease request the server
+refuses (a ``--worker-id`` over its cap), a URL where no qftrio server
+answers. Problems are one line on stderr, never a traceback; transport errors
+and 5xx answers are retried.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from .. import errors
 from .._gc import settle_after_imports
 from ..client import Client
 from .registry import Registry, load_registry
-from .runtime import Worker, validate_options
-from .transport import HttpTransport
+from .runtime import DEFAULT_LANES, Worker, validate_options
+from .transport import HttpTransport, UnexpectedAnswer
 
 __all__ = ["run_worker_process"]
 
@@ -40,8 +43,8 @@ def run_worker_process(
     token: str,
     queue: str,
     registry_ref: str,
-    lanes: int = 4,
-    batch: int = 1,
+    lanes: int = DEFAULT_LANES,
+    batch: int | None = None,
     lease_secs: int = 60,
     wait_secs: float = 20,
     worker_id: str | None = None,
@@ -55,24 +58,28 @@ def run_worker_process(
     try:
         if not url.startswith(("http://", "https://")):
             raise errors.ConfigError(f"--url must be an http:// or https:// URL, not {url!r}")
+        if not token.isascii() or not token.isprintable():
+            raise errors.ConfigError("the token holds a line break, a control or a non-ASCII character")
         registry = load_registry(registry_ref)
-        validate_options(queue, registry, lanes=lanes, batch=batch, lease_secs=lease_secs, wait_secs=wait_secs)
+        validate_options(
+            queue, registry, lanes=lanes, batch=batch, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id
+        )
     except errors.ConfigError as exc:
         _say(str(exc))
         return EXIT_CONFIG
     settle_after_imports()
+    options = dict(lanes=lanes, batch=batch, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id)
     try:
-        return trio.run(
-            _main, url, token, queue, registry, dict(
-                lanes=lanes, batch=batch, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id
-            )
-        )
+        return trio.run(_main, url, token, queue, registry, options)
+    except errors.ConfigError as exc:
+        _say(str(exc))
+        return EXIT_CONFIG
     except KeyboardInterrupt:  # before the signal handlers were in place
         return EXIT_CANCELLED
 
 
 async def _main(url: str, token: str, queue: str, registry: Registry, options: dict) -> int:
-    fatal: list[errors.ApiError] = []
+    fatal: list[errors.QftrioError] = []
     cancelled = False
     # A call slower than half a lease is of no use to a heartbeat; long polls
     # get their wait on top of this.
@@ -85,7 +92,7 @@ async def _main(url: str, token: str, queue: str, registry: Registry, options: d
                 async def run() -> None:
                     try:
                         await worker.run()
-                    except (errors.Unauthorized, errors.Forbidden) as exc:
+                    except (errors.ApiError, UnexpectedAnswer) as exc:
                         fatal.append(exc)
                     finally:
                         nursery.cancel_scope.cancel()
@@ -103,8 +110,23 @@ async def _main(url: str, token: str, queue: str, registry: Registry, options: d
                         cancelled = True
                         worker.cancel()
     if fatal:
-        exc = fatal[0]
-        what = "refused the worker token" if isinstance(exc, errors.Unauthorized) else "does not accept this token as a worker token"
-        _say(f"the server at {url} {what} ({exc.status_code}: {exc.message})")
+        _say(_explain(url, fatal[0]))
         return EXIT_CONFIG
     return EXIT_CANCELLED if cancelled else 0
+
+
+def _explain(url: str, exc: errors.QftrioError) -> str:
+    """One line for an error that stopped the worker."""
+    if isinstance(exc, UnexpectedAnswer):
+        return f"the server at {url} does not answer as qftrio does: {exc}"
+    assert isinstance(exc, errors.ApiError)
+    if isinstance(exc, errors.Unauthorized):
+        what = "refused the worker token"
+    elif isinstance(exc, errors.Forbidden):
+        what = "does not accept this token as a worker token"
+    elif isinstance(exc, errors.NotFound):
+        what = "has no qftrio worker routes (is it qftrio, serving workers?)"
+    else:
+        what = "refused the lease request"
+    message = exc.message.strip().split("\n", 1)[0][:200]
+    return f"the server at {url} {what} ({exc.status_code}: {message})"

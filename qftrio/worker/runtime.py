@@ -1,36 +1,36 @@
 """The worker runtime: lease jobs, run their handlers, heartbeat, report.
 
-Task tree of one :meth:`Worker.run`::
+Task tree of one :meth:`Worker.run` (DESIGN §7)::
 
-    run                                   cancel scope: Worker.cancel()
-    ├── reports                           Batchers of heartbeat/complete/fail,
-    │                                     and the heartbeat starter
+    run                               cancel scope: Worker.cancel()
     └── jobs nursery
-        ├── lease loop                    cancel scope: Worker.stop()
-        └── one task per held job         its nursery, whose cancel scope is
-            ├── heartbeat loop              the job's: it holds the heartbeat
-            └── wait for a lane, handler    loop and the handler; then the
-                then the report             report, bounded by the lease
+        ├── lease loop                cancel scope: Worker.stop()
+        └── one task per held job
+            ├── the job's nursery     its cancel scope is the job's: a 409 or
+            │   ├── heartbeat loop      a status other than ``running``
+            │   └── wait for a lane,    cancels it
+            │       then the handler
+            └── the report, bounded by the lease
 
-The heartbeat loop of a job is started in the job's nursery when its first
-heartbeat falls due (``lease_secs/2`` after the claim) by the heartbeat
-starter, one task for the whole worker: most jobs are over long before, and
-a task less per job is much of a short job's cost. Once started, it runs in
-the job's cancel scope like the handler, as if it had been there all along.
+Heartbeats and reports of all jobs go out in batches (:mod:`qftrio._batching`):
+no task of their own, the jobs' tasks run the batches.
 
 Rules (DESIGN §7, and the protocol's "rules that keep at-least-once honest"):
 
 * A job is heartbeated from the moment it is claimed, every ``lease_secs/2``,
-  also while it waits for a lane (a batch lease holds more jobs than lanes).
+  also while it waits for a lane (a batch lease may hold more jobs than lanes).
 * A ``409``, a ``404``, or any status but ``running`` cancels the job's scope:
   the handler is cancelled at its next checkpoint and nothing is reported.
 * Heartbeats that cannot land are retried; shortly before the lease runs out
   the handler is cancelled and a retryable fail is attempted.
 * Reports are retried with backoff until the lease runs out, then given up
   (``unreported``): the job then runs again elsewhere, which is why handlers
-  must be idempotent.
-* Lease calls back off with jitter on transport errors (``waiting``), forever:
-  a server restart is ridden out. ``401``/``403`` stop the worker.
+  must be idempotent. A report the server refuses as malformed or too large
+  is not retried: a refused result fails the job, not retryably, saying why.
+* Lease calls back off with jitter on transport errors and 5xx answers
+  (``waiting``), forever: a server restart is ridden out. Answers that never
+  change (``401``/``403``, a refused request, an answer that is not
+  qftrio's) stop the worker.
 """
 
 from __future__ import annotations
@@ -50,9 +50,21 @@ import trio
 
 from .. import errors
 from .._json import dumps_strict as json_dumps
-from ..models import MAX_LEASE_JOBS, MAX_LEASE_SECS, MAX_WAIT_SECS, Job, Lease, valid_name
+from .._batching import Batcher, BatcherClosed
+from ..models import (
+    MAX_BATCH,
+    MAX_LEASE_JOBS,
+    MAX_LEASE_SECS,
+    MAX_WAIT_SECS,
+    CompleteItem,
+    FailItem,
+    HeartbeatItem,
+    Job,
+    Lease,
+    valid_name,
+)
 from .registry import Handler, Registry
-from .transport import Batcher, CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, ReportReply, Transport
+from .transport import HeartbeatReply, ReportReply, Transport, UnexpectedAnswer
 
 __all__ = ["Worker", "validate_options", "WorkerEvent", "WorkerStatistics", "open_worker", "default_worker_id"]
 
@@ -75,6 +87,15 @@ _LEVELS = {
 # [0.5, 1] so that a fleet of workers does not retry in lockstep.
 LEASE_BACKOFF = (0.5, 15.0)
 REPORT_BACKOFF = (0.25, 5.0)
+
+#: Lanes of a worker unless told otherwise.
+DEFAULT_LANES = 64
+
+#: Longest worker id the server records.
+MAX_WORKER_ID = 200
+
+#: Bytes of a report body besides the result (id, token, keys).
+RESULT_ROOM = 1024
 
 #: Seconds allowed between the server claiming a job and the worker getting
 #: the answer; the worker reckons its lease from then.
@@ -158,25 +179,14 @@ class _Outcome:
 
 @dataclasses.dataclass(eq=False, slots=True)
 class _Held:
-    """One leased job, from claim to report."""
+    """One leased job, from claim to report: what changes while it is held."""
 
     lease: Lease
-    claimed_at: float  # Trio time from which the first lease is reckoned
     deadline: float  # Trio time at which our lease ends, by our own reckoning
-    # The job's cancel scope (its nursery's), and the nursery while the
-    # handler may still run: the heartbeat starter starts the heartbeat loop
-    # in it.
-    scope: trio.CancelScope | None = None
-    nursery: trio.Nursery | None = None
-    beat_scope: trio.CancelScope | None = None  # the heartbeat loop's, once started
-    beat_due: bool = False  # the first heartbeat fell due before the job's task ran
-    lane: int | None = None  # the lane it holds now
-    ran_in: int | None = None  # the lane it ran in, for events after it left
+    lane: int | None = None  # the lane it was given (kept after it left it)
     lane_ready: trio.Event | None = None  # made only when the job must wait for a lane
-    lost: str | None = None  # why the server took it back
-    expiring: bool = False  # renewals failed and the lease is about to end
-    finished: bool = False  # the handler is done: the job holds no lane
-    last_error: str | None = None
+    lost: str | None = None  # why the server took it back: nothing is reported
+    last_error: str | None = None  # of the last heartbeat or report that failed
 
     @property
     def job(self) -> Job:
@@ -192,6 +202,11 @@ class _Lanes:
         self._waiting: collections.deque[_Held] = collections.deque()
         self.busy = 0
 
+    @property
+    def occupied(self) -> int:
+        """Jobs running or waiting for a lane."""
+        return self.busy + len(self._waiting)
+
     def enqueue(self, held: _Held) -> None:
         if self._free:
             self._give(held, self._free.pop())
@@ -199,29 +214,39 @@ class _Lanes:
             self._waiting.append(held)
 
     def _give(self, held: _Held, lane: int) -> None:
-        held.lane = held.ran_in = lane
+        held.lane = lane
         self.busy += 1
         if held.lane_ready is not None:
             held.lane_ready.set()
 
     def leave(self, held: _Held) -> None:
-        """*held* no longer needs its lane (or its place in line)."""
+        """*held* no longer needs its lane (or its place in line). Called
+        once per job."""
         if held.lane is None:
-            with contextlib.suppress(ValueError):
-                self._waiting.remove(held)
+            self._waiting.remove(held)
             return
-        lane, held.lane = held.lane, None
         self.busy -= 1
         if self._waiting:
-            self._give(self._waiting.popleft(), lane)
+            self._give(self._waiting.popleft(), held.lane)
         else:
-            self._free.append(lane)
+            self._free.append(held.lane)
             self._free.sort(reverse=True)
 
 
-#: Stands in for a timeout scope when a handler has none: entering a cancel
-#: scope per job costs more than the whole of a short handler.
+#: Stands in for a timeout scope when a handler has none.
 _NO_TIMEOUT = contextlib.nullcontext()
+
+#: Errors longer than this are cut to it (the server refuses longer ones).
+MAX_ERROR_CHARS = 65536
+_TRUNCATED = "\n[truncated: {} characters in all]"
+
+
+def truncate_error(text: str) -> str:
+    """*text*, cut to :data:`MAX_ERROR_CHARS` with a note saying so."""
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    note = _TRUNCATED.format(len(text))
+    return text[: MAX_ERROR_CHARS - len(note)] + note
 
 
 def _describe(exc: BaseException) -> str:
@@ -230,26 +255,49 @@ def _describe(exc: BaseException) -> str:
 
 
 def _is_fatal(exc: BaseException) -> bool:
-    return isinstance(exc, (errors.Unauthorized, errors.Forbidden))
+    return isinstance(exc, (errors.Unauthorized, errors.Forbidden, UnexpectedAnswer))
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    """The server refused the request itself: sending it again cannot help."""
+    return isinstance(exc, (errors.BadRequest, errors.PayloadTooLarge, errors.InvalidInput))
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    """The first line of *text*, at most *limit* characters: an answer may
+    be a whole web page."""
+    line = text.strip().split("\n", 1)[0].strip()
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def validate_options(
-    queue: str, registry: Registry, *, lanes: int, batch: int, lease_secs: int, wait_secs: float
+    queue: str,
+    registry: Registry,
+    *,
+    lanes: int,
+    batch: int | None,
+    lease_secs: int,
+    wait_secs: float,
+    worker_id: str | None = None,
 ) -> None:
     """Raise :class:`~qftrio.errors.ConfigError` for a :class:`Worker`
-    option out of range."""
+    option out of range, or a registry with no handler."""
     if not valid_name(queue):
         raise errors.ConfigError(f"queue {queue!r}: use 1-128 characters of A-Z a-z 0-9 _ . -")
     if not isinstance(registry, Registry):
         raise errors.ConfigError(f"registry: expected a qftrio Registry, not {type(registry).__name__}")
+    if not registry.kinds:
+        raise errors.ConfigError("the registry has no handlers: the worker would fail every job it leases")
     if not (isinstance(lanes, int) and lanes >= 1):
         raise errors.ConfigError(f"lanes must be a positive integer, not {lanes!r}")
-    if not (isinstance(batch, int) and 1 <= batch <= MAX_LEASE_JOBS):
+    if batch is not None and not (isinstance(batch, int) and 1 <= batch <= MAX_LEASE_JOBS):
         raise errors.ConfigError(f"batch must be an integer from 1 to {MAX_LEASE_JOBS}, not {batch!r}")
     if not (isinstance(lease_secs, int) and 1 <= lease_secs <= MAX_LEASE_SECS):
         raise errors.ConfigError(f"lease_secs must be an integer from 1 to {MAX_LEASE_SECS}, not {lease_secs!r}")
     if not (0 <= wait_secs <= MAX_WAIT_SECS):
         raise errors.ConfigError(f"wait_secs must be from 0 to {MAX_WAIT_SECS}, not {wait_secs!r}")
+    if worker_id is not None and not (1 <= len(worker_id) <= MAX_WORKER_ID):
+        raise errors.ConfigError(f"worker_id must have 1 to {MAX_WORKER_ID} characters, not {len(worker_id)}")
 
 
 class Worker:
@@ -258,12 +306,14 @@ class Worker:
     Args:
         transport: :class:`~qftrio.worker.transport.HttpTransport` (a
             :class:`~qftrio.Client` with a worker token) or
-            :class:`~qftrio.worker.transport.EngineTransport` (in-process).
+            :class:`~qftrio.server.inprocess.EngineTransport` (in-process).
         queue: the queue to lease from.
-        registry: the handlers, by job kind.
+        registry: the handlers, by job kind (at least one).
         lanes: jobs run at once.
-        batch: jobs leased per call (1..100). Above 1, jobs may wait for a
-            lane; they are heartbeated meanwhile.
+        batch: jobs leased per call at most (1..100). By default a lease asks
+            for as many jobs as there are free lanes, so that no job waits
+            for a lane; above that, jobs may wait for one, heartbeated
+            meanwhile.
         lease_secs: the lease asked for, and each renewal's extension.
             Heartbeats go every ``lease_secs/2``; a crashed worker's jobs
             wait up to this long before running elsewhere.
@@ -274,7 +324,7 @@ class Worker:
             logged and ignored.
 
     Raises:
-        ConfigError: an argument out of range.
+        ConfigError: an argument out of range, or a registry with no handler.
     """
 
     def __init__(
@@ -283,14 +333,16 @@ class Worker:
         queue: str,
         registry: Registry,
         *,
-        lanes: int = 4,
-        batch: int = 1,
+        lanes: int = DEFAULT_LANES,
+        batch: int | None = None,
         lease_secs: int = 60,
         wait_secs: float = 20,
         worker_id: str | None = None,
         on_event: Callable[[WorkerEvent], object] | None = None,
     ) -> None:
-        validate_options(queue, registry, lanes=lanes, batch=batch, lease_secs=lease_secs, wait_secs=wait_secs)
+        validate_options(
+            queue, registry, lanes=lanes, batch=batch, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id
+        )
         self.transport = transport
         self.queue = queue
         self.registry = registry
@@ -313,13 +365,13 @@ class Worker:
         self._root_scope: trio.CancelScope | None = None
         self._lease_scope = trio.CancelScope()
         self._held: dict[str, _Held] = {}
-        self._unfinished = 0  # held jobs whose handler has not finished
-        self._lanes_pool = _Lanes(lanes)
+        self._lanes = _Lanes(lanes)
         self._changed: trio.Event | None = None  # set up by the lease loop when it waits
-        self._starter_idle: trio.Event | None = None  # set up by the heartbeat starter when it waits
-        self._heartbeats: Batcher[HeartbeatItem, HeartbeatReply] | None = None
-        self._completes: Batcher[CompleteItem, ReportReply] | None = None
-        self._fails: Batcher[FailItem, ReportReply] | None = None
+        t = transport
+        batching = dict(limit=t.max_inflight, linger=t.coalesce_secs, max_items=MAX_BATCH, split_on=_is_refusal)
+        self._heartbeats: Batcher[HeartbeatItem, HeartbeatReply] = Batcher(t.heartbeat, **batching)
+        self._completes: Batcher[CompleteItem, ReportReply] = Batcher(t.complete, **batching)
+        self._fails: Batcher[FailItem, ReportReply] = Batcher(t.fail, **batching)
 
     def __repr__(self) -> str:
         return f"<Worker {self.worker_id} queue={self.queue!r} lanes={self.lanes}>"
@@ -346,13 +398,13 @@ class Worker:
             self._emit(WorkerEvent(type="stopping", error=f"cancelling {len(self._held)} held job(s)"))
         self._stopping = self._cancelled = True
         self._lease_scope.cancel()
+        for batcher in (self._heartbeats, self._completes, self._fails):
+            batcher.close()
         if self._root_scope is not None:
             self._root_scope.cancel()
 
     def statistics(self) -> WorkerStatistics:
-        return WorkerStatistics(
-            held=len(self._held), running=self._lanes_pool.busy, lanes=self.lanes, stopping=self._stopping
-        )
+        return WorkerStatistics(held=len(self._held), running=self._lanes.busy, lanes=self.lanes, stopping=self._stopping)
 
     # -- main --------------------------------------------------------------
 
@@ -365,35 +417,28 @@ class Worker:
         Raises:
             Unauthorized, Forbidden: the server refused the worker's
                 credential; held jobs were abandoned.
+            UnexpectedAnswer: the server does not speak qftrio's protocol.
+            ApiError: the server refused the lease request itself (400,
+                404, 413, 422): it would refuse it again.
         """
         if self._ran:
             raise RuntimeError("a Worker runs once; make a new one")
         self._ran = True
-        t = self.transport
-        self._heartbeats = Batcher(t.heartbeat, linger=t.coalesce_secs, max_inflight=t.max_inflight, name="heartbeat")
-        self._completes = Batcher(t.complete, linger=t.coalesce_secs, max_inflight=t.max_inflight, name="complete")
-        self._fails = Batcher(t.fail, linger=t.coalesce_secs, max_inflight=t.max_inflight, name="fail")
         log.info(
-            "worker %s on queue %r: lanes=%d batch=%d lease=%ds kinds=%s",
+            "worker %s on queue %r: lanes=%d batch=%s lease=%ds kinds=%s",
             self.worker_id,
             self.queue,
             self.lanes,
-            self.batch,
+            self.batch or "free lanes",
             self.lease_secs,
-            ",".join(self.registry.kinds) or "-",
+            ",".join(self.registry.kinds),
         )
         with trio.CancelScope() as self._root_scope:
             if self._cancelled:
                 self._root_scope.cancel()
-            async with trio.open_nursery() as reports:
-                for batcher in (self._heartbeats, self._completes, self._fails):
-                    await reports.start(batcher.run)
-                reports.start_soon(self._heartbeat_starter, name="qftrio heartbeat starter")
-                async with trio.open_nursery() as jobs:
-                    jobs.start_soon(self._lease_loop, jobs)
-                    task_status.started(self)
-                # Every job has reported (or given up): the batchers can go.
-                reports.cancel_scope.cancel()
+            async with trio.open_nursery() as jobs:
+                jobs.start_soon(self._lease_loop, jobs)
+                task_status.started(self)
         if self._fatal is not None:
             raise self._fatal
 
@@ -401,7 +446,7 @@ class Worker:
         """Stop everything because of *exc*, which :meth:`run` raises."""
         if self._fatal is None:
             self._fatal = exc
-            log.error("worker %s stopping: %s", self.worker_id, exc)
+            log.error("worker %s stopping: %s", self.worker_id, _one_line(str(exc)))
         self.cancel()
 
     def _emit(self, event: WorkerEvent) -> None:
@@ -420,7 +465,7 @@ class Worker:
         if self.on_event is None and not log.isEnabledFor(_LEVELS[type]):
             return
         job = held.job
-        self._emit(WorkerEvent(type=type, job_id=job.id, kind=job.kind, attempt=job.attempt, lane=held.ran_in, **kw))
+        self._emit(WorkerEvent(type=type, job_id=job.id, kind=job.kind, attempt=job.attempt, lane=held.lane, **kw))
 
     def _notify_changed(self) -> None:
         # Only the lease loop waits for a change, and only when every lane
@@ -434,6 +479,7 @@ class Worker:
 
     async def _lease_loop(self, jobs: trio.Nursery) -> None:
         failures = 0
+        most = min(MAX_LEASE_JOBS, self.batch or self.lanes)
         with self._lease_scope:
             while not self._stopping:
                 # Lease when a lane is free (a batch may overfill), counting
@@ -441,25 +487,27 @@ class Worker:
                 # in the background, and waiting for them would idle the
                 # lanes for a round trip per batch. The second bound keeps
                 # reports that lag from piling up without end.
-                while self._unfinished >= self.lanes or len(self._held) >= self.lanes + 2 * self.batch:
+                while self._lanes.occupied >= self.lanes or len(self._held) >= self.lanes + 2 * most:
                     self._changed = changed = trio.Event()
                     await changed.wait()
+                max_jobs = self.batch or min(MAX_LEASE_JOBS, self.lanes - self._lanes.occupied)
                 sent_at = trio.current_time()
                 try:
                     leases = await self.transport.lease(
                         self.queue,
-                        max_jobs=self.batch,
+                        max_jobs=max_jobs,
                         lease_secs=self.lease_secs,
                         wait_secs=self.wait_secs,
                         worker_id=self.worker_id,
                     )
                 except errors.QftrioError as exc:
-                    if _is_fatal(exc):
+                    if _is_fatal(exc) or _is_refusal(exc) or isinstance(exc, errors.NotFound):
+                        # A 404 here means no qftrio worker route at this URL.
                         self._die(exc)
                         return
                     failures += 1
                     delay = backoff(failures, *LEASE_BACKOFF)
-                    self._emit(WorkerEvent(type="waiting", error=str(exc), delay=delay))
+                    self._emit(WorkerEvent(type="waiting", error=_one_line(str(exc)), delay=delay))
                     await trio.sleep(delay)
                     continue
                 if failures:
@@ -477,158 +525,94 @@ class Worker:
                 # long before anything came, so not when we asked; just before
                 # it answered, allowing CLAIM_SLACK for the answer's way back
                 # (never before we asked).
-                received_at = trio.current_time()
-                claimed_at = max(sent_at, received_at - CLAIM_SLACK)
-                deadline = claimed_at + self.lease_secs
+                deadline = max(sent_at, trio.current_time() - CLAIM_SLACK) + self.lease_secs
                 for lease in leases:
-                    held = _Held(lease=lease, claimed_at=claimed_at, deadline=deadline)
+                    held = _Held(lease=lease, deadline=deadline)
                     self._held[lease.lease_token] = held
-                    self._unfinished += 1
-                    self._lanes_pool.enqueue(held)
+                    self._lanes.enqueue(held)
                     self._job_event("claimed", held)
                     jobs.start_soon(self._hold, held, name=f"qftrio job {lease.job.id}")
-                if leases and self._starter_idle is not None:
-                    self._starter_idle.set()
-                    self._starter_idle = None
 
     # -- one job -----------------------------------------------------------
 
     async def _hold(self, held: _Held) -> None:
         outcome: _Outcome | None = None
-        reporting = False
         try:
-            async with trio.open_nursery() as nursery:
-                # The job's cancel scope: it holds the handler (this task)
-                # and the heartbeat loop, once started.
-                held.scope = scope = nursery.cancel_scope
-                held.nursery = nursery
-                if held.beat_due:
-                    self._start_heartbeat(held)
+            async with trio.open_nursery() as job:
+                # The job's cancel scope holds its heartbeat loop and its
+                # handler; the loop cancels it when the job is lost or its
+                # lease is about to run out.
+                handled = trio.Event()
+                job.start_soon(self._heartbeat_loop, held, job.cancel_scope, handled)
                 outcome = await self._execute(held)
-                if held.beat_scope is not None:
-                    held.beat_scope.cancel()  # stop heartbeating
-                if not scope.cancel_called:
-                    # Retried until the lease ends. The loop watches the
-                    # deadline itself: setting one on the job's scope cost
-                    # 5 of the 30 µs the runtime spends per job.
-                    reporting = True
-                    landed = await self._report(held, outcome, until=held.deadline)
-                    reporting = not landed
-            if reporting:
-                self._job_event(
-                    "unreported", held, error=held.last_error or "the lease ran out before the report landed"
-                )
-            elif held.expiring:
-                # Renewals failed and the handler was cancelled: say so
-                # while the lease lasts.
-                if outcome is None:
-                    reason = f": {held.last_error}" if held.last_error else ""
-                    outcome = _Outcome(error=f"lease about to expire: heartbeats failed{reason}", retryable=True)
-                with trio.move_on_at(held.deadline) as timer:
-                    await self._report(held, outcome)
-                if timer.cancelled_caught:
-                    self._job_event(
-                        "unreported", held, error=held.last_error or "the lease ran out before the report landed"
-                    )
+                # Ends the heartbeat loop by waking it, not by cancelling it:
+                # most jobs end before their first heartbeat, and a Cancelled
+                # raised through the loop costs more than the rest of the job.
+                handled.set()
             if held.lost is not None:
                 self._job_event("lost", held, error=held.lost)
+                return
+            if outcome is None:
+                # The heartbeat loop cancelled the handler: renewals failed
+                # and the lease is about to end. Say so while it lasts.
+                reason = f": {held.last_error}" if held.last_error else ""
+                outcome = _Outcome(error=f"lease about to expire: heartbeats failed{reason}", retryable=True)
+            # Retried until the lease ends (a call in flight then is let
+            # finish, within the transport's timeout).
+            if not await self._report(held, outcome):
+                self._job_event("unreported", held, error=held.last_error or "the lease ran out before the report landed")
+            elif held.lost is not None:
+                self._job_event("lost", held, error=held.lost)
         finally:
-            self._finished(held)
             del self._held[held.lease.lease_token]
             self._notify_changed()
 
-    def _finished(self, held: _Held) -> None:
-        """*held*'s handler is done (or will never run): free its lane, and
-        start no heartbeat loop for it any more."""
-        if not held.finished:
-            held.finished = True
-            held.nursery = None
-            self._unfinished -= 1
-            self._lanes_pool.leave(held)
-
-    def _start_heartbeat(self, held: _Held) -> None:
-        assert held.nursery is not None
-        # Made here, not in the loop: cancelling it stops a loop that has
-        # not run yet.
-        held.beat_scope = trio.CancelScope()
-        held.nursery.start_soon(self._heartbeat_loop, held, name=f"qftrio heartbeat {held.job.id}")
-
-    async def _heartbeat_starter(self) -> None:
-        """Start each held job's heartbeat loop, in the job's nursery, when
-        its first heartbeat falls due: ``heartbeat_secs`` after the claim.
-
-        ``self._held`` is in claim order, so jobs yet to start heartbeating
-        fall due in that order: the first one not due yet says how long to
-        sleep. It holds at most ``lanes + 3 * batch`` jobs."""
-        heartbeat_secs = self.heartbeat_secs
-        while True:
-            now = trio.current_time()
-            next_due = math.inf
-            for held in self._held.values():
-                if held.beat_scope is not None or held.beat_due or held.finished:
-                    continue  # beating already, or its handler is done
-                due = held.claimed_at + heartbeat_secs
-                if due > now:
-                    next_due = due
-                    break
-                if held.nursery is not None:
-                    self._start_heartbeat(held)
-                else:
-                    held.beat_due = True  # its task has not run yet: it starts the loop
-            if next_due == math.inf:
-                self._starter_idle = idle = trio.Event()
-                await idle.wait()  # until the lease loop claims jobs
-            else:
-                await trio.sleep_until(next_due)
-
-    async def _heartbeat_loop(self, held: _Held) -> None:
-        assert self._heartbeats is not None and held.beat_scope is not None and held.scope is not None
+    async def _heartbeat_loop(self, held: _Held, job_scope: trio.CancelScope, handled: trio.Event) -> None:
+        """Renew *held*'s lease every ``heartbeat_secs`` until *handled* is
+        set; cancel *job_scope* when the job is lost or its lease is about
+        to run out."""
         job = held.job
-        next_at = held.claimed_at + self.heartbeat_secs
         failures = 0
-        with held.beat_scope:
-            while True:
-                # Sleeping until the earlier of the next heartbeat and the abort
-                # point takes one cancel scope, where move_on_at around a sleep
-                # would take two.
-                abort_at = held.deadline - self.abort_margin_secs
-                await trio.sleep_until(min(next_at, abort_at))
-                if trio.current_time() >= abort_at:
-                    # Renewals kept failing and the lease is about to end: stop
-                    # the handler while there is still time to say so.
-                    held.expiring = True
-                    held.scope.cancel()
-                    return
-                sent_at = trio.current_time()
-                with trio.move_on_at(abort_at) as call_scope:
-                    try:
-                        reply = await self._heartbeats.call(
-                            HeartbeatItem(job.id, held.lease.lease_token, self.lease_secs)
-                        )
-                    except errors.QftrioError as exc:
-                        if _is_fatal(exc):
-                            self._die(exc)
-                            return
-                        failures += 1
-                        held.last_error = str(exc)
-                        log.debug("heartbeat of job %s failed (%s); retrying", job.id, exc)
-                        next_at = trio.current_time() + backoff(failures, *REPORT_BACKOFF)
-                        continue
-                if call_scope.cancelled_caught:
-                    continue  # the abort point passed during the call: handled above
-                if reply.code == 200 and reply.status == "running":
-                    held.deadline = sent_at + self.lease_secs
-                    failures = 0
-                    next_at = sent_at + self.heartbeat_secs
-                    continue
-                if reply.code == 200:
-                    held.lost = f"the job is {reply.status}"
-                elif reply.code == 409:
-                    held.lost = "lease lost (409): the job was taken back"
-                else:
-                    held.lost = f"heartbeat answered {reply.code}"
-                held.scope.cancel()
+        next_at = held.deadline - self.heartbeat_secs
+        while True:
+            abort_at = held.deadline - self.abort_margin_secs
+            with trio.move_on_at(min(next_at, abort_at)):
+                await handled.wait()
+            if handled.is_set():
                 return
+            if trio.current_time() >= abort_at:
+                # Renewals kept failing and the lease is about to end: stop
+                # the handler while there is still time to say so.
+                job_scope.cancel()
+                return
+            sent_at = trio.current_time()
+            with trio.move_on_at(abort_at) as call_scope:
+                try:
+                    (reply,) = await self._heartbeats([HeartbeatItem(job.id, held.lease.lease_token, self.lease_secs)])
+                except (errors.QftrioError, BatcherClosed) as exc:
+                    if _is_fatal(exc):
+                        self._die(exc)
+                        return
+                    failures += 1
+                    held.last_error = _one_line(str(exc))
+                    log.debug("heartbeat of job %s failed (%s); retrying", job.id, held.last_error)
+                    next_at = trio.current_time() + backoff(failures, *REPORT_BACKOFF)
+                    continue
+            if call_scope.cancelled_caught:
+                continue  # the abort point passed during the call: handled above
+            if reply.code == 200 and reply.status == "running":
+                held.deadline = sent_at + self.lease_secs
+                failures = 0
+                next_at = sent_at + self.heartbeat_secs
+                continue
+            if reply.code == 200:
+                held.lost = f"the job is {reply.status}"
+            elif reply.code == 409:
+                held.lost = "lease lost (409): the job was taken back"
+            else:
+                held.lost = f"heartbeat answered {reply.code}"
+            job_scope.cancel()
+            return
 
     async def _execute(self, held: _Held) -> _Outcome:
         job = held.job
@@ -644,7 +628,9 @@ class Worker:
                 await trio.lowlevel.checkpoint_if_cancelled()
             handler = self.registry.get(job.kind)
             if handler is None:
-                known = ", ".join(self.registry.kinds) or "none"
+                # The lease protocol has no kind filter: a job of a kind this
+                # worker lacks is failed, so that it does not run again and again.
+                known = ", ".join(self.registry.kinds)
                 return _Outcome(
                     error=f"no handler for kind {job.kind!r} on this worker (it handles: {known})",
                     retryable=False,
@@ -652,7 +638,7 @@ class Worker:
             return await self._call(handler, job)
         finally:
             # Free the lane for the next job now: the report need not hold it.
-            self._finished(held)
+            self._lanes.leave(held)
             self._notify_changed()
 
     async def _call(self, handler: Handler, job: Job) -> _Outcome:
@@ -683,36 +669,45 @@ class Worker:
         if not isinstance(result, dict):
             return _Outcome(error=f"handler returned {type(result).__name__}; expected a dict or None", retryable=False)
         try:
-            json_dumps(result)
+            size = len(json_dumps(result))
         except (TypeError, ValueError) as exc:
             return _Outcome(error=f"handler result is not JSON: {exc}", retryable=False)
+        cap = self.transport.max_body_bytes
+        if cap is not None and size > cap - RESULT_ROOM:
+            return _Outcome(
+                error=f"handler result too large: {size} bytes of JSON, over the {cap - RESULT_ROOM} the server takes",
+                retryable=False,
+            )
         return _Outcome(result=result)
 
-    async def _report(self, held: _Held, outcome: _Outcome, *, until: float = math.inf) -> bool:
-        """Report *outcome*, retrying until it lands or *until* passes (a
+    async def _report(self, held: _Held, outcome: _Outcome) -> bool:
+        """Report *outcome*, retrying until it lands or the lease ends (a
         call in flight then is given the transport's timeout). Returns
-        whether an answer came; the caller may also bound this by a scope."""
-        assert self._completes is not None and self._fails is not None
+        whether an answer came."""
         job, token = held.job, held.lease.lease_token
         failures = 0
-        while True:
-            if trio.current_time() >= until:
-                return False
+        while trio.current_time() < held.deadline:
             try:
                 if outcome.ok:
-                    reply = await self._completes.call(CompleteItem(job.id, token, outcome.result or {}))
+                    (reply,) = await self._completes([CompleteItem(job.id, token, outcome.result or {})])
                 else:
-                    reply = await self._fails.call(
-                        FailItem(job.id, token, outcome.error or "failed", outcome.retryable)
-                    )
-            except errors.QftrioError as exc:
+                    error = truncate_error(outcome.error or "failed")
+                    (reply,) = await self._fails([FailItem(job.id, token, error, outcome.retryable)])
+            except (errors.QftrioError, BatcherClosed) as exc:
                 if _is_fatal(exc):
                     self._die(exc)
                     return True
+                held.last_error = _one_line(str(exc))
+                if _is_refusal(exc):
+                    if not outcome.ok:
+                        return False  # the server refuses this fail; nothing else to say
+                    # The server refuses this result (a smaller body cap than
+                    # ours, say): fail the job, saying why, rather than run it again.
+                    outcome = _Outcome(error=f"the server refused the result: {held.last_error}", retryable=False)
+                    continue
                 failures += 1
-                held.last_error = str(exc)
-                log.debug("report of job %s failed (%s); retrying", job.id, exc)
-                await trio.sleep_until(min(trio.current_time() + backoff(failures, *REPORT_BACKOFF), until))
+                log.debug("report of job %s failed (%s); retrying", job.id, held.last_error)
+                await trio.sleep_until(min(trio.current_time() + backoff(failures, *REPORT_BACKOFF), held.deadline))
                 continue
             if reply.code == 204:
                 if outcome.ok:
@@ -724,6 +719,7 @@ class Worker:
             else:
                 held.lost = f"report answered {reply.code}"
             return True
+        return False
 
 
 @contextlib.asynccontextmanager
