@@ -202,7 +202,7 @@ class Engine:
         self.safety_poll_secs = safety_poll_secs
         self.waker = Waker()
         self._closing = trio.Event()
-        # Concurrent reports and claims share store calls (coalesce.py).
+        # Concurrent reports and claims share store calls (qftrio/_batching.py).
         self._heartbeats: Coalescer[HeartbeatItem, HeartbeatResult] = Coalescer(
             lambda items: self.store.jobs_heartbeat(items, now=self.clock())
         )

@@ -56,10 +56,6 @@ def run_worker_process(
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        if not url.startswith(("http://", "https://")):
-            raise errors.ConfigError(f"--url must be an http:// or https:// URL, not {url!r}")
-        if not token.isascii() or not token.isprintable():
-            raise errors.ConfigError("the token holds a line break, a control or a non-ASCII character")
         registry = load_registry(registry_ref)
         validate_options(
             queue, registry, lanes=lanes, batch=batch, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id
