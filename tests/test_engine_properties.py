@@ -23,11 +23,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from qftrio import errors
@@ -343,7 +344,30 @@ def backend_params() -> list[object]:
     ]
 
 
+#: Sequences known to matter, run on every test run besides random ones.
+KNOWN = [
+    # the first lease runs out and the job is claimed again: its token is stale
+    [("enqueue", 2, 0.0), ("lease", 1, 5), ("advance", 6.0), ("lease", 1, 5),
+     ("complete", 1), ("heartbeat", 1, 10), ("fail", 1, True), ("complete", 0)],
+    # a lease runs out with no attempt left: it is not claimed again
+    [("enqueue", 1, 0.0), ("lease", 1, 5), ("advance", 6.0), ("lease", 1, 5), ("reap",)],
+    # a running job is cancelled: its worker's reports change nothing
+    [("enqueue", 3, 0.0), ("lease", 1, 5), ("cancel", 0), ("complete", 0), ("fail", 0, False),
+     ("heartbeat", 0, 10), ("retry", 0), ("lease", 1, 5), ("complete", 1), ("complete", 0)],
+    # the janitor takes a lease back: the old token is stale from then on
+    [("enqueue", 2, 0.0), ("lease", 1, 5), ("advance", 6.0), ("reap",), ("complete", 0),
+     ("lease", 1, 5), ("fail", 1, True), ("advance", 3.0), ("lease", 1, 5), ("fail", 0, False)],
+]  # fmt: skip
+
+
+def with_known(test: Callable[..., Any]) -> Callable[..., Any]:
+    for operations in KNOWN:
+        test = example(operations=operations)(test)
+    return test
+
+
 @pytest.mark.parametrize("backend", backend_params())
+@with_known
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(operations=OPERATIONS)
 async def test_no_sequence_of_operations_breaks_an_invariant(backend: str, operations: list[tuple]) -> None:
