@@ -21,41 +21,44 @@ from .proxy import AnswerDroppingProxy
 pytestmark = pytest.mark.slow
 
 QUEUE = "lossy"
-#: Answers lost per kind of call: enough to hit each kind more than once.
-LOSSES = 2
+#: Answers lost, by kind of call: leases that hand out jobs, completes, and
+#: fails that schedule a retry or dead-letter.
+LOSSES = {"lease": 2, "complete": 2, "retry": 1, "dead": 1}
 
 
 class EveryOther:
-    """Lose every other answer to leases that hand out jobs, to completes
-    and to fails, up to :data:`LOSSES` of each kind; ``lost[kind]`` lists
-    the jobs each lost answer was about."""
+    """Lose every other answer of each kind, up to :data:`LOSSES`;
+    ``lost[kind]`` lists the jobs each lost answer was about."""
 
     def __init__(self) -> None:
         self.seen: collections.Counter[str] = collections.Counter()
-        self.lost: dict[str, list[set[str]]] = {"lease": [], "complete": [], "fail": []}
+        self.lost: dict[str, list[set[str]]] = {kind: [] for kind in LOSSES}
         #: (job id, attempt) of the claims whose lease answer was lost
         self.claims_lost: set[tuple[str, int]] = set()
 
     def __call__(self, target: str, request: bytes, answer: bytes) -> bool:
-        kind = target.rsplit("/", 1)[-1]
-        if kind not in self.lost:
+        call = target.rsplit("/", 1)[-1]
+        if call not in ("lease", "complete", "fail"):
             return False
-        if kind == "lease":
+        claims: set[tuple[str, int]] = set()
+        if call == "lease":
             claims = {(item["job"]["id"], item["job"]["attempt"]) for item in json.loads(answer)["jobs"]}
-            ids = {job_id for job_id, _ in claims}
+            items = [{"id": job_id} for job_id, _ in claims]
         elif target.startswith("/api/v1/leases/"):  # a batch report
-            ids = {item["id"] for item in json.loads(request)["items"]}
-        else:  # /api/v1/jobs/<id>/<kind>
-            ids = {target.split("/")[4]}
-        if not ids:
+            items = json.loads(request)["items"]
+        else:  # /api/v1/jobs/<id>/<call>
+            items = [{**json.loads(request), "id": target.split("/")[4]}]
+        if not items:
             return False
+        kind = call
+        if call == "fail":
+            kind = "retry" if any(item.get("retryable", True) for item in items) else "dead"
         self.seen[kind] += 1
-        if self.seen[kind] % 2 == 1 and len(self.lost[kind]) < LOSSES:
-            self.lost[kind].append(ids)
-            if kind == "lease":
-                self.claims_lost |= claims
-            return True
-        return False
+        if self.seen[kind] % 2 == 0 or len(self.lost[kind]) >= LOSSES[kind]:
+            return False
+        self.lost[kind].append({item["id"] for item in items})
+        self.claims_lost |= claims
+        return True
 
 
 async def test_lost_answers_to_lease_complete_and_fail_leave_each_job_ended_once(
@@ -84,7 +87,7 @@ async def test_lost_answers_to_lease_complete_and_fail_leave_each_job_ended_once
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
 
-    assert {kind: len(lost) for kind, lost in rule.lost.items()} == dict.fromkeys(rule.lost, LOSSES), proxy.dropped
+    assert {kind: len(lost) for kind, lost in rule.lost.items()} == LOSSES, proxy.dropped
     assert worker.returncode == 0, rig.log("lossy")
     final = {job.id: job for job in await all_jobs(client, QUEUE)}
     assert final.keys() == expected.keys()
@@ -99,6 +102,8 @@ async def test_lost_answers_to_lease_complete_and_fail_leave_each_job_ended_once
             assert job.result == {"attempt": job.attempt, "worker": "lossy"}, job
         if expected[job_id] == "flaky":
             assert job.attempt >= 2
+        # one error entry per attempt that did not complete: no report counted twice
+        assert len(job.errors) == job.attempt - (job.status is Status.COMPLETED), job
     # A lost lease answer: its jobs ran only once that lease had run out.
     lost_leases = set().union(*rule.lost["lease"])
     for job_id, attempt in rule.claims_lost:
@@ -106,5 +111,5 @@ async def test_lost_answers_to_lease_complete_and_fail_leave_each_job_ended_once
         assert final[job_id].attempt > attempt and "lease expired" in [e.error for e in final[job_id].errors]
     # A lost report answer: the report had landed, and the worker's retry of
     # it was a replay, answered as such; the lease never ran out.
-    for job_id in set().union(*rule.lost["complete"], *rule.lost["fail"]) - lost_leases:
+    for job_id in set().union(*rule.lost["complete"], *rule.lost["retry"], *rule.lost["dead"]) - lost_leases:
         assert all(e.error != "lease expired" for e in final[job_id].errors), final[job_id]
