@@ -97,6 +97,7 @@ class Soak:
         self.kills: collections.Counter[str] = collections.Counter()
         self._spawned = 0
         self.recoveries: list[float] = []
+        self.restarts: list[float] = []
         self.acknowledged: set[str] = set()
 
     def url(self, slot: int) -> str:
@@ -160,16 +161,19 @@ class Soak:
             await trio.sleep(random.expovariate(1 / self.args.kill_every))
             if random.random() < self.args.server_share:
                 slot = random.randrange(len(self.servers))
-                before = await self.completed(slot)
+                before = await self.completed_anywhere()
                 victim = self.servers[slot]
                 assert victim is not None
                 killed_at = time.monotonic()
                 victim.send_signal(signal.SIGKILL)
                 await trio.to_thread.run_sync(victim.wait)
                 self.kills["server"] += 1
-                await trio.sleep(random.uniform(0.2, 2.0))
-                await self.start_server(slot)
-                await self.wait_progress(slot, before, killed_at)
+                async with trio.open_nursery() as nursery:
+                    if before is not None and before < self.args.jobs:
+                        nursery.start_soon(self.wait_progress, before, killed_at)
+                    await trio.sleep(random.uniform(0.2, 2.0))
+                    await self.start_server(slot)
+                    self.restarts.append(time.monotonic() - killed_at)
             else:
                 slot = random.randrange(len(self.workers))
                 victim = self.workers[slot]
@@ -180,16 +184,22 @@ class Soak:
                 await trio.sleep(random.uniform(0.2, 2.0))
                 self.start_worker(slot)
 
-    async def wait_progress(self, slot: int, before: int | None, killed_at: float) -> None:
-        """Record the time from *killed_at* to the next completion, unless
-        there is nothing left to complete."""
+    async def completed_anywhere(self) -> int | None:
+        """The queue's completed count, from the first server that answers."""
+        for slot in range(len(self.ports)):
+            count = await self.completed(slot)
+            if count is not None:
+                return count
+        return None
+
+    async def wait_progress(self, before: int, killed_at: float) -> None:
+        """Record the time from *killed_at* until a job completes (through
+        any server), if one does within a minute."""
         with trio.move_on_after(60):
             while True:
-                now = await self.completed(slot)
-                if now is not None and before is not None and now > before:
+                now = await self.completed_anywhere()
+                if now is not None and now > before:
                     self.recoveries.append(time.monotonic() - killed_at)
-                    return
-                if now is not None and now >= self.args.jobs:
                     return
                 await trio.sleep(0.05)
 
@@ -237,11 +247,12 @@ async def run(args: argparse.Namespace, procs: Procs, store: list[str], work: Pa
     say(f"redelivered jobs (attempt > 1): {sum(1 for j in jobs if j['attempt'] > 1)}")
     say(f"duplicate runs (handler starts beyond one per job): {sum(c - 1 for c in starts.values() if c > 1)}")
     say(f"lost: {len(lost)}")
-    if soak.recoveries:
-        say(
-            f"time to recover from a server kill (kill to next completion): median {median(soak.recoveries):.1f} s, "
-            f"max {max(soak.recoveries):.1f} s over {len(soak.recoveries)} kills"
-        )
+    for what, times in (
+        ("time to recover from a server kill (kill to the next completion)", soak.recoveries),
+        ("killed server back (kill to answering again, pause included)", soak.restarts),
+    ):
+        if times:
+            say(f"{what}: median {median(times):.1f} s, max {max(times):.1f} s over {len(times)} kills")
     say(f"total wall time {trio.current_time() - t0:.0f} s")
     return 1 if lost else 0
 
