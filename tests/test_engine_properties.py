@@ -92,12 +92,15 @@ class Model:
     token: str | None = None
     locked_until: float | None = None
 
+    def expired(self, now: float) -> bool:
+        """Whether it is running on a lease that has run out."""
+        return self.status is Status.RUNNING and self.locked_until is not None and self.locked_until < now
+
     def claimable(self, now: float) -> bool:
+        """Whether a lease at *now* may hand it out."""
         if self.status is Status.PENDING:
             return self.scheduled_at <= now
-        return self.status is Status.RUNNING and self.locked_until is not None and self.locked_until < now and (
-            self.attempt < self.max_attempts
-        )
+        return self.expired(now) and self.attempt < self.max_attempts
 
 
 class Clock:
@@ -200,9 +203,10 @@ class Run:
 
     async def do_complete(self, index: int) -> None:
         picked = self.pick_token(index)
-        if picked is None:
-            return
-        model, token = picked
+        if picked is not None:
+            await self.complete(*picked)
+
+    async def complete(self, model: Model, token: str) -> None:
         (result,) = await self.engine.complete([CompleteItem(model.id, token, {"by": token})])
         if token != model.token or model.status not in (Status.RUNNING, Status.COMPLETED):
             assert result.outcome is Outcome.CONFLICT, (model, result)
@@ -272,9 +276,7 @@ class Run:
 
     async def do_reap(self) -> None:
         now = self.clock.now
-        expired = [
-            m for m in self.jobs.values() if m.status is Status.RUNNING and m.locked_until is not None and m.locked_until < now
-        ]
+        expired = [m for m in self.jobs.values() if m.expired(now)]
         assert await self.engine.reap_expired() == len(expired)
         for model in expired:
             model.status = Status.PENDING if model.attempt < model.max_attempts else Status.FAILED
@@ -291,15 +293,16 @@ class Run:
         assert by_id.keys() == self.jobs.keys()
         for model in self.jobs.values():
             job = by_id[model.id]
-            assert (job.status, job.attempt, job.max_attempts) == (model.status, model.attempt, model.max_attempts), (
-                job,
-                model,
-            )
+            expected = (model.status, model.attempt, model.max_attempts)
+            assert (job.status, job.attempt, job.max_attempts) == expected, (job, model)
             check_consistent(job)
             if job.status is Status.RUNNING:
                 assert job.locked_until == model.locked_until
             if job.status is Status.PENDING:
                 assert job.scheduled_at == model.scheduled_at
+            if job.status is Status.COMPLETED:
+                # the result of the lease that completed it, whatever came later
+                assert job.result == {"by": model.token}, job
 
     async def check_stats(self) -> None:
         """The queue's counts match the model."""
@@ -317,7 +320,7 @@ class Run:
             await self.do_reap()
             while any(m.claimable(self.clock.now) for m in self.jobs.values()):
                 for lease_ in await self.do_lease(3, 20):
-                    await self.do_complete(len(self.tokens) - 1 - self.tokens.index((lease_.job.id, lease_.lease_token)))
+                    await self.complete(self.jobs[lease_.job.id], lease_.lease_token)
             await self.check()
         raise AssertionError("jobs still unfinished after the drain")
 

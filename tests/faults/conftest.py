@@ -115,6 +115,10 @@ class Rig:
         self.env = {"FAULTS_MARKS": str(self.marks), "QUEUEFLOW_WORKER_TOKEN": WORKER_TOKEN}
         self.procs: list[subprocess.Popen] = []
 
+    def sqlite(self) -> list[str]:
+        """``qftrio serve`` arguments naming the test's SQLite file."""
+        return ["--db", str(self.tmp / "faults.db")]
+
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         proc = spawn(args, env=self.env, cwd=self.tmp, log=self.tmp / f"{name}.log")
         self.procs.append(proc)
@@ -175,7 +179,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 
 
 @pytest.fixture
-async def app(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[str], Client]]:
+async def app() -> AsyncIterator[Callable[[str], Client]]:
     """``app(url)``: a tenant client of the server at *url*, closed at the end."""
     clients: list[Client] = []
 
@@ -255,10 +259,10 @@ def pg_cluster() -> Iterator[PgCluster]:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
+def store(request: pytest.FixtureRequest, rig: Rig) -> list[str]:
     """``qftrio serve`` arguments naming a fresh store of each backend."""
     if request.param == "sqlite":
-        return ["--db", str(tmp_path / "faults.db")]
+        return rig.sqlite()
     cluster: PgCluster = request.getfixturevalue("pg_cluster")
     return ["--database-url", cluster.new_database()]
 

@@ -62,9 +62,9 @@ class EveryOther:
 
 
 async def test_lost_answers_to_lease_complete_and_fail_leave_each_job_ended_once(
-    rig: Rig, tmp_path, app: Callable[[str], Client]
+    rig: Rig, app: Callable[[str], Client]
 ) -> None:
-    (server,) = await rig.servers(["--db", str(tmp_path / "faults.db")], "server")
+    (server,) = await rig.servers(rig.sqlite(), "server")
     rule = EveryOther()
     proxy = AnswerDroppingProxy(int(server.url.rsplit(":", 1)[1]), rule)
     client = app(server.url)

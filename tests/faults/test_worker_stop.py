@@ -23,9 +23,9 @@ QUEUE = "frozen"
 
 
 async def test_a_worker_stopped_past_its_lease_changes_nothing_when_resumed(
-    rig: Rig, tmp_path, app: Callable[[str], Client]
+    rig: Rig, app: Callable[[str], Client]
 ) -> None:
-    (server,) = await rig.servers(["--db", str(tmp_path / "faults.db")], "server")
+    (server,) = await rig.servers(rig.sqlite(), "server")
     client = app(server.url)
     job = await client.enqueue("hold", queue=QUEUE)
     frozen = rig.worker("frozen", QUEUE, server.url, lease_secs=1, lanes=1)
