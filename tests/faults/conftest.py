@@ -145,7 +145,9 @@ class Rig:
         except trio.TooSlowError:
             raise AssertionError(f"{server.name} did not come up:\n{self.log(server.name)}") from None
 
-    def worker(self, name: str, queue: str, url: str, *, lease_secs: int = 2, lanes: int = 2, batch: int = 1) -> subprocess.Popen:
+    def worker(
+        self, name: str, queue: str, url: str, *, lease_secs: int = 2, lanes: int = 2, batch: int = 1
+    ) -> subprocess.Popen:
         """Start ``qftrio worker QUEUE`` on the suite's handlers."""
         return self._spawn(
             name,

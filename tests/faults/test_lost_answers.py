@@ -69,7 +69,9 @@ async def test_lost_answers_to_lease_complete_and_fail_leave_each_job_ended_once
     proxy = AnswerDroppingProxy(int(server.url.rsplit(":", 1)[1]), rule)
     client = app(server.url)
     kinds = ["ok"] * 6 + ["bad"] * 3 + ["flaky"] * 3
-    jobs = await client.enqueue_many([{"kind": kind, "queue": QUEUE, "payload": {"i": i}} for i, kind in enumerate(kinds)])
+    jobs = await client.enqueue_many(
+        [{"kind": kind, "queue": QUEUE, "payload": {"i": i}} for i, kind in enumerate(kinds)]
+    )
     expected = {job.id: job.kind for job in jobs}
 
     async with trio.open_nursery() as nursery:

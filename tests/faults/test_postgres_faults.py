@@ -80,9 +80,9 @@ async def test_long_polls_still_wake_after_the_listen_connection_is_killed(
         return pids if len(pids) == 2 and not pids & previous else None
 
     first = await wait_for(lambda: listening(set()), timeout=20, what="both servers to LISTEN")
-    await trio.to_thread.run_sync(
-        pg_cluster.psql, "postgres", f"SELECT pg_terminate_backend(pid) FROM unnest('{{{','.join(first)}}}'::int[]) AS pid"
-    )
+    pids = ", ".join(sorted(first))
+    kill = f"SELECT pg_terminate_backend(pid) FROM unnest(ARRAY[{pids}]) AS pid"
+    await trio.to_thread.run_sync(pg_cluster.psql, "postgres", kill)
     await wait_for(lambda: listening(first), timeout=20, what="both servers to LISTEN again")
 
     # A long poll on b, shorter than b's safety poll (5 s), must be woken by

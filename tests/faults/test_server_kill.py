@@ -40,7 +40,8 @@ async def enqueuer(client: Client, ledger: Ledger, n: int) -> None:
     for i in range(10_000):
         try:
             if i % 5 == 0:
-                jobs = await client.enqueue_many([{"kind": "ok", "payload": {"n": n, "i": i, "j": j}, "queue": QUEUE} for j in range(10)])
+                batch = [{"kind": "ok", "payload": {"n": n, "i": i, "j": j}, "queue": QUEUE} for j in range(10)]
+                jobs = await client.enqueue_many(batch)
                 ledger.enqueued.update(job.id for job in jobs)
             else:
                 ledger.enqueued.add((await client.enqueue("ok", {"n": n, "i": i}, queue=QUEUE)).id)
