@@ -1,0 +1,1 @@
+"""The fault suite: qftrio as real processes, under faults (docs/reliability.md)."""
