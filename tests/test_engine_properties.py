@@ -416,10 +416,6 @@ async def one_running_job(backend: str) -> AsyncIterator[tuple[Engine, Clock, Jo
 
 
 @pytest.mark.parametrize("backend", backend_params())
-@pytest.mark.xfail(
-    strict=True,
-    reason="job_cancel keeps locked_until on a running job it cancels; DESIGN §1 says null when not running",
-)
 async def test_cancelling_a_running_job_clears_its_deadline(backend: str) -> None:
     async with one_running_job(backend) as (engine, _, job):
         cancelled = await engine.job_cancel(TENANT, job.id)
@@ -428,10 +424,6 @@ async def test_cancelling_a_running_job_clears_its_deadline(backend: str) -> Non
 
 
 @pytest.mark.parametrize("backend", backend_params())
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobs_reap_expired sets worker_id to NULL; DESIGN §1 keeps the last lease's holder after the job ends",
-)
 async def test_a_job_dead_lettered_by_the_janitor_keeps_the_worker_it_ran_on(backend: str) -> None:
     async with one_running_job(backend) as (engine, clock, job):
         clock.now += 31

@@ -164,8 +164,9 @@ def fail(
 
 def cancel(job_id: str, status: Status) -> None:
     """Raise :class:`~qftrio.errors.Conflict` unless a job in *status* can
-    be cancelled. Cancelling keeps the lease token and ``locked_until``: the
-    running attempt's next heartbeat is told ``cancelled``, not ``conflict``."""
+    be cancelled. Cancelling keeps the lease token (the running attempt's
+    next heartbeat is told ``cancelled``, not ``conflict``) and clears
+    ``locked_until``: the job is no longer running."""
     if status not in UNFINISHED:
         raise errors.Conflict(f"job {job_id} is {status.value}; only pending or running jobs can be cancelled")
 

@@ -351,9 +351,10 @@ SELECT 1 FROM qftrio_workflows WHERE id = $1 FOR UPDATE;
 SELECT status FROM qftrio_jobs WHERE id = $1 AND tenant = $2 FOR UPDATE;
 
 -- name: job_cancel
--- The lease token and locked_until stay: a late heartbeat of the running
--- attempt must still be told "cancelled", not "conflict".
-UPDATE qftrio_jobs SET status = 'cancelled', updated_at = $2
+-- The lease token stays: a late heartbeat of the running attempt must
+-- still be told "cancelled", not "conflict". The deadline goes: the job
+-- is not running.
+UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2
 WHERE id = $1 AND status IN ('pending', 'running')
 RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
@@ -425,9 +426,9 @@ UPDATE qftrio_workflows SET status = 'completed' WHERE id = $1;
 UPDATE qftrio_workflows SET status = $2, updated_at = $3 WHERE id = $1 AND status = 'running' RETURNING 1;
 
 -- name: workflow_jobs_cancel
--- The lease token and locked_until stay, as for any cancel: a late
--- heartbeat of a running step is told "cancelled".
-UPDATE qftrio_jobs SET status = 'cancelled', updated_at = $2
+-- The lease token stays, as for any cancel: a late heartbeat of a running
+-- step is told "cancelled".
+UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2
 WHERE workflow_id = $1 AND status IN ('pending', 'running');
 
 -- name: workflow_steps_cancel

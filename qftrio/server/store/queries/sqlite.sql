@@ -97,7 +97,10 @@ WHERE id = ? AND status = 'running' AND locked_until < ?;
 SELECT status, queue, workflow_id FROM jobs WHERE id = ? AND tenant = ?;
 
 -- name: job_cancel
-UPDATE jobs SET status = 'cancelled', updated_at = ? WHERE id = ? AND status IN ('pending', 'running')
+-- The lease token stays: a late heartbeat of the running attempt must
+-- still be told "cancelled", not "conflict". The deadline goes: the job
+-- is not running.
+UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ? WHERE id = ? AND status IN ('pending', 'running')
 RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
 
@@ -189,9 +192,9 @@ UPDATE workflows SET context = ?, steps_completed = ?, status = ?, updated_at = 
 UPDATE workflows SET status = ?, updated_at = ? WHERE id = ? AND status = 'running';
 
 -- name: workflow_jobs_cancel
--- The lease token and locked_until stay, as for any cancel: a running
--- step's next heartbeat is told "cancelled".
-UPDATE jobs SET status = 'cancelled', updated_at = ? WHERE workflow_id = ? AND status IN ('pending', 'running');
+-- The lease token stays, as for any cancel: a running step's next
+-- heartbeat is told "cancelled".
+UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ? WHERE workflow_id = ? AND status IN ('pending', 'running');
 
 -- name: workflow_steps_cancel
 UPDATE workflow_steps SET state = 'cancelled' WHERE workflow_id = ? AND state = 'waiting';
