@@ -443,6 +443,8 @@ async def test_retry_gives_a_fresh_budget(storage: Store) -> None:
     job = await storage.job_retry(job_id, tenant="t1", now=T0 + 3)
     assert job.status is Status.PENDING and job.attempt == 0 and job.scheduled_at == T0 + 3
     assert job.errors[0].error == "x"
+    # where it last ran stays visible until a new lease replaces it
+    assert (job.worker_id, job.locked_until) == ("w1", None)
     (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 5)], now=T0 + 3)
     assert hb.outcome is Outcome.CONFLICT
     again = await claim_one(storage, now=T0 + 4)

@@ -362,7 +362,7 @@ RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attem
 
 -- name: job_reset
 UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $2, updated_at = $2,
-    locked_until = NULL, lease_token = NULL, worker_id = NULL
+    locked_until = NULL, lease_token = NULL
 WHERE id = $1 AND status IN ('failed', 'cancelled')
 RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
@@ -441,7 +441,7 @@ UPDATE qftrio_workflows SET status = 'running', updated_at = $2 WHERE id = $1 RE
 -- The failed step and those cancelled by the failure: their dependencies
 -- had completed, so they are ready again at once.
 UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $3, updated_at = $3,
-    context = $4::jsonb, locked_until = NULL, lease_token = NULL, worker_id = NULL
+    context = $4::jsonb, locked_until = NULL, lease_token = NULL
 WHERE workflow_id = $1 AND (status = 'cancelled' OR id = $2);
 
 -- name: workflow_steps_wait_again

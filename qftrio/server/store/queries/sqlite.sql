@@ -106,7 +106,7 @@ RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attem
 
 -- name: job_reset
 UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?, updated_at = ?,
-    locked_until = NULL, lease_token = NULL, worker_id = NULL
+    locked_until = NULL, lease_token = NULL
 WHERE id = ? AND status IN ('failed', 'cancelled')
 RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
@@ -206,7 +206,7 @@ UPDATE workflows SET status = 'running', updated_at = ? WHERE id = ? RETURNING t
 -- The failed step and those cancelled by the failure: their dependencies had
 -- completed, so they are ready again at once.
 UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?, updated_at = ?, context = ?,
-    locked_until = NULL, lease_token = NULL, worker_id = NULL
+    locked_until = NULL, lease_token = NULL
 WHERE workflow_id = ? AND (status = 'cancelled' OR id = ?);
 
 -- name: workflow_steps_wait_again
