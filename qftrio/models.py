@@ -20,7 +20,7 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
 __all__ = [
     "NAME_PATTERN",
@@ -420,7 +420,24 @@ class FailItem:
 # --------------------------------------------------------------------------
 # Request bodies (validated by the server, built by the client)
 
+def _json_number(value: Any) -> Any:
+    # As JSON Schema (and /openapi.json) reads a body: a number is never a
+    # string or a boolean; 3.0 is an integer, 3.5 is not.
+    if isinstance(value, (bool, str)):
+        raise ValueError("must be a JSON number")
+    return value
+
+
+def _json_time(value: Any) -> Any:
+    if isinstance(value, (bool, int, float)):
+        raise ValueError("must be an RFC 3339 time string")
+    return value
+
+
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+Int = Annotated[int, BeforeValidator(_json_number)]
+Number = Annotated[float, BeforeValidator(_json_number)]
+TimeInput = Annotated[_dt.datetime, BeforeValidator(_json_time)]
 Token = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TOKEN)]
 JobId = Annotated[str, StringConstraints(max_length=MAX_JOB_ID)]
 
@@ -429,12 +446,17 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _Fields(BaseModel):
+    # Query strings and paths carry only strings: numbers are read from them.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
 class JobConfig(_Body):
     queue: Name = "default"
-    priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
-    max_attempts: int = Field(5, ge=1, le=1000)
-    delay_secs: float | None = Field(None, ge=0, le=10 * 365 * 86400)
-    scheduled_at: _dt.datetime | None = None
+    priority: Int = Field(0, ge=-(2**31), le=2**31 - 1)
+    max_attempts: Int = Field(5, ge=1, le=1000)
+    delay_secs: Number | None = Field(None, ge=0, le=10 * 365 * 86400)
+    scheduled_at: TimeInput | None = None
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | None = None
 
     @model_validator(mode="after")
@@ -459,15 +481,15 @@ class EnqueueBatchRequest(_Body):
 
 
 class LeaseRequest(_Body):
-    max_jobs: int = Field(1, ge=1, le=MAX_LEASE_JOBS)
-    lease_secs: int = Field(60, ge=1, le=MAX_LEASE_SECS)
-    wait_secs: float = Field(0, ge=0, le=MAX_WAIT_SECS)
+    max_jobs: Int = Field(1, ge=1, le=MAX_LEASE_JOBS)
+    lease_secs: Int = Field(60, ge=1, le=MAX_LEASE_SECS)
+    wait_secs: Number = Field(0, ge=0, le=MAX_WAIT_SECS)
     worker_id: Annotated[str, StringConstraints(max_length=MAX_WORKER_ID)] | None = None
 
 
 class HeartbeatRequest(_Body):
     lease_token: Token
-    extend_secs: int = Field(ge=1, le=MAX_LEASE_SECS)
+    extend_secs: Int = Field(ge=1, le=MAX_LEASE_SECS)
 
 
 class CompleteRequest(_Body):
@@ -478,7 +500,7 @@ class CompleteRequest(_Body):
 class FailRequest(_Body):
     lease_token: Token
     error: Annotated[str, StringConstraints(max_length=MAX_ERROR)]
-    retryable: bool = True
+    retryable: bool = Field(True, strict=True)
 
 
 HeartbeatStatus = Literal["running", "pending", "completed", "failed", "cancelled"]
@@ -513,7 +535,7 @@ class WorkflowStepRequest(_Body):
     kind: Name
     payload: dict[str, Any] = Field(default_factory=dict)
     depends_on: list[Name] = Field(default_factory=list, max_length=MAX_WORKFLOW_STEPS)
-    max_attempts: int = Field(5, ge=1, le=1000)
+    max_attempts: Int = Field(5, ge=1, le=1000)
 
 
 class WorkflowCreateRequest(_Body):
@@ -533,11 +555,11 @@ class EmptyBody(_Body):
 # Query strings and path parameters (validated by the server like bodies)
 
 
-class QueuePath(_Body):
+class QueuePath(_Fields):
     queue: Name
 
 
-class JobsListQuery(_Body):
+class JobsListQuery(_Fields):
     """``GET /api/v1/jobs``: filters and a page."""
 
     queue: Name | None = None
@@ -547,7 +569,7 @@ class JobsListQuery(_Body):
     cursor: str | None = None
 
 
-class WorkflowsListQuery(_Body):
+class WorkflowsListQuery(_Fields):
     """``GET /api/v1/workflows``: a filter and a page."""
 
     status: WorkflowStatus | None = None

@@ -65,6 +65,10 @@ class _Provider(OpenAPIProvider):
             operation.pop("description", None)
             for status, response in operation["responses"].items():
                 response["description"] = _STATUS_TEXT.get(status, response["description"]) or "OK"
+            if func.__name__ == "metrics_route":
+                operation["responses"] = {
+                    200: {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}}
+                }
             if route is None:
                 continue
             for status, model in route.answers.items():
@@ -76,7 +80,9 @@ class _Provider(OpenAPIProvider):
                     if parameter["in"] == "path" and parameter["name"] in fields:
                         parameter["schema"] = fields[parameter["name"]]
             if "requestBody" in operation:
-                operation["requestBody"]["required"] = False  # an empty body counts as {}
+                # An empty body counts as {}: it may be left out when every field may.
+                required = route.body is not None and any(f.is_required() for f in route.body.model_fields.values())
+                operation["requestBody"]["required"] = required
         return paths, components
 
 

@@ -127,11 +127,15 @@ class Router:
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str]] | list[str] | None:
         """The route and its path parameters; or, when routes have the path
         but not the method, the methods they allow; or ``None``."""
+        static = self._static.get(path)
+        if static is not None:
+            # A path of its own shadows the patterns it also matches
+            # (``/api/v1/jobs/batch`` is not a job id).
+            for route in static:
+                if route.method == method:
+                    return route, {}
+            return sorted({route.method for route in static})
         allowed: list[str] = []
-        for route in self._static.get(path, ()):
-            if route.method == method:
-                return route, {}
-            allowed.append(route.method)
         for pattern, route in self._patterns:
             m = pattern.match(path)
             if m is not None:
