@@ -252,7 +252,8 @@ async def test_unknown_route_and_method_are_json(http, server) -> None:
         ("POST", "/api/v1/jobs/some-id", "GET"),
         ("GET", "/api/v1/queues/q/lease", "POST"),
         ("PUT", "/api/v1/leases/complete", "POST"),
-        ("POST", "/healthz", "GET, HEAD, OPTIONS"),
+        ("POST", "/healthz", "GET"),
+        ("POST", "/metrics", "GET, HEAD, OPTIONS"),
     ]:
         r = await http.request(method, path, headers=server.headers())
         assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed", (method, path)

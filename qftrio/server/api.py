@@ -1,4 +1,5 @@
-"""The application API's routes (tenant tokens), served through Quart.
+"""The application API's routes (tenant tokens) and the health check,
+served through Quart.
 
 Enqueue lives with the worker protocol's hot routes
 (:mod:`qftrio.server.protocol`); everything else a tenant calls is here.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from ..models import (
     EmptyBody,
+    HealthAnswer,
     JobAnswer,
     JobsListQuery,
     JobsPageAnswer,
@@ -24,6 +26,15 @@ from .envelope import Call, Reply, Route
 from .protocol import ROUTES as PROTOCOL_ROUTES
 
 __all__ = ["ROUTES", "ALL_ROUTES"]
+
+
+async def healthz(engine: Engine, call: Call) -> Reply:
+    """Whether the server can reach its database."""
+    try:
+        await engine.store.ping()
+    except Exception:
+        return 503, {"status": "unavailable"}
+    return 200, {"status": "ok"}
 
 
 def _tenant(call: Call) -> str:
@@ -89,6 +100,7 @@ async def queue_stats(engine: Engine, call: Call) -> Reply:
 
 
 ROUTES: list[Route] = [
+    Route("GET", "/healthz", healthz, "anyone", {200: HealthAnswer, 503: HealthAnswer}),
     Route("GET", "/api/v1/jobs/<job_id>", job_get, "tenant", {200: JobAnswer}, (404,)),
     Route("GET", "/api/v1/jobs", jobs_list, "tenant", {200: JobsPageAnswer}, query=JobsListQuery),
     Route("POST", "/api/v1/jobs/<job_id>/cancel", job_cancel, "tenant", {200: JobAnswer}, (404, 409), body=EmptyBody),

@@ -1,5 +1,5 @@
-"""The Quart app: the application API's routes, health, metrics, and the
-OpenAPI document of every route.
+"""The Quart app: the application API's routes, metrics, and the OpenAPI
+document of every route.
 
 Each route of :data:`ALL_ROUTES` is registered here with one adapter that
 hands the request to the route's :class:`~qftrio.server.envelope.Envelope`,
@@ -26,7 +26,7 @@ from werkzeug.routing.rules import Rule
 
 from .. import errors
 from .._json import dumps as json_dumps
-from ..models import ErrorAnswer, HealthAnswer
+from ..models import ErrorAnswer
 from . import metrics
 from .api import ALL_ROUTES
 from .auth import Credentials
@@ -122,19 +122,7 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
         log.error("request failed", exc_info=exc)
         return _json(errors.ApiError("internal error").to_wire(), 500)
 
-    # -- health, metrics, the document's page -------------------------------
-
-    @app.get("/healthz")
-    @security_scheme([])
-    @document_response(HealthAnswer, 200)
-    @document_response(HealthAnswer, 503)
-    async def healthz() -> Response:
-        """Whether the server can reach its database."""
-        try:
-            await engine.store.ping()
-        except Exception:
-            return _json({"status": "unavailable"}, 503)
-        return _json({"status": "ok"})
+    # -- metrics, the document's page ---------------------------------------
 
     @app.get("/metrics")
     @security_scheme([])

@@ -97,13 +97,12 @@ class Route:
 
     def statuses(self) -> list[int]:
         """Every status the route answers, in order."""
-        found = set(self.answers) | set(self.errors) | {503}
+        # 422 for an unknown query parameter, on every route.
+        found = set(self.answers) | set(self.errors) | {422, 503}
         if self.caller != "anyone":
             found |= {401, 403}
         if self.body is not None:
-            found |= {400, 413, 422}
-        if self.query is not None or self.path_model is not None:
-            found.add(422)
+            found |= {400, 413}
         return sorted(found)
 
 
