@@ -64,7 +64,9 @@ async def test_schemathesis_finds_nothing(dev_url: str, tmp_path: Path) -> None:
         "--generation-database", "none", "--no-color", "--report-dir", str(tmp_path),
     ]  # fmt: skip
     with trio.fail_after(120):
-        done = await trio.run_process(argv, capture_stdout=True, stderr=subprocess.STDOUT, check=False, env={**os.environ, "NO_COLOR": "1"})
+        done = await trio.run_process(
+            argv, cwd=tmp_path, capture_stdout=True, stderr=subprocess.STDOUT, check=False, env={**os.environ, "NO_COLOR": "1"}
+        )
     # Failures quote whole bodies: each line is cut short here.
     output = "\n".join(line[:300] for line in done.stdout.decode(errors="replace").splitlines())
     (tmp_path / "schemathesis.txt").write_text(output)
