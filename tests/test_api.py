@@ -247,12 +247,12 @@ async def test_unknown_route_and_method_are_json(http, server) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     # A 405 says which methods the path takes, on every kind of route.
     for method, path, allow in [
-        ("DELETE", "/api/v1/jobs", "GET, POST"),
+        ("DELETE", "/api/v1/jobs", "GET, HEAD, POST"),
         ("GET", "/api/v1/jobs/batch", "POST"),
-        ("POST", "/api/v1/jobs/some-id", "GET"),
+        ("POST", "/api/v1/jobs/some-id", "GET, HEAD"),
         ("GET", "/api/v1/queues/q/lease", "POST"),
         ("PUT", "/api/v1/leases/complete", "POST"),
-        ("POST", "/healthz", "GET"),
+        ("POST", "/healthz", "GET, HEAD"),
         ("POST", "/metrics", "GET, HEAD, OPTIONS"),
     ]:
         r = await http.request(method, path, headers=server.headers())

@@ -30,7 +30,7 @@ from ..models import NAME_PATTERN
 from .auth import Credentials
 from .engine import Engine
 
-__all__ = ["Call", "Route", "Router", "Envelope", "Reply", "parse_body", "parse_query"]
+__all__ = ["Call", "Caller", "Handler", "Route", "Router", "Envelope", "Disconnected", "Reply", "error_reply", "parse_body", "parse_query"]
 
 log = logging.getLogger("qftrio.server")
 
@@ -124,24 +124,33 @@ class Router:
                 self._static.setdefault(route.path, []).append(route)
 
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str]] | list[str] | None:
-        """The route and its path parameters; or, when routes have the path
-        but not the method, the methods they allow; or ``None``."""
+        """The route and its path parameters (a ``GET`` route answers
+        ``HEAD`` too); or, when routes have the path but not the method, the
+        methods they allow; or ``None``."""
+        wanted = "GET" if method == "HEAD" else method
         static = self._static.get(path)
         if static is not None:
             # A path of its own shadows the patterns it also matches
             # (``/api/v1/jobs/batch`` is not a job id).
             for route in static:
-                if route.method == method:
+                if route.method == wanted:
                     return route, {}
-            return sorted({route.method for route in static})
-        allowed: list[str] = []
+            return _allowed(static)
+        found: list[Route] = []
         for pattern, route in self._patterns:
             m = pattern.match(path)
             if m is not None:
-                if route.method == method:
+                if route.method == wanted:
                     return route, m.groupdict()
-                allowed.append(route.method)
-        return sorted(set(allowed)) or None
+                found.append(route)
+        return _allowed(found) if found else None
+
+
+def _allowed(routes: list[Route]) -> list[str]:
+    methods = {route.method for route in routes}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
 
 
 # -- parsing -------------------------------------------------------------------

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
+import pydantic
 import trio
 
 from .. import errors
@@ -42,7 +43,7 @@ from ..models import (
 )
 from .auth import Credentials
 from .engine import Engine, spec_from_request
-from .envelope import Call, Disconnected, Envelope, Reply, Route, Router, error_reply
+from .envelope import Call, Caller, Disconnected, Envelope, Handler, Reply, Route, Router, error_reply
 from .store.base import HeartbeatResult, Outcome, ReportResult
 
 __all__ = ["ProtocolFront", "ROUTES"]
@@ -159,7 +160,15 @@ def _long_poll(call: Call) -> bool:
     return call.body.wait_secs > 0
 
 
-def _hot(path: str, handler: Any, caller: Any, body: Any, answers: dict[int, Any], errors: tuple[int, ...] = (), **more: Any) -> Route:
+def _hot(
+    path: str,
+    handler: Handler,
+    caller: Caller,
+    body: type[pydantic.BaseModel],
+    answers: dict[int, type[pydantic.BaseModel] | None],
+    errors: tuple[int, ...] = (),
+    **more: Any,
+) -> Route:
     return Route("POST", path, handler, caller, answers, errors, body=body, hot=True, **more)
 
 
@@ -218,6 +227,10 @@ class ProtocolFront:
             return  # nobody to answer
         except errors.ApiError as exc:
             await _send(send, *error_reply(exc))
+            return
+        except Exception:
+            log.exception("request failed: %s %s", route.method, route.path)
+            await _send(send, 500, errors.ApiError("internal error").to_wire())
             return
         if route.waits is not None and route.waits(call):
             # A long poll is abandoned if its client goes away. Its answer is
