@@ -20,7 +20,7 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
 
 __all__ = [
     "NAME_PATTERN",
@@ -438,6 +438,8 @@ Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 Int = Annotated[int, BeforeValidator(_json_number)]
 Number = Annotated[float, BeforeValidator(_json_number)]
 TimeInput = Annotated[_dt.datetime, BeforeValidator(_json_time)]
+#: A queue or kind name in a path, validated as in a body.
+NAME = TypeAdapter(Name)
 Token = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TOKEN)]
 JobId = Annotated[str, StringConstraints(max_length=MAX_JOB_ID)]
 
@@ -447,7 +449,7 @@ class _Body(BaseModel):
 
 
 class _Fields(BaseModel):
-    # Query strings and paths carry only strings: numbers are read from them.
+    # Query strings carry only strings: numbers are read from them.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -552,11 +554,7 @@ class EmptyBody(_Body):
 
 
 # --------------------------------------------------------------------------
-# Query strings and path parameters (validated by the server like bodies)
-
-
-class QueuePath(_Fields):
-    queue: Name
+# Query strings (validated by the server like bodies)
 
 
 class JobsListQuery(_Fields):

@@ -8,12 +8,12 @@ Enqueue lives with the worker protocol's hot routes
 from __future__ import annotations
 
 from ..models import (
+    NAME,
     EmptyBody,
     HealthAnswer,
     JobAnswer,
     JobsListQuery,
     JobsPageAnswer,
-    QueuePath,
     QueueStatsAnswer,
     QueuesAnswer,
     WorkflowAnswer,
@@ -113,7 +113,7 @@ ROUTES: list[Route] = [
         body=EmptyBody,
     ),  # fmt: skip
     Route("GET", "/api/v1/queues", queues, "tenant", {200: QueuesAnswer}),
-    Route("GET", "/api/v1/queues/<queue>/stats", queue_stats, "tenant", {200: QueueStatsAnswer}, path_model=QueuePath),
+    Route("GET", "/api/v1/queues/<queue>/stats", queue_stats, "tenant", {200: QueueStatsAnswer}, path_params={"queue": NAME}),
 ]
 
 #: Every route of the API, declared once.

@@ -82,11 +82,9 @@ class _Provider(OpenAPIProvider):
             for status, model in route.answers.items():
                 if model is None:
                     operation["responses"][status] = {"description": _STATUS_TEXT[status]}
-            if route.path_model is not None:
-                fields = route.path_model.model_json_schema()["properties"]
-                for parameter in operation["parameters"]:
-                    if parameter["in"] == "path" and parameter["name"] in fields:
-                        parameter["schema"] = fields[parameter["name"]]
+            for parameter in operation["parameters"]:
+                if parameter["in"] == "path" and parameter["name"] in route.path_params:
+                    parameter["schema"] = route.path_params[parameter["name"]].json_schema()
             if "requestBody" in operation:
                 # An empty body counts as {}: it may be left out when every field may.
                 required = route.body is not None and any(f.is_required() for f in route.body.model_fields.values())

@@ -42,14 +42,14 @@ Reply = tuple[int, Any]
 Caller = Literal["worker", "tenant", "anyone"]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Call:
     """One request, parsed: what a handler gets."""
 
-    tenant: str | None = None
-    body: Any = None
-    query: Any = None
-    path: dict[str, str] = dataclasses.field(default_factory=dict)
+    tenant: str | None
+    body: Any
+    query: Any
+    path: dict[str, str]
 
 
 Handler = Callable[[Engine, Call], Awaitable[Reply]]
@@ -72,8 +72,8 @@ class Route:
         body: the body's model, or ``None`` for a route that reads none.
         query: the query string's model; ``None`` for a route that takes no
             parameter (any given is refused).
-        path_model: the path parameters' model, for those that are more than
-            opaque ids.
+        path_params: the validators of the path parameters that are more
+            than opaque ids (a queue's name), by parameter.
         waits: whether a call may wait long (a long poll); its answer is then
             abandoned when the client disconnects.
         hot: answered straight from ASGI rather than through Quart.
@@ -87,7 +87,7 @@ class Route:
     errors: tuple[int, ...] = ()
     body: type[pydantic.BaseModel] | None = None
     query: type[pydantic.BaseModel] | None = None
-    path_model: type[pydantic.BaseModel] | None = None
+    path_params: dict[str, pydantic.TypeAdapter[Any]] = dataclasses.field(default_factory=dict)
     waits: Callable[[Call], bool] | None = None
     hot: bool = False
 
@@ -208,15 +208,10 @@ def parse_query(model: type[M] | None, query_string: bytes) -> M | None:
         if values:
             raise errors.InvalidInput("; ".join(f"{name}: unknown parameter" for name in values))
         return None
-    return parse_fields(model, values, "query")
-
-
-def parse_fields(model: type[M], values: dict[str, str], where: str) -> M:
-    """String *values* (a query's, a path's) parsed into *model*."""
     try:
         return model.model_validate(values)
     except pydantic.ValidationError as exc:
-        raise errors.InvalidInput(_field_errors(exc, where)) from None
+        raise errors.InvalidInput(_field_errors(exc, "query")) from None
 
 
 # JSON has no NaN or Infinity, and qftrio holds no number beyond a double's
@@ -319,9 +314,12 @@ class Envelope:
             tenant = self.credentials.tenant(authorization)
         elif route.caller == "worker":
             self.credentials.worker(authorization)
-        if route.path_model is not None:
-            parse_fields(route.path_model, params, "path")
-        query = parse_query(route.query, query_string)
+        for name, adapter in route.path_params.items():
+            try:
+                adapter.validate_python(params[name])
+            except pydantic.ValidationError as exc:
+                raise errors.InvalidInput(_field_errors(exc, name)) from None
+        query = parse_query(route.query, query_string) if query_string or route.query is not None else None
         body = None
         if route.body is not None:
             body = parse_body(route.body, await self._read_body(content_length, chunks))

@@ -21,6 +21,7 @@ import trio
 from .. import errors
 from .._json import dumps as json_dumps
 from ..models import (
+    NAME,
     CompleteItem,
     CompleteManyRequest,
     CompleteRequest,
@@ -37,7 +38,6 @@ from ..models import (
     JobsAnswer,
     LeaseRequest,
     LeasesAnswer,
-    QueuePath,
     ReportResultsAnswer,
     format_time,
 )
@@ -175,7 +175,7 @@ def _hot(
 ROUTES: list[Route] = [
     _hot("/api/v1/jobs", enqueue, "tenant", EnqueueRequest, {200: JobAnswer, 201: JobAnswer}),
     _hot("/api/v1/jobs/batch", enqueue_batch, "tenant", EnqueueBatchRequest, {201: JobsAnswer}),
-    _hot("/api/v1/queues/<queue>/lease", lease, "worker", LeaseRequest, {200: LeasesAnswer}, path_model=QueuePath, waits=_long_poll),
+    _hot("/api/v1/queues/<queue>/lease", lease, "worker", LeaseRequest, {200: LeasesAnswer}, path_params={"queue": NAME}, waits=_long_poll),
     _hot("/api/v1/jobs/<job_id>/heartbeat", heartbeat, "worker", HeartbeatRequest, {200: HeartbeatAnswer}, (404, 409)),
     _hot("/api/v1/jobs/<job_id>/complete", complete, "worker", CompleteRequest, {204: None}, (404, 409)),
     _hot("/api/v1/jobs/<job_id>/fail", fail, "worker", FailRequest, {204: None}, (404, 409)),
