@@ -30,7 +30,7 @@ from ..models import NAME_PATTERN
 from .auth import Credentials
 from .engine import Engine
 
-__all__ = ["Call", "Caller", "Handler", "Route", "Router", "Envelope", "Disconnected", "Reply", "error_reply", "parse_body", "parse_query"]
+__all__ = ["Call", "Caller", "Handler", "Route", "Router", "Envelope", "Disconnected", "Reply", "parse_body", "parse_query"]
 
 log = logging.getLogger("qftrio.server")
 
@@ -330,24 +330,27 @@ class Envelope:
         ``(status, payload, close)``."""
         try:
             status, payload = await route.handler(self.engine, call)
-        except errors.ApiError as exc:
-            return error_reply(exc)
-        except Exception:
-            log.exception("request failed: %s %s", route.method, route.path)
-            return 500, errors.ApiError("internal error").to_wire(), False
+        except Exception as exc:
+            return self.refusal(route, exc)
         return status, payload, False
 
     async def answer(self, route: Route, params: dict[str, str], **request: Any) -> tuple[int, Any, bool]:
-        """:meth:`prepare` then :meth:`run`, as ``(status, payload, close)``.
-
-        Raises:
-            Disconnected: the client went away while its body was read.
-        """
+        """:meth:`prepare` then :meth:`run`, as ``(status, payload, close)``."""
         try:
             call = await self.prepare(route, params, **request)
-        except errors.ApiError as exc:
-            return error_reply(exc)
+        except Exception as exc:
+            return self.refusal(route, exc)
         return await self.run(route, call)
+
+    def refusal(self, route: Route, exc: Exception) -> tuple[int, Any, bool]:
+        """The answer to *exc*, raised while answering *route* (call it in
+        the ``except`` block: a bug is logged with its traceback)."""
+        if isinstance(exc, errors.ApiError):
+            # A 413 leaves the body unread: the connection cannot carry
+            # another request.
+            return exc.status_code, exc.to_wire(), isinstance(exc, errors.PayloadTooLarge)
+        log.exception("request failed: %s %s", route.method, route.path)
+        return 500, errors.ApiError("internal error").to_wire(), False
 
     async def _read_body(self, declared: str | None, chunks: AsyncIterator[bytes]) -> bytes:
         cap = self.max_body_bytes
@@ -361,8 +364,3 @@ class Envelope:
                 raise errors.PayloadTooLarge(f"the request body is larger than {cap} bytes")
             parts.append(chunk)
         return b"".join(parts)
-
-
-def error_reply(exc: errors.ApiError) -> tuple[int, Any, bool]:
-    # A 413 leaves the body unread: the connection cannot carry another request.
-    return exc.status_code, exc.to_wire(), isinstance(exc, errors.PayloadTooLarge)

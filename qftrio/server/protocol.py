@@ -11,7 +11,6 @@ every other route, and hands the rest to the Quart app. It also answers
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable
 from typing import Any
 
@@ -43,12 +42,10 @@ from ..models import (
 )
 from .auth import Credentials
 from .engine import Engine, spec_from_request
-from .envelope import Call, Caller, Disconnected, Envelope, Handler, Reply, Route, Router, error_reply
+from .envelope import Call, Caller, Disconnected, Envelope, Handler, Reply, Route, Router
 from .store.base import HeartbeatResult, Outcome, ReportResult
 
 __all__ = ["ProtocolFront", "ROUTES"]
-
-log = logging.getLogger("qftrio.server")
 
 _REPORT_CODES = {Outcome.OK: 204, Outcome.NOT_FOUND: 404, Outcome.CONFLICT: 409}
 _CONFLICT_MESSAGE = "the lease token is not the job's current one, or the job was cancelled"
@@ -225,12 +222,8 @@ class ProtocolFront:
             )
         except Disconnected:
             return  # nobody to answer
-        except errors.ApiError as exc:
-            await _send(send, *error_reply(exc))
-            return
-        except Exception:
-            log.exception("request failed: %s %s", route.method, route.path)
-            await _send(send, 500, errors.ApiError("internal error").to_wire())
+        except Exception as exc:
+            await _send(send, *self.envelope.refusal(route, exc))
             return
         if route.waits is not None and route.waits(call):
             # A long poll is abandoned if its client goes away. Its answer is
