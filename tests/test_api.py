@@ -264,10 +264,23 @@ async def test_names_in_paths_and_queries_are_validated_as_in_bodies(http, serve
     for path in ("/api/v1/queues/foo%0A/stats", "/api/v1/jobs?queue=foo%0A", "/api/v1/jobs?kind=k%0A"):
         r = await http.get(path, headers=server.headers())
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid", path
-    r = await http.post("/api/v1/queues/foo%0A/lease", json={}, headers=server.headers("worker"))
-    assert r.status_code == 422 and "queue" in r.json()["error"]["message"]
     r = await post_job(http, server, kind="k\n")
     assert r.status_code == 422
+
+
+async def test_numbers_are_read_as_json_schema_reads_them(http, server) -> None:
+    for config, field in [
+        ({"priority": "5"}, "config.priority"),
+        ({"priority": True}, "config.priority"),
+        ({"max_attempts": 2.5}, "config.max_attempts"),
+        ({"delay_secs": "10"}, "config.delay_secs"),
+        ({"scheduled_at": 0}, "config.scheduled_at"),
+    ]:
+        r = await post_job(http, server, config=config)
+        assert r.status_code == 422 and field in r.json()["error"]["message"], config
+    assert (await http.get("/api/v1/jobs", headers=server.headers())).json()["jobs"] == []
+    r = await post_job(http, server, config={"priority": 5.0, "delay_secs": 10})
+    assert r.status_code == 201 and r.json()["priority"] == 5
 
 
 async def test_query_parameters_are_parsed_strictly(http, server) -> None:
@@ -287,8 +300,6 @@ async def test_query_parameters_are_parsed_strictly(http, server) -> None:
     for path in ("/api/v1/queues?all=1", "/api/v1/queues/default/stats?x=1"):
         r = await http.get(path, headers=h)
         assert r.status_code == 422 and "unknown parameter" in r.json()["error"]["message"], path
-    r = await http.post("/api/v1/queues/default/lease?max_jobs=5", json={}, headers=server.headers("worker"))
-    assert r.status_code == 422 and "max_jobs" in r.json()["error"]["message"]
     r = await http.get("/api/v1/jobs?status=pending&limit=1", headers=h)
     assert r.status_code == 200 and len(r.json()["jobs"]) == 1
 
