@@ -143,6 +143,12 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
 
     # -- the routes ----------------------------------------------------------
 
+    async def receive_chunk() -> tuple[bytes, bool]:
+        try:
+            return await request.body.__anext__(), True
+        except StopAsyncIteration:
+            return b"", False
+
     def register(route: Route) -> None:
         async def view(**params: str) -> Response:
             status, payload, close = await envelope.answer(
@@ -151,7 +157,7 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
                 authorization=request.headers.get("Authorization"),
                 content_length=request.headers.get("Content-Length"),
                 query_string=request.query_string,
-                chunks=request.body,
+                receive_chunk=receive_chunk,
             )
             response = Response(b"", status=status) if payload is None else _json(payload, status)
             if close:

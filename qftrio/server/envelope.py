@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl
 
@@ -30,7 +30,7 @@ from ..models import NAME_PATTERN
 from .auth import Credentials
 from .engine import Engine
 
-__all__ = ["Call", "Caller", "Handler", "Route", "Router", "Envelope", "Disconnected", "Reply", "parse_body", "parse_query"]
+__all__ = ["Call", "Caller", "ChunkReceiver", "Handler", "Route", "Router", "Envelope", "Disconnected", "Reply", "parse_body", "parse_query"]
 
 log = logging.getLogger("qftrio.server")
 
@@ -53,6 +53,9 @@ class Call:
 
 
 Handler = Callable[[Engine, Call], Awaitable[Reply]]
+
+#: The next chunk of a request's body, and whether more follow.
+ChunkReceiver = Callable[[], Awaitable[tuple[bytes, bool]]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -305,7 +308,7 @@ class Envelope:
         authorization: str | None,
         content_length: str | None,
         query_string: bytes,
-        chunks: AsyncIterator[bytes],
+        receive_chunk: ChunkReceiver,
     ) -> Call:
         """The parsed call; raises :class:`~qftrio.errors.ApiError` for what
         refuses it (the credential first: a refusal leaves the body unread)."""
@@ -322,7 +325,7 @@ class Envelope:
         query = parse_query(route.query, query_string) if query_string or route.query is not None else None
         body = None
         if route.body is not None:
-            body = parse_body(route.body, await self._read_body(content_length, chunks))
+            body = parse_body(route.body, await self._read_body(content_length, receive_chunk))
         return Call(tenant=tenant, body=body, query=query, path=params)
 
     async def run(self, route: Route, call: Call) -> tuple[int, Any, bool]:
@@ -352,13 +355,15 @@ class Envelope:
         log.exception("request failed: %s %s", route.method, route.path)
         return 500, errors.ApiError("internal error").to_wire(), False
 
-    async def _read_body(self, declared: str | None, chunks: AsyncIterator[bytes]) -> bytes:
+    async def _read_body(self, declared: str | None, receive_chunk: ChunkReceiver) -> bytes:
         cap = self.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > cap:
             raise errors.PayloadTooLarge(f"the request body is larger than {cap} bytes")
         parts: list[bytes] = []
         size = 0
-        async for chunk in chunks:
+        more = True
+        while more:
+            chunk, more = await receive_chunk()
             size += len(chunk)
             if size > cap:
                 raise errors.PayloadTooLarge(f"the request body is larger than {cap} bytes")

@@ -11,6 +11,7 @@ every other route, and hands the rest to the Quart app. It also answers
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable
 from typing import Any
 
@@ -218,7 +219,7 @@ class ProtocolFront:
                 authorization=_header(scope, b"authorization"),
                 content_length=_header(scope, b"content-length"),
                 query_string=scope["query_string"],
-                chunks=_Chunks(receive),
+                receive_chunk=functools.partial(_receive_chunk, receive),
             )
         except Disconnected:
             return  # nobody to answer
@@ -234,31 +235,17 @@ class ProtocolFront:
             except Disconnected:
                 pass
             return
-        await self._answer(route, call, send)
+        await _send(send, *await self.envelope.run(route, call))
 
     async def _answer(self, route: Route, call: Call, send: Any) -> None:
         await _send(send, *await self.envelope.run(route, call))
 
 
-class _Chunks:
-    """A request's body chunks from ASGI messages (an iterator, not an async
-    generator: one left unfinished by a refusal needs no finalizing)."""
-
-    def __init__(self, receive: Any) -> None:
-        self.receive = receive
-        self.done = False
-
-    def __aiter__(self) -> _Chunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self.done:
-            raise StopAsyncIteration
-        message = await self.receive()
-        if message["type"] == "http.disconnect":
-            raise Disconnected
-        self.done = not message.get("more_body", False)
-        return message.get("body", b"")
+async def _receive_chunk(receive: Any) -> tuple[bytes, bool]:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise Disconnected
+    return message.get("body", b""), message.get("more_body", False)
 
 
 async def _send(send: Any, status: int, payload: Any, close: bool = False, headers: list[tuple[bytes, bytes]] | None = None) -> None:
