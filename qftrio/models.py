@@ -20,7 +20,7 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
 
 __all__ = [
     "NAME_PATTERN",
@@ -51,11 +51,19 @@ MAX_WORKFLOW_STEPS = 1000
 MAX_WORKFLOW_DEPENDENCIES = 20_000
 #: ``GET /api/v1/workflows`` pages hold at most this many workflows.
 MAX_WORKFLOWS_PAGE = 100
+#: Field caps of request bodies (docs/protocol.md lists them).
+MAX_WORKER_ID = 200
+MAX_TOKEN = 200
+MAX_ERROR = 65536
+MAX_IDEMPOTENCY_KEY = 255
+MAX_JOB_ID = 100
+MAX_WORKFLOW_NAME = 200
 
 
 def valid_name(name: str) -> bool:
-    """Whether *name* is a valid queue or kind name."""
-    return bool(_NAME_RE.match(name))
+    """Whether *name* is a valid queue or kind name (the whole of it: ``$``
+    alone would let a final newline through)."""
+    return _NAME_RE.fullmatch(name) is not None
 
 
 class Status(str, enum.Enum):
@@ -412,21 +420,46 @@ class FailItem:
 # --------------------------------------------------------------------------
 # Request bodies (validated by the server, built by the client)
 
+def _json_number(value: Any) -> Any:
+    # As JSON Schema (and /openapi.json) reads a body: a number is never a
+    # string or a boolean; 3.0 is an integer, 3.5 is not.
+    if isinstance(value, (bool, str)):
+        raise ValueError("must be a JSON number")
+    return value
+
+
+def _json_time(value: Any) -> Any:
+    if isinstance(value, (bool, int, float)):
+        raise ValueError("must be an RFC 3339 time string")
+    return value
+
+
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
-Token = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+Int = Annotated[int, BeforeValidator(_json_number)]
+Number = Annotated[float, BeforeValidator(_json_number)]
+TimeInput = Annotated[_dt.datetime, BeforeValidator(_json_time)]
+#: A queue or kind name in a path, validated as in a body.
+NAME = TypeAdapter(Name)
+Token = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TOKEN)]
+JobId = Annotated[str, StringConstraints(max_length=MAX_JOB_ID)]
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _Fields(BaseModel):
+    # Query strings carry only strings: numbers are read from them.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
 class JobConfig(_Body):
     queue: Name = "default"
-    priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
-    max_attempts: int = Field(5, ge=1, le=1000)
-    delay_secs: float | None = Field(None, ge=0, le=10 * 365 * 86400)
-    scheduled_at: _dt.datetime | None = None
-    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+    priority: Int = Field(0, ge=-(2**31), le=2**31 - 1)
+    max_attempts: Int = Field(5, ge=1, le=1000)
+    delay_secs: Number | None = Field(None, ge=0, le=10 * 365 * 86400)
+    scheduled_at: TimeInput | None = None
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | None = None
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobConfig:
@@ -450,15 +483,15 @@ class EnqueueBatchRequest(_Body):
 
 
 class LeaseRequest(_Body):
-    max_jobs: int = Field(1, ge=1, le=MAX_LEASE_JOBS)
-    lease_secs: int = Field(60, ge=1, le=MAX_LEASE_SECS)
-    wait_secs: float = Field(0, ge=0, le=MAX_WAIT_SECS)
-    worker_id: Annotated[str, StringConstraints(max_length=200)] | None = None
+    max_jobs: Int = Field(1, ge=1, le=MAX_LEASE_JOBS)
+    lease_secs: Int = Field(60, ge=1, le=MAX_LEASE_SECS)
+    wait_secs: Number = Field(0, ge=0, le=MAX_WAIT_SECS)
+    worker_id: Annotated[str, StringConstraints(max_length=MAX_WORKER_ID)] | None = None
 
 
 class HeartbeatRequest(_Body):
     lease_token: Token
-    extend_secs: int = Field(ge=1, le=MAX_LEASE_SECS)
+    extend_secs: Int = Field(ge=1, le=MAX_LEASE_SECS)
 
 
 class CompleteRequest(_Body):
@@ -468,23 +501,23 @@ class CompleteRequest(_Body):
 
 class FailRequest(_Body):
     lease_token: Token
-    error: Annotated[str, StringConstraints(max_length=65536)]
-    retryable: bool = True
+    error: Annotated[str, StringConstraints(max_length=MAX_ERROR)]
+    retryable: bool = Field(True, strict=True)
 
 
 HeartbeatStatus = Literal["running", "pending", "completed", "failed", "cancelled"]
 
 
 class HeartbeatManyItem(HeartbeatRequest):
-    id: Annotated[str, StringConstraints(max_length=100)]
+    id: JobId
 
 
 class CompleteManyItem(CompleteRequest):
-    id: Annotated[str, StringConstraints(max_length=100)]
+    id: JobId
 
 
 class FailManyItem(FailRequest):
-    id: Annotated[str, StringConstraints(max_length=100)]
+    id: JobId
 
 
 class HeartbeatManyRequest(_Body):
@@ -504,13 +537,197 @@ class WorkflowStepRequest(_Body):
     kind: Name
     payload: dict[str, Any] = Field(default_factory=dict)
     depends_on: list[Name] = Field(default_factory=list, max_length=MAX_WORKFLOW_STEPS)
-    max_attempts: int = Field(5, ge=1, le=1000)
+    max_attempts: Int = Field(5, ge=1, le=1000)
 
 
 class WorkflowCreateRequest(_Body):
     """``POST /api/v1/workflows``. The step graph itself (unique names, known
     dependencies, no cycle) is checked by the server beyond this schema."""
 
-    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=MAX_WORKFLOW_NAME)]
     context: dict[str, Any] = Field(default_factory=dict)
     steps: list[WorkflowStepRequest] = Field(min_length=1, max_length=MAX_WORKFLOW_STEPS)
+
+
+class EmptyBody(_Body):
+    """A body that carries nothing: empty, or ``{}``."""
+
+
+# --------------------------------------------------------------------------
+# Query strings (validated by the server like bodies)
+
+
+class JobsListQuery(_Fields):
+    """``GET /api/v1/jobs``: filters and a page."""
+
+    queue: Name | None = None
+    status: Status | None = None
+    kind: Name | None = None
+    limit: int = Field(50, ge=1, le=MAX_BATCH)
+    cursor: str | None = None
+
+
+class WorkflowsListQuery(_Fields):
+    """``GET /api/v1/workflows``: a filter and a page."""
+
+    status: WorkflowStatus | None = None
+    limit: int = Field(50, ge=1, le=MAX_WORKFLOWS_PAGE)
+    cursor: str | None = None
+
+
+# --------------------------------------------------------------------------
+# Answers, as /openapi.json documents them. The server writes them with the
+# records' ``to_wire``; these models are their schema, and the contract test
+# holds every answer to it.
+
+Time = Annotated[str, Field(description="RFC 3339 UTC, microseconds: 2026-11-30T12:00:00.000000Z")]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(_Answer):
+    code: str
+    message: str
+
+
+class ErrorAnswer(_Answer):
+    """An error: its code and a sentence saying what was wrong."""
+
+    error: ErrorDetail
+
+
+class ErrorEntryAnswer(_Answer):
+    attempt: int
+    error: str
+    at: Time
+
+
+class JobAnswer(_Answer):
+    """A job."""
+
+    id: str
+    tenant: str
+    queue: str
+    kind: str
+    payload: dict[str, Any]
+    status: Status
+    priority: int
+    attempt: int
+    max_attempts: int
+    scheduled_at: Time
+    created_at: Time
+    updated_at: Time
+    locked_until: Time | None
+    worker_id: str | None
+    result: dict[str, Any] | None
+    error: str | None
+    errors: list[ErrorEntryAnswer]
+    workflow_id: str | None
+    step: str | None
+    context: dict[str, Any] | None
+
+
+class JobsAnswer(_Answer):
+    """Jobs, in the order asked for."""
+
+    jobs: list[JobAnswer]
+
+
+class JobsPageAnswer(_Answer):
+    """A page of jobs, newest first, and the cursor of the next page."""
+
+    jobs: list[JobAnswer]
+    next_cursor: str | None
+
+
+class LeaseAnswer(_Answer):
+    job: JobAnswer
+    lease_token: str
+
+
+class LeasesAnswer(_Answer):
+    """The jobs claimed, in lease order (possibly none)."""
+
+    jobs: list[LeaseAnswer]
+
+
+class HeartbeatAnswer(_Answer):
+    """The job's status; ``locked_until`` when the lease was extended."""
+
+    status: HeartbeatStatus
+    locked_until: Time | None = None
+
+
+class ReportResultAnswer(_Answer):
+    id: str
+    code: Literal[200, 204, 404, 409]
+    status: HeartbeatStatus | None = None
+    locked_until: Time | None = None
+
+
+class ReportResultsAnswer(_Answer):
+    """One result per item, in order, with the status the single route would answer."""
+
+    results: list[ReportResultAnswer]
+
+
+class CountsAnswer(_Answer):
+    pending: int
+    running: int
+    completed: int
+    failed: int
+    cancelled: int
+
+
+class QueueStatsAnswer(_Answer):
+    """A queue's backlog, as the tenant sees it."""
+
+    queue: str
+    counts: CountsAnswer
+    oldest_ready_at: Time | None
+    next_available_at: Time | None
+
+
+class QueuesAnswer(_Answer):
+    """Every queue the tenant has jobs in."""
+
+    queues: list[QueueStatsAnswer]
+
+
+class WorkflowStepAnswer(_Answer):
+    name: str
+    kind: str
+    payload: dict[str, Any]
+    depends_on: list[str]
+    max_attempts: int
+    status: StepStatus
+    job_id: str | None
+    job: JobAnswer | None = None
+
+
+class WorkflowAnswer(_Answer):
+    """A workflow and its steps."""
+
+    id: str
+    tenant: str
+    name: str
+    status: WorkflowStatus
+    context: dict[str, Any]
+    steps: list[WorkflowStepAnswer]
+    created_at: Time
+    updated_at: Time
+
+
+class WorkflowsPageAnswer(_Answer):
+    """A page of workflows, newest first, and the cursor of the next page."""
+
+    workflows: list[WorkflowAnswer]
+    next_cursor: str | None
+
+
+class HealthAnswer(_Answer):
+    """Whether the server can reach its database."""
+
+    status: Literal["ok", "unavailable"]

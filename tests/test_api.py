@@ -245,8 +245,105 @@ async def test_bad_input_is_a_clear_4xx_and_changes_nothing(http, server) -> Non
 async def test_unknown_route_and_method_are_json(http, server) -> None:
     r = await http.get("/api/v1/nothing", headers=server.headers())
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
-    r = await http.delete("/api/v1/jobs", headers=server.headers())
-    assert r.status_code == 405 and "error" in r.json()
+    # A 405 says which methods the path takes, on every kind of route.
+    for method, path, allow in [
+        ("DELETE", "/api/v1/jobs", "GET, HEAD, POST"),
+        ("GET", "/api/v1/jobs/batch", "POST"),
+        ("POST", "/api/v1/jobs/some-id", "GET, HEAD"),
+        ("GET", "/api/v1/queues/q/lease", "POST"),
+        ("PUT", "/api/v1/leases/complete", "POST"),
+        ("POST", "/healthz", "GET, HEAD"),
+        ("POST", "/metrics", "GET, HEAD, OPTIONS"),
+    ]:
+        r = await http.request(method, path, headers=server.headers())
+        assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed", (method, path)
+        assert sorted(r.headers["allow"].split(", ")) == allow.split(", "), (method, path)
+
+
+async def test_names_in_paths_and_queries_are_validated_as_in_bodies(http, server) -> None:
+    for path in ("/api/v1/queues/foo%0A/stats", "/api/v1/jobs?queue=foo%0A", "/api/v1/jobs?kind=k%0A"):
+        r = await http.get(path, headers=server.headers())
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid", path
+    r = await post_job(http, server, kind="k\n")
+    assert r.status_code == 422
+
+
+async def test_numbers_are_read_as_json_schema_reads_them(http, server) -> None:
+    for config, field in [
+        ({"priority": "5"}, "config.priority"),
+        ({"priority": True}, "config.priority"),
+        ({"max_attempts": 2.5}, "config.max_attempts"),
+        ({"delay_secs": "10"}, "config.delay_secs"),
+        ({"scheduled_at": 0}, "config.scheduled_at"),
+    ]:
+        r = await post_job(http, server, config=config)
+        assert r.status_code == 422 and field in r.json()["error"]["message"], config
+    assert (await http.get("/api/v1/jobs", headers=server.headers())).json()["jobs"] == []
+    r = await post_job(http, server, config={"priority": 5.0, "delay_secs": 10})
+    assert r.status_code == 201 and r.json()["priority"] == 5
+
+
+async def test_query_parameters_are_parsed_strictly(http, server) -> None:
+    await post_job(http, server)
+    h = server.headers()
+    for query, named in [
+        ("stauts=failed", "stauts"),
+        ("status=failed&status=pending", "status"),
+        ("limit=1.5", "limit"),
+        ("queue=", "queue"),
+    ]:
+        r = await http.get(f"/api/v1/jobs?{query}", headers=h)
+        assert r.status_code == 422 and named in r.json()["error"]["message"], query
+    r = await http.get("/api/v1/workflows?limt=3", headers=h)
+    assert r.status_code == 422 and "limt" in r.json()["error"]["message"]
+    # a route that takes no parameter refuses any
+    for path in ("/api/v1/queues?all=1", "/api/v1/queues/default/stats?x=1"):
+        r = await http.get(path, headers=h)
+        assert r.status_code == 422 and "unknown parameter" in r.json()["error"]["message"], path
+    r = await http.get("/api/v1/jobs?status=pending&limit=1", headers=h)
+    assert r.status_code == 200 and len(r.json()["jobs"]) == 1
+
+
+async def test_cancel_and_retry_take_an_empty_body_only(http, server) -> None:
+    job = (await post_job(http, server)).json()
+    h = server.headers()
+    for action in ("cancel", "retry"):
+        path = f"/api/v1/jobs/{job['id']}/{action}"
+        r = await http.post(path, content=b"{not json", headers=h)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "malformed_json", action
+        r = await http.post(path, json={"force": True}, headers=h)
+        assert r.status_code == 422 and "force" in r.json()["error"]["message"], action
+        r = await http.post(path, json=[], headers=h)
+        assert r.status_code == 422, action
+        r = await http.post(path, content=b"{" + b" " * (1 << 20) + b"}", headers=h)
+        assert r.status_code == 413 and r.headers["connection"] == "close", action
+    assert (await http.get(f"/api/v1/jobs/{job['id']}", headers=h)).json()["status"] == "pending"
+    r = await http.post(f"/api/v1/jobs/{job['id']}/cancel", json={}, headers=h)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    r = await http.post(f"/api/v1/jobs/{job['id']}/retry", headers=h)
+    assert r.status_code == 200 and r.json()["status"] == "pending"
+
+
+async def test_integers_beyond_4300_digits_are_a_422_naming_the_field(http, server) -> None:
+    huge = b"9" * 4301
+    r = await http.post(
+        "/api/v1/jobs", content=b'{"kind": "k", "payload": {"ok": 1, "n": [2, ' + huge + b"]}}", headers=server.headers()
+    )
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid"
+    assert r.json()["error"]["message"] == "payload.n.1: an integer of more than 4300 digits"
+    r = await http.post(
+        "/api/v1/jobs", content=b'{"kind": "k", "config": {"priority": -' + huge + b"}}", headers=server.headers()
+    )
+    assert r.status_code == 422 and "config.priority" in r.json()["error"]["message"]
+    r = await http.post(
+        "/api/v1/jobs/x/complete", content=b'{"lease_token": "t", "result": {"r": ' + huge + b"}}",
+        headers=server.headers("worker"),
+    )  # fmt: skip
+    assert r.status_code == 422 and r.json()["error"]["message"].startswith("result.r:")
+    assert (await http.get("/api/v1/jobs", headers=server.headers())).json()["jobs"] == []
+    # 4300 digits are held exactly
+    r = await http.post("/api/v1/jobs", content=b'{"kind": "k", "payload": {"n": ' + b"9" * 4300 + b"}}", headers=server.headers())
+    assert r.status_code == 201 and json.loads(r.content)["payload"]["n"] == int("9" * 4300)
 
 
 async def test_health_metrics_openapi(http, server) -> None:

@@ -326,6 +326,28 @@ async def test_protocol_bad_input(http, server) -> None:
     assert r.status_code == 422 and "result" in r.json()["error"]["message"]
 
 
+async def test_protocol_paths_queries_and_numbers_are_parsed_strictly(http, server) -> None:
+    w = server.headers("worker")
+    job = await enqueue(http, server)
+    r = await http.post("/api/v1/queues/images%0A/lease", json={}, headers=w)
+    assert r.status_code == 422 and "queue" in r.json()["error"]["message"]
+    r = await http.post("/api/v1/queues/images/lease?max_jobs=5", json={}, headers=w)
+    assert r.status_code == 422 and "max_jobs: unknown parameter" in r.json()["error"]["message"]
+    for body, field in [({"max_jobs": "5"}, "max_jobs"), ({"max_jobs": True}, "max_jobs"), ({"wait_secs": False}, "wait_secs")]:
+        r = await http.post("/api/v1/queues/images/lease", json=body, headers=w)
+        assert r.status_code == 422 and field in r.json()["error"]["message"], body
+    (leased,) = await lease(http, server, max_jobs=2.0)
+    token = leased["lease_token"]
+    r = await report(http, server, job["id"], "heartbeat", lease_token=token, extend_secs="30")
+    assert r.status_code == 422 and "extend_secs" in r.json()["error"]["message"]
+    r = await report(http, server, job["id"], "fail", lease_token=token, error="x", retryable=0)
+    assert r.status_code == 422 and "retryable" in r.json()["error"]["message"]
+    got = (await http.get(f"/api/v1/jobs/{job['id']}", headers=server.headers())).json()
+    assert got["status"] == "running" and got["error"] is None
+    r = await report(http, server, job["id"], "heartbeat", lease_token=token, extend_secs=30.0)
+    assert r.status_code == 200 and r.json()["status"] == "running"
+
+
 async def test_disconnected_long_poll_does_not_swallow_a_job(http, server) -> None:
     async with httpx.AsyncClient(base_url=server.url, timeout=0.3) as impatient:
         try:

@@ -2,28 +2,18 @@
 
 Enqueue (single and batch), lease, heartbeat, complete and fail (single and
 batch) are nearly every request a busy server answers. Through Quart, a small
-request costs several times what the HTTP server alone spends on it (a 401
-from here 73-110 µs of CPU, ``/healthz`` through Quart 444-529 µs; see
-docs/performance.md), so
-:class:`ProtocolFront` answers these nine routes straight from ASGI and hands
-every other request to the Quart app. The Quart app routes the same paths to
-the same functions below, which is what ``/openapi.json`` documents;
-behaviour is identical either way.
-
-Each route function takes the engine, the raw body and the path parameters
-(and, for the application's routes, the caller's tenant), and returns
-``(status, json_body_or_None)``; errors are raised as
-:class:`~qftrio.errors.ApiError`.
+request costs several times what the HTTP server alone spends on it (see
+docs/performance.md), so :class:`ProtocolFront` answers these nine routes
+straight from ASGI, in the same :class:`~qftrio.server.envelope.Envelope` as
+every other route, and hands the rest to the Quart app. It also answers
+``405`` (with ``Allow``) for every declared path.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import math
-import re
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+import functools
+from collections.abc import Awaitable
+from typing import Any
 
 import pydantic
 import trio
@@ -31,7 +21,7 @@ import trio
 from .. import errors
 from .._json import dumps as json_dumps
 from ..models import (
-    NAME_PATTERN,
+    NAME,
     CompleteItem,
     CompleteManyRequest,
     CompleteRequest,
@@ -40,100 +30,26 @@ from ..models import (
     FailItem,
     FailManyRequest,
     FailRequest,
+    HeartbeatAnswer,
     HeartbeatItem,
     HeartbeatManyRequest,
     HeartbeatRequest,
+    JobAnswer,
+    JobsAnswer,
     LeaseRequest,
+    LeasesAnswer,
+    ReportResultsAnswer,
     format_time,
-    valid_name,
 )
 from .auth import Credentials
 from .engine import Engine, spec_from_request
+from .envelope import Call, Caller, Disconnected, Envelope, Handler, Reply, Route, Router
 from .store.base import HeartbeatResult, Outcome, ReportResult
 
-__all__ = ["ProtocolFront", "parse_body", "check_name", "ROUTES"]
-
-log = logging.getLogger("qftrio.server")
-
-M = TypeVar("M", bound=pydantic.BaseModel)
-Reply = tuple[int, Any]
+__all__ = ["ProtocolFront", "ROUTES"]
 
 _REPORT_CODES = {Outcome.OK: 204, Outcome.NOT_FOUND: 404, Outcome.CONFLICT: 409}
 _CONFLICT_MESSAGE = "the lease token is not the job's current one, or the job was cancelled"
-
-
-# -- parsing -------------------------------------------------------------------
-
-
-def _field_errors(exc: pydantic.ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        if err["type"] == "string_pattern_mismatch":
-            message = f"must match {NAME_PATTERN}"
-        elif err["type"] == "extra_forbidden":
-            message = "unknown field"
-        else:
-            message = err["msg"]
-        parts.append(f"{where}: {message}")
-    return "; ".join(parts)
-
-
-def parse_body(model: type[M], raw: bytes) -> M:
-    """*raw* parsed into *model* (an empty body counts as ``{}``): 400 for
-    malformed JSON, 422 naming every field that breaks the schema, and 422
-    for a number JSON cannot hold."""
-    if not raw.strip():
-        raw = b"{}"
-    try:
-        parsed = model.model_validate_json(raw)
-    except pydantic.ValidationError as exc:
-        if any(e["type"] == "json_invalid" for e in exc.errors(include_url=False)):
-            raise errors.BadRequest("the body is not valid JSON", code="malformed_json") from None
-        raise errors.InvalidInput(_field_errors(exc)) from None
-    if _may_hold_non_finite(raw):
-        _reject_non_finite(raw)
-    return parsed
-
-
-# JSON has no NaN or Infinity and no number beyond a double's range, but the
-# parser takes them, and a store would keep them as null or refuse them.
-# Such a number needs one of these in the text (a number with a three-digit
-# exponent, or 309 digits in a row); only then is the body read again,
-# number by number. Each test is linear in the body's size. A number starts
-# after ":", "[" or ",": a bare "4e123" inside a UUID (in almost every
-# report) is not one.
-_EXPONENT_3 = re.compile(rb"[:\[,]\s*-?\d+(?:\.\d+)?[eE][+-]?\d{3}")
-_DIGITS_AS_ZEROS = bytes.maketrans(b"123456789", b"000000000")
-_LONG_RUN = b"0" * 309
-
-
-def _may_hold_non_finite(raw: bytes) -> bool:
-    return (
-        b"NaN" in raw
-        or b"Infinity" in raw
-        or _EXPONENT_3.search(raw) is not None
-        or _LONG_RUN in raw.translate(_DIGITS_AS_ZEROS)
-    )
-
-
-def _reject_non_finite(raw: bytes) -> None:
-    def constant(name: str) -> Any:
-        raise errors.InvalidInput(f"body: {name} is not a JSON number")
-
-    def number(text: str) -> float:
-        value = float(text)
-        if not math.isfinite(value):
-            raise errors.InvalidInput(f"body: {text[:40]} is beyond the range of a JSON number")
-        return value
-
-    json.loads(raw, parse_constant=constant, parse_float=number)
-
-
-def check_name(value: str, what: str) -> str:
-    if not valid_name(value):
-        raise errors.InvalidInput(f"{what}: must match {NAME_PATTERN}")
-    return value
 
 
 def _heartbeat_wire(result: HeartbeatResult) -> dict[str, Any]:
@@ -155,37 +71,37 @@ def _report_reply(result: ReportResult) -> Reply:
 # -- the routes ----------------------------------------------------------------
 
 
-async def enqueue(engine: Engine, raw: bytes, *, tenant: str) -> Reply:
-    body = parse_body(EnqueueRequest, raw)
-    (inserted,) = await engine.enqueue(tenant, [spec_from_request(body)])
+async def enqueue(engine: Engine, call: Call) -> Reply:
+    """Enqueue a job (200 with the first job for a repeated idempotency key)."""
+    assert call.tenant is not None
+    (inserted,) = await engine.enqueue(call.tenant, [spec_from_request(call.body)])
     return (201 if inserted.created else 200), inserted.job.to_wire()
 
 
-async def enqueue_batch(engine: Engine, raw: bytes, *, tenant: str) -> Reply:
-    body = parse_body(EnqueueBatchRequest, raw)
-    inserted = await engine.enqueue(tenant, [spec_from_request(item) for item in body.jobs])
+async def enqueue_batch(engine: Engine, call: Call) -> Reply:
+    """Enqueue up to 1000 jobs in one transaction."""
+    assert call.tenant is not None
+    inserted = await engine.enqueue(call.tenant, [spec_from_request(item) for item in call.body.jobs])
     return 201, {"jobs": [i.job.to_wire() for i in inserted]}
 
 
-async def lease(engine: Engine, raw: bytes, queue: str) -> Reply:
-    return await run_lease(engine, queue, lease_request(raw, queue))
-
-
-def lease_request(raw: bytes, queue: str) -> LeaseRequest:
-    check_name(queue, "queue")
-    return parse_body(LeaseRequest, raw)
-
-
-async def run_lease(engine: Engine, queue: str, body: LeaseRequest) -> Reply:
+async def lease(engine: Engine, call: Call) -> Reply:
+    """Claim jobs of a queue, waiting up to ``wait_secs`` for one."""
+    body: LeaseRequest = call.body
     leases = await engine.lease(
-        queue, max_jobs=body.max_jobs, lease_secs=body.lease_secs, wait_secs=body.wait_secs, worker_id=body.worker_id
+        call.path["queue"],
+        max_jobs=body.max_jobs,
+        lease_secs=body.lease_secs,
+        wait_secs=body.wait_secs,
+        worker_id=body.worker_id,
     )
     return 200, {"jobs": [lease.to_wire() for lease in leases]}
 
 
-async def heartbeat(engine: Engine, raw: bytes, job_id: str) -> Reply:
-    body = parse_body(HeartbeatRequest, raw)
-    (result,) = await engine.heartbeat([HeartbeatItem(job_id, body.lease_token, body.extend_secs)])
+async def heartbeat(engine: Engine, call: Call) -> Reply:
+    """Extend a lease, or learn that the job no longer runs."""
+    body: HeartbeatRequest = call.body
+    (result,) = await engine.heartbeat([HeartbeatItem(call.path["job_id"], body.lease_token, body.extend_secs)])
     if result.outcome is Outcome.NOT_FOUND:
         raise errors.NotFound("job not found")
     if result.outcome is Outcome.CONFLICT:
@@ -193,15 +109,17 @@ async def heartbeat(engine: Engine, raw: bytes, job_id: str) -> Reply:
     return 200, _heartbeat_wire(result)
 
 
-async def complete(engine: Engine, raw: bytes, job_id: str) -> Reply:
-    body = parse_body(CompleteRequest, raw)
-    (result,) = await engine.complete([CompleteItem(job_id, body.lease_token, body.result)])
+async def complete(engine: Engine, call: Call) -> Reply:
+    """Complete a job with its result."""
+    body: CompleteRequest = call.body
+    (result,) = await engine.complete([CompleteItem(call.path["job_id"], body.lease_token, body.result)])
     return _report_reply(result)
 
 
-async def fail(engine: Engine, raw: bytes, job_id: str) -> Reply:
-    body = parse_body(FailRequest, raw)
-    (result,) = await engine.fail([FailItem(job_id, body.lease_token, body.error, body.retryable)])
+async def fail(engine: Engine, call: Call) -> Reply:
+    """Fail a job: retried after a backoff while attempts are left, else dead-lettered."""
+    body: FailRequest = call.body
+    (result,) = await engine.fail([FailItem(call.path["job_id"], body.lease_token, body.error, body.retryable)])
     return _report_reply(result)
 
 
@@ -209,11 +127,12 @@ async def fail(engine: Engine, raw: bytes, job_id: str) -> Reply:
 # per item with the status code the single route would give.
 
 
-async def heartbeat_many(engine: Engine, raw: bytes) -> Reply:
-    body = parse_body(HeartbeatManyRequest, raw)
-    results = await engine.heartbeat([HeartbeatItem(i.id, i.lease_token, i.extend_secs) for i in body.items])
+async def heartbeat_many(engine: Engine, call: Call) -> Reply:
+    """Heartbeat many leases."""
+    items = call.body.items
+    results = await engine.heartbeat([HeartbeatItem(i.id, i.lease_token, i.extend_secs) for i in items])
     out = []
-    for item, result in zip(body.items, results):
+    for item, result in zip(items, results):
         if result.outcome is Outcome.OK:
             out.append({"id": item.id, "code": 200, **_heartbeat_wire(result)})
         else:
@@ -221,147 +140,118 @@ async def heartbeat_many(engine: Engine, raw: bytes) -> Reply:
     return 200, {"results": out}
 
 
-async def complete_many(engine: Engine, raw: bytes) -> Reply:
-    body = parse_body(CompleteManyRequest, raw)
-    results = await engine.complete([CompleteItem(i.id, i.lease_token, i.result) for i in body.items])
-    return 200, {"results": [{"id": i.id, "code": _REPORT_CODES[r.outcome]} for i, r in zip(body.items, results)]}
+async def complete_many(engine: Engine, call: Call) -> Reply:
+    """Complete many jobs."""
+    items = call.body.items
+    results = await engine.complete([CompleteItem(i.id, i.lease_token, i.result) for i in items])
+    return 200, {"results": [{"id": i.id, "code": _REPORT_CODES[r.outcome]} for i, r in zip(items, results)]}
 
 
-async def fail_many(engine: Engine, raw: bytes) -> Reply:
-    body = parse_body(FailManyRequest, raw)
-    results = await engine.fail([FailItem(i.id, i.lease_token, i.error, i.retryable) for i in body.items])
-    return 200, {"results": [{"id": i.id, "code": _REPORT_CODES[r.outcome]} for i, r in zip(body.items, results)]}
+async def fail_many(engine: Engine, call: Call) -> Reply:
+    """Fail many jobs."""
+    items = call.body.items
+    results = await engine.fail([FailItem(i.id, i.lease_token, i.error, i.retryable) for i in items])
+    return 200, {"results": [{"id": i.id, "code": _REPORT_CODES[r.outcome]} for i, r in zip(items, results)]}
 
 
-Route = Callable[..., Awaitable[Reply]]
+def _long_poll(call: Call) -> bool:
+    return call.body.wait_secs > 0
 
-#: Who may call a route: ``"worker"`` (the worker token) or ``"tenant"`` (a
-#: tenant token; the route gets the tenant).
-Caller = str
 
-#: ``POST`` paths (Quart syntax), their documented body, their function, and
-#: who may call them.
-ROUTES: list[tuple[str, type[pydantic.BaseModel], Route, Caller]] = [
-    ("/api/v1/jobs", EnqueueRequest, enqueue, "tenant"),
-    ("/api/v1/jobs/batch", EnqueueBatchRequest, enqueue_batch, "tenant"),
-    ("/api/v1/queues/<queue>/lease", LeaseRequest, lease, "worker"),
-    ("/api/v1/jobs/<job_id>/heartbeat", HeartbeatRequest, heartbeat, "worker"),
-    ("/api/v1/jobs/<job_id>/complete", CompleteRequest, complete, "worker"),
-    ("/api/v1/jobs/<job_id>/fail", FailRequest, fail, "worker"),
-    ("/api/v1/leases/heartbeat", HeartbeatManyRequest, heartbeat_many, "worker"),
-    ("/api/v1/leases/complete", CompleteManyRequest, complete_many, "worker"),
-    ("/api/v1/leases/fail", FailManyRequest, fail_many, "worker"),
+def _hot(
+    path: str,
+    handler: Handler,
+    caller: Caller,
+    body: type[pydantic.BaseModel],
+    answers: dict[int, type[pydantic.BaseModel] | None],
+    errors: tuple[int, ...] = (),
+    **more: Any,
+) -> Route:
+    return Route("POST", path, handler, caller, answers, errors, body=body, hot=True, **more)
+
+
+ROUTES: list[Route] = [
+    _hot("/api/v1/jobs", enqueue, "tenant", EnqueueRequest, {200: JobAnswer, 201: JobAnswer}),
+    _hot("/api/v1/jobs/batch", enqueue_batch, "tenant", EnqueueBatchRequest, {201: JobsAnswer}),
+    _hot("/api/v1/queues/<queue>/lease", lease, "worker", LeaseRequest, {200: LeasesAnswer}, path_params={"queue": NAME}, waits=_long_poll),
+    _hot("/api/v1/jobs/<job_id>/heartbeat", heartbeat, "worker", HeartbeatRequest, {200: HeartbeatAnswer}, (404, 409)),
+    _hot("/api/v1/jobs/<job_id>/complete", complete, "worker", CompleteRequest, {204: None}, (404, 409)),
+    _hot("/api/v1/jobs/<job_id>/fail", fail, "worker", FailRequest, {204: None}, (404, 409)),
+    _hot("/api/v1/leases/heartbeat", heartbeat_many, "worker", HeartbeatManyRequest, {200: ReportResultsAnswer}),
+    _hot("/api/v1/leases/complete", complete_many, "worker", CompleteManyRequest, {200: ReportResultsAnswer}),
+    _hot("/api/v1/leases/fail", fail_many, "worker", FailManyRequest, {200: ReportResultsAnswer}),
 ]
-
-_MATCHERS = [
-    (re.compile("^" + re.sub(r"<(\w+)>", r"(?P<\1>[^/]+)", path) + "$"), route, caller)
-    for path, _, route, caller in ROUTES
-]
-
-
-def _match(path: str) -> tuple[Route, dict[str, str], Caller] | None:
-    for pattern, route, caller in _MATCHERS:
-        m = pattern.match(path)
-        if m is not None:
-            return route, m.groupdict(), caller
-    return None
 
 
 # -- the ASGI front --------------------------------------------------------------
 
 
-class _Disconnected(Exception):
-    pass
-
-
 class ProtocolFront:
-    """An ASGI app: the worker protocol's routes answered here, everything
-    else passed to *app* (the Quart app)."""
+    """An ASGI app: the hot routes answered here, a method a declared path
+    does not allow answered ``405``, everything else passed to *app* (the
+    Quart app, which serves the other routes of
+    :data:`~qftrio.server.api.ALL_ROUTES`)."""
 
     def __init__(self, app: Any, engine: Engine, credentials: Credentials, *, max_body_bytes: int) -> None:
+        from .api import ALL_ROUTES  # which imports this module's routes
+
         self.app = app
-        self.engine = engine
-        self.credentials = credentials
-        self.max_body_bytes = max_body_bytes
+        self.router = Router(ALL_ROUTES)
+        self.envelope = Envelope(engine, credentials, max_body_bytes=max_body_bytes)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            found = _match(scope["path"])
-            if found is not None:
+        if scope["type"] == "http":
+            found = self.router.match(scope["method"], scope["path"])
+            if isinstance(found, list):
+                err = errors.ApiError(f"{scope['method']} is not allowed here", code="method_not_allowed")
+                await _send(send, 405, err.to_wire(), headers=[(b"allow", ", ".join(found).encode())])
+                return
+            if found is not None and found[0].hot:
                 await self._serve(*found, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
-    async def _serve(
-        self, route: Route, params: dict[str, str], caller: Caller, scope: dict[str, Any], receive: Any, send: Any
-    ) -> None:
+    async def _serve(self, route: Route, params: dict[str, str], scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
-            # A refusal leaves the body unread; the HTTP server reads it
-            # after the answer, so the connection stays usable.
-            authorization = _header(scope, b"authorization")
-            if caller == "tenant":
-                params["tenant"] = self.credentials.tenant(authorization)
-            else:
-                self.credentials.worker(authorization)
-            raw = await self._read_body(scope, receive)
-            if route is lease:
-                body = lease_request(raw, **params)
-                call = run_lease(self.engine, params["queue"], body)
-                if body.wait_secs > 0:
-                    # A long poll is abandoned if its client goes away. Its
-                    # answer is sent from inside the watch, so that it
-                    # leaves before the watch is torn down.
-                    await _unless_disconnected(self._answer(call, send), receive)
-                    return
-                status, payload = await call
-            else:
-                status, payload = await route(self.engine, raw, **params)
-        except _Disconnected:
+            call = await self.envelope.prepare(
+                route,
+                params,
+                authorization=_header(scope, b"authorization"),
+                content_length=_header(scope, b"content-length"),
+                query_string=scope["query_string"],
+                receive_chunk=functools.partial(_receive_chunk, receive),
+            )
+        except Disconnected:
             return  # nobody to answer
-        except errors.ApiError as exc:
-            await _send(send, *_error_reply(exc))
+        except Exception as exc:
+            await _send(send, *self.envelope.refusal(route, exc))
             return
-        except Exception:
-            log.exception("request failed: POST %s", scope["path"])
-            await _send(send, 500, errors.ApiError("internal error").to_wire())
+        if route.waits is not None and route.waits(call):
+            # A long poll is abandoned if its client goes away. Its answer is
+            # sent from inside the watch, so that it leaves before the watch
+            # is torn down.
+            try:
+                await _unless_disconnected(self._answer(route, call, send), receive)
+            except Disconnected:
+                pass
             return
-        await _send(send, status, payload)
+        await _send(send, *await self.envelope.run(route, call))
 
-    async def _answer(self, call: Awaitable[Reply], send: Any) -> None:
-        """Await *call* and send its answer, or its error's."""
-        try:
-            status, payload = await call
-        except errors.ApiError as exc:
-            await _send(send, *_error_reply(exc))
-            return
-        await _send(send, status, payload)
-
-    async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
-        declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise errors.PayloadTooLarge(f"the request body is larger than {self.max_body_bytes} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise errors.PayloadTooLarge(f"the request body is larger than {self.max_body_bytes} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+    async def _answer(self, route: Route, call: Call, send: Any) -> None:
+        await _send(send, *await self.envelope.run(route, call))
 
 
-def _error_reply(exc: errors.ApiError) -> tuple[int, Any, bool]:
-    # An unread body leaves the connection unusable for another request.
-    return exc.status_code, exc.to_wire(), isinstance(exc, errors.PayloadTooLarge)
+async def _receive_chunk(receive: Any) -> tuple[bytes, bool]:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise Disconnected
+    return message.get("body", b""), message.get("more_body", False)
 
 
-async def _send(send: Any, status: int, payload: Any, close: bool = False) -> None:
-    headers = [(b"connection", b"close")] if close else []
+async def _send(send: Any, status: int, payload: Any, close: bool = False, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = list(headers or ())
+    if close:
+        headers.append((b"connection", b"close"))
     if payload is None:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b""})
@@ -402,4 +292,4 @@ async def _unless_disconnected(call: Awaitable[None], receive: Any) -> None:
     if failed:
         raise failed[0]
     if not done:
-        raise _Disconnected
+        raise Disconnected

@@ -1,0 +1,120 @@
+"""The application API's routes (tenant tokens) and the health check,
+served through Quart.
+
+Enqueue lives with the worker protocol's hot routes
+(:mod:`qftrio.server.protocol`); everything else a tenant calls is here.
+"""
+
+from __future__ import annotations
+
+from ..models import (
+    NAME,
+    EmptyBody,
+    HealthAnswer,
+    JobAnswer,
+    JobsListQuery,
+    JobsPageAnswer,
+    QueueStatsAnswer,
+    QueuesAnswer,
+    WorkflowAnswer,
+    WorkflowCreateRequest,
+    WorkflowsListQuery,
+    WorkflowsPageAnswer,
+)
+from .engine import Engine
+from .envelope import Call, Reply, Route
+from .protocol import ROUTES as PROTOCOL_ROUTES
+
+__all__ = ["ROUTES", "ALL_ROUTES"]
+
+
+async def healthz(engine: Engine, call: Call) -> Reply:
+    """Whether the server can reach its database."""
+    try:
+        await engine.store.ping()
+    except Exception:
+        return 503, {"status": "unavailable"}
+    return 200, {"status": "ok"}
+
+
+def _tenant(call: Call) -> str:
+    assert call.tenant is not None
+    return call.tenant
+
+
+async def job_get(engine: Engine, call: Call) -> Reply:
+    """A job."""
+    return 200, (await engine.job_get(_tenant(call), call.path["job_id"])).to_wire()
+
+
+async def jobs_list(engine: Engine, call: Call) -> Reply:
+    """A page of the tenant's jobs, newest first, filtered."""
+    q: JobsListQuery = call.query
+    jobs, cursor = await engine.jobs_list(
+        _tenant(call), queue=q.queue, status=q.status, kind=q.kind, limit=q.limit, cursor=q.cursor or None
+    )
+    return 200, {"jobs": [j.to_wire() for j in jobs], "next_cursor": cursor}
+
+
+async def job_cancel(engine: Engine, call: Call) -> Reply:
+    """Cancel a pending or running job."""
+    return 200, (await engine.job_cancel(_tenant(call), call.path["job_id"])).to_wire()
+
+
+async def job_retry(engine: Engine, call: Call) -> Reply:
+    """Send a failed or cancelled job back to pending, with a fresh attempt budget."""
+    return 200, (await engine.job_retry(_tenant(call), call.path["job_id"])).to_wire()
+
+
+async def workflow_create(engine: Engine, call: Call) -> Reply:
+    """Create a workflow; its steps without dependencies are enqueued at once."""
+    return 201, (await engine.workflow_create(_tenant(call), call.body)).to_wire()
+
+
+async def workflow_get(engine: Engine, call: Call) -> Reply:
+    """A workflow, every step with its job."""
+    return 200, (await engine.workflow_get(_tenant(call), call.path["workflow_id"])).to_wire()
+
+
+async def workflows_list(engine: Engine, call: Call) -> Reply:
+    """A page of the tenant's workflows, newest first (steps without their jobs)."""
+    q: WorkflowsListQuery = call.query
+    workflows, cursor = await engine.workflows_list(_tenant(call), status=q.status, limit=q.limit, cursor=q.cursor or None)
+    return 200, {"workflows": [w.to_wire() for w in workflows], "next_cursor": cursor}
+
+
+async def workflow_cancel(engine: Engine, call: Call) -> Reply:
+    """Cancel a running workflow and its unfinished steps."""
+    return 200, (await engine.workflow_cancel(_tenant(call), call.path["workflow_id"])).to_wire()
+
+
+async def queues(engine: Engine, call: Call) -> Reply:
+    """The backlog of every queue the tenant has jobs in."""
+    return 200, {"queues": [s.to_wire() for s in await engine.queues_stats(_tenant(call))]}
+
+
+async def queue_stats(engine: Engine, call: Call) -> Reply:
+    """A queue's backlog."""
+    (stats,) = await engine.queues_stats(_tenant(call), call.path["queue"])
+    return 200, stats.to_wire()
+
+
+ROUTES: list[Route] = [
+    Route("GET", "/healthz", healthz, "anyone", {200: HealthAnswer, 503: HealthAnswer}),
+    Route("GET", "/api/v1/jobs/<job_id>", job_get, "tenant", {200: JobAnswer}, (404,)),
+    Route("GET", "/api/v1/jobs", jobs_list, "tenant", {200: JobsPageAnswer}, query=JobsListQuery),
+    Route("POST", "/api/v1/jobs/<job_id>/cancel", job_cancel, "tenant", {200: JobAnswer}, (404, 409), body=EmptyBody),
+    Route("POST", "/api/v1/jobs/<job_id>/retry", job_retry, "tenant", {200: JobAnswer}, (404, 409), body=EmptyBody),
+    Route("POST", "/api/v1/workflows", workflow_create, "tenant", {201: WorkflowAnswer}, body=WorkflowCreateRequest),
+    Route("GET", "/api/v1/workflows/<workflow_id>", workflow_get, "tenant", {200: WorkflowAnswer}, (404,)),
+    Route("GET", "/api/v1/workflows", workflows_list, "tenant", {200: WorkflowsPageAnswer}, query=WorkflowsListQuery),
+    Route(
+        "POST", "/api/v1/workflows/<workflow_id>/cancel", workflow_cancel, "tenant", {200: WorkflowAnswer}, (404, 409),
+        body=EmptyBody,
+    ),  # fmt: skip
+    Route("GET", "/api/v1/queues", queues, "tenant", {200: QueuesAnswer}),
+    Route("GET", "/api/v1/queues/<queue>/stats", queue_stats, "tenant", {200: QueueStatsAnswer}, path_params={"queue": NAME}),
+]
+
+#: Every route of the API, declared once.
+ALL_ROUTES: list[Route] = PROTOCOL_ROUTES + ROUTES
