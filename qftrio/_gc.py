@@ -3,13 +3,11 @@ processes (``qftrio serve``, ``qftrio worker``), applied once their imports
 are done. Library use (an embedded worker, the test suite) keeps the
 interpreter's defaults.
 
-With the defaults, the collector's full passes walked every object the
-imports had made (50,000-75,000 of them) about once a second under load:
-16 µs of the server's CPU per job and 20 µs of a worker's, measured with
-``gc.callbacks`` during ``benchmarks/throughput.py --store postgres``.
-Moving what exists at start-up out of the collector's reach
-(:func:`gc.freeze`) and collecting the youngest generation every 10,000
-net allocations instead of 700 brought that to 2 µs in both.
+With the defaults, the collector's full passes walk every object the
+imports made, about once a second under load. Moving what exists at
+start-up out of the collector's reach (:func:`gc.freeze`) and collecting the
+youngest generation less often removes most of that cost; the figures are in
+``docs/performance.md`` ("The garbage collector").
 """
 
 from __future__ import annotations
