@@ -27,9 +27,11 @@ import trio
 import trio_asyncio
 
 import qftrio
+from qftrio import errors
 from qftrio.cli import main
 from qftrio.server.config import Config
 from qftrio.server.serve import serve
+from qftrio.server.store import pgasync
 from qftrio.server.store.postgres import migrate
 
 from .pg import pg_url
@@ -306,3 +308,26 @@ async def test_a_role_that_may_not_read_the_migrations_says_so(cli: Any) -> None
             assert "permission denied for table qftrio_schema_migrations" in line
             assert "grant it SELECT, INSERT, UPDATE, DELETE on the qftrio_* tables" in line
 
+
+
+async def test_credentials_refused_while_serving_are_unavailable(password_role: tuple[str, str]) -> None:
+    # a rotated password: the pool's next connection is refused, which is a
+    # 503 to the request that needed it, not an error of the request
+    name, password = password_role
+    url = database_url()
+    with trio.fail_after(30):
+        async with trio_asyncio.open_loop():
+            async with pgasync.open_database(as_role(url, name, password), max_size=1, timeout=None) as db:
+                assert await db.fetchval("SELECT 1") == 1
+                await sql(url, f"ALTER ROLE {name} PASSWORD 'rotated'")
+                await sql(url, f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'")
+                while await sql(url, f"SELECT 1 FROM pg_stat_activity WHERE usename = '{name}'"):
+                    pass
+                refused = False
+                for _ in range(3):  # the first call may still find the terminated connection
+                    with pytest.raises(errors.Unavailable) as raised:
+                        await db.fetchval("SELECT 1")
+                    if "InvalidPasswordError" in raised.value.message:
+                        refused = True
+                        break
+                assert refused
