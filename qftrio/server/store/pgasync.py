@@ -203,7 +203,10 @@ def _redacted(text: str, url: str) -> str:
         password = urllib.parse.urlsplit(url).password
     except ValueError:
         password = None
-    return text.replace(password, "***") if password else text
+    if password:
+        for form in (password, urllib.parse.unquote(password)):  # as written, and as sent
+            text = text.replace(form, "***")
+    return text
 
 
 @contextmanager
