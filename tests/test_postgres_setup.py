@@ -32,7 +32,7 @@ from qftrio.cli import main
 from qftrio.server.config import Config
 from qftrio.server.serve import serve
 from qftrio.server.store import pgasync
-from qftrio.server.store.postgres import migrate
+from qftrio.server.store.postgres import MIGRATION_LOCK_KEY, _migrate_on, migrate
 
 from .pg import pg_url
 from .processes import ROOT, free_port
@@ -308,6 +308,42 @@ async def test_a_role_that_may_not_read_the_migrations_says_so(cli: Any) -> None
             assert "permission denied for table qftrio_schema_migrations" in line
             assert "grant it SELECT, INSERT, UPDATE, DELETE on the qftrio_* tables" in line
 
+
+
+async def test_a_role_that_waited_while_the_owner_migrated_runs_no_ddl() -> None:
+    # a rolling upgrade: the data-only role saw the schema behind and queued
+    # for the migration lock, which the owner held while migrating
+    with trio.fail_after(60):
+        async with database_with_data_role() as (owner, data, _), trio_asyncio.open_loop():
+            conn = await trio_asyncio.aio_as_trio(asyncpg.connect)(owner)
+            try:
+
+                async def run(statement: str) -> Any:
+                    return await trio_asyncio.aio_as_trio(conn.fetchval)(statement, MIGRATION_LOCK_KEY)
+
+                await run("SELECT pg_advisory_lock($1)")
+                applied: list[list[str]] = []
+
+                async def migrate_as_the_role() -> None:
+                    applied.append(await migrate(data, timeout=None))
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(migrate_as_the_role)
+                    waiting = """SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+                                 AND objid = $1::bigint AND database = (SELECT oid FROM pg_database
+                                                                        WHERE datname = current_database())"""
+                    while not await run(waiting):
+                        pass
+                    # the lock is the session's, so the owner migrates under it
+                    assert await trio_asyncio.aio_as_trio(_migrate_on)(conn) == [
+                        "0001_init",
+                        "0002_workflows",
+                        "0003_scheduled_index",
+                    ]
+                    await run("SELECT pg_advisory_unlock($1)")
+                assert applied == [[]]
+            finally:
+                await trio_asyncio.aio_as_trio(conn.close)()
 
 
 async def test_credentials_refused_while_serving_are_unavailable(password_role: tuple[str, str]) -> None:

@@ -182,12 +182,15 @@ async def _applied_versions(conn: asyncpg.Connection) -> set[str] | None:
 
 async def _migrate_on(conn: asyncpg.Connection) -> list[str]:
     # asyncio-flavoured. The advisory lock serialises concurrent migrators
-    # (several servers starting at once); the second one finds nothing to do.
+    # (several servers starting at once); the second one finds nothing to do,
+    # and runs no DDL: it may be a data-only role that waited for the owner.
     await conn.execute(Q["migration_settings"])
     await conn.execute(Q["migration_lock"], MIGRATION_LOCK_KEY)
     try:
-        await conn.execute(Q["migrations_table"])
-        applied = await _applied_versions(conn) or set()
+        applied = await _applied_versions(conn)
+        if applied is None:
+            await conn.execute(Q["migrations_table"])
+            applied = set()
         done = []
         known = set()
         for version, name, script in sql.migrations("postgres"):
