@@ -5,8 +5,10 @@ for ``qftrio serve`` and ``qftrio migrate``, from ``--database-url`` or
 server on a schema its owner migrated, and says what it lacks on one that is
 behind.
 
-The commands run as real processes against the test cluster
-(``QFTRIO_TEST_DATABASE_URL``), on Trio's real clock, each bounded.
+The commands run through :func:`qftrio.cli.main` in this process, with what
+it logs in view, and as processes of their own where the whole of stderr
+must be one line; all against the test cluster (``QFTRIO_TEST_DATABASE_URL``),
+on Trio's real clock, each bounded.
 """
 
 from __future__ import annotations
@@ -94,11 +96,12 @@ async def qftrio_process(*argv: str, env: dict[str, str] | None = None) -> subpr
         )
 
 
-def one_line(proc: subprocess.CompletedProcess[bytes]) -> str:
-    err = proc.stderr.decode()
-    assert "Traceback" not in err and "unexpected error" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
+def one_line(err: str | bytes) -> str:
+    """The one line of *err*, which holds no traceback."""
+    text = err.decode() if isinstance(err, bytes) else err
+    assert "Traceback" not in text and "unexpected error" not in text, text
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
     return lines[0]
 
 
@@ -120,12 +123,8 @@ def cli(
         caplog.clear()
         with trio.fail_after(30):
             code = await trio.to_thread.run_sync(functools.partial(main, list(argv)))
-        err = capsys.readouterr().err
-        assert "Traceback" not in err and "unexpected error" not in err, err
         assert [r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING] == []
-        lines = err.strip().splitlines()
-        assert len(lines) == 1, err
-        return code, lines[0]
+        return code, one_line(capsys.readouterr().err)
 
     return run
 
@@ -201,7 +200,8 @@ async def test_a_bad_url_is_one_line_from_a_real_process_too() -> None:
     ]
     for proc in procs:
         assert proc.returncode == 2
-        assert one_line(proc).startswith("qftrio: the database URL is not usable: `sslmode` parameter must be one of")
+        line = one_line(proc.stderr)
+        assert line.startswith("qftrio: the database URL is not usable: `sslmode` parameter must be one of")
 
 
 async def test_an_unreachable_database_is_named_and_exit_1(cli: Any) -> None:
@@ -284,7 +284,7 @@ async def test_the_data_only_role_serves_once_the_owner_migrated() -> None:
             # behind: the role may not migrate, and says so in one line
             proc = await qftrio_process(*SERVE, "--database-url", data)
             assert proc.returncode == 2
-            line = one_line(proc)
+            line = one_line(proc.stderr)
             assert "missing 0001_init" in line and repr(role) in line
             assert "CREATE on the schema" in line and "run `qftrio migrate` as the schema's owner" in line
 
