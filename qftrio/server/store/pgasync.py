@@ -17,8 +17,14 @@ two worlds per operation, not one per query.
 
 Failures of the database itself (refused or broken connections, a server
 shutting down or starting up, a read-only standby after a failover, a
-statement timeout) become :class:`~qftrio.errors.Unavailable`, so the HTTP
-layer answers 503; asyncpg's exceptions never leave this module.
+statement timeout, a connection refused its credentials) become
+:class:`~qftrio.errors.Unavailable`, so the HTTP layer answers 503.
+
+Opening a pool is where settings are checked: a URL asyncpg cannot read, or a
+password, role or database the server refuses, is a
+:class:`~qftrio.errors.ConfigError`; a server that cannot be reached is
+:class:`~qftrio.errors.Unavailable`; either says where it connected, never
+with the password.
 
 Timeouts and Trio's clock: trio-asyncio's loop reads Trio's clock, so asyncio
 timeouts are *Trio* timeouts. Under a virtual clock (``MockClock`` with
@@ -31,6 +37,8 @@ real time whatever clock the client runs on.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import random
 import urllib.parse
@@ -41,11 +49,21 @@ from typing import Any, TypeVar
 import asyncpg
 import trio
 import trio_asyncio
+from asyncpg import connect_utils
 
 from ... import errors
 from ..._json import dumps_strict, loads
 
-__all__ = ["Database", "Listener", "open_database", "open_listener", "translate_error", "running_loop"]
+__all__ = [
+    "Database",
+    "Listener",
+    "Target",
+    "open_database",
+    "open_listener",
+    "read_url",
+    "translate_error",
+    "running_loop",
+]
 
 log = logging.getLogger("qftrio.store.postgres")
 
@@ -63,8 +81,36 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.ReadOnlySQLTransactionError,  # a standby after a failover
     asyncpg.exceptions.TransactionRollbackError,  # deadlock or serialization failure, after retries
     asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
+    # class 28 and 3D000 when a new pooled connection is refused (a password
+    # rotated, a role or database dropped) while the server runs
+    asyncpg.exceptions.InvalidAuthorizationSpecificationError,
+    asyncpg.exceptions.InvalidCatalogNameError,
     asyncpg.InterfaceError,
 )
+
+# What the server answers when it refuses these settings: a wrong password
+# (28P01, a subclass of 28000), an unknown or NOLOGIN role or no pg_hba.conf
+# entry (28000), an unknown database (3D000), no CONNECT privilege (42501).
+_REFUSED: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.InvalidAuthorizationSpecificationError,
+    asyncpg.exceptions.InvalidCatalogNameError,
+    asyncpg.exceptions.InsufficientPrivilegeError,
+    asyncpg.exceptions.ClientConfigurationError,
+)
+
+# Why a first connection found no server to talk to.
+_UNREACHABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.CannotConnectNowError,  # starting up, shutting down
+    asyncpg.exceptions.TooManyConnectionsError,
+)
+
+# Why a server could not be reached, where the OS says it tersely.
+_REASONS: dict[type[BaseException], str] = {
+    ConnectionRefusedError: "connection refused",
+    TimeoutError: "timed out",
+}
 
 # Transient conflicts between transactions: safe to run the whole transaction again.
 _RETRY: tuple[type[BaseException], ...] = (
@@ -104,6 +150,81 @@ def database_errors() -> Iterator[None]:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Target:
+    """Where a database URL connects, as asyncpg reads it.
+
+    Attributes:
+        where: ``host:port`` (or a socket path) of each host, comma-separated.
+        user: the role it logs in as.
+    """
+
+    where: str
+    user: str
+
+
+def read_url(url: str) -> Target:
+    """Read *url* as :func:`asyncpg.connect` will, without connecting.
+
+    Raises:
+        ConfigError: asyncpg cannot read it (a scheme other than
+            ``postgresql``, an unknown ``sslmode``, a port that is not a
+            number or out of range, ...). The message never holds the password.
+    """
+    # asyncpg's own reading of a URL, the one connect() makes. It is private,
+    # so it is called with whatever parameters this version of asyncpg takes,
+    # each at connect()'s default (None) but the URL.
+    parse = connect_utils._parse_connect_dsn_and_args
+    arguments: dict[str, Any] = dict.fromkeys(inspect.signature(parse).parameters)
+    try:
+        addresses, params = parse(**{**arguments, "dsn": url})
+    except asyncpg.exceptions.ClientConfigurationError as exc:
+        raise errors.ConfigError(f"the database URL is not usable: {_redacted(str(exc), url)}") from None
+    except ValueError as exc:  # int() of a port, the only plain ValueError it raises
+        message = _redacted(str(exc), url)
+        raise errors.ConfigError(f"the database URL has a port that is not a number: {message}") from None
+    hosts = []
+    for address in addresses:
+        if isinstance(address, str):  # a Unix socket
+            hosts.append(address)
+            continue
+        host, port = address
+        if not 0 < port < 65536:
+            raise errors.ConfigError(f"the database URL's port {port} is out of range (1 to 65535)")
+        hosts.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return Target(where=", ".join(hosts), user=params.user)
+
+
+def _redacted(text: str, url: str) -> str:
+    """*text* without the password *url* holds, should any message quote it."""
+    try:
+        password = urllib.parse.urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        for form in (password, urllib.parse.unquote(password)):  # as written, and as sent
+            text = text.replace(form, "***")
+    return text
+
+
+@contextmanager
+def _connect_errors(target: Target, url: str) -> Iterator[None]:
+    """Raise a first connection's failures as one sentence naming where it
+    connected: :class:`~qftrio.errors.ConfigError` for settings the server
+    refuses, :class:`~qftrio.errors.Unavailable` for a server that cannot
+    be reached; anything else as :func:`database_errors` does."""
+    with database_errors():
+        try:
+            yield
+        except _REFUSED as exc:
+            message = _redacted(_first_line(exc), url)
+            raise errors.ConfigError(f"PostgreSQL at {target.where} refused the connection: {message}") from None
+        except _UNREACHABLE as exc:
+            reason = _REASONS.get(type(exc)) or getattr(exc, "strerror", None) or _first_line(exc)
+            message = _redacted(reason, url)
+            raise errors.Unavailable(f"cannot connect to PostgreSQL at {target.where}: {message}") from None
 
 
 def running_loop() -> trio_asyncio.TrioEventLoop:
@@ -149,6 +270,12 @@ async def _run_on_pool(
             async with conn.transaction():
                 return await fn(conn, *args)
         return await fn(conn, *args)
+
+
+async def _connect_once(pool: asyncpg.Pool, timeout: float | None) -> None:
+    # asyncio-flavoured
+    async with pool.acquire(timeout=timeout):
+        pass
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -268,9 +395,12 @@ async def open_database(
         statement_timeout: server-side bound on each statement.
 
     Raises:
+        ConfigError: asyncpg cannot read *url*, or the server refuses its
+            password, role or database.
         Unavailable: the database cannot be reached.
     """
     loop = running_loop()
+    target = read_url(url)
     # Client-side bound on each query: past the server's own, so that it only
     # fires when the server cannot answer at all (a dead network path).
     command_timeout = None if timeout is None else (statement_timeout or 30.0) + timeout
@@ -302,6 +432,10 @@ async def open_database(
         )
     db = Database(pool, loop, timeout=timeout)
     try:
+        # a first connection now, so that settings the server refuses are
+        # told at once, and as such; the pool keeps it for the first caller
+        with _connect_errors(target, url):
+            await trio_asyncio.aio_as_trio(_connect_once, loop=loop)(pool, timeout)
         yield db
     finally:
         await db.aclose()

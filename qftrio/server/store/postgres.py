@@ -182,12 +182,15 @@ async def _applied_versions(conn: asyncpg.Connection) -> set[str] | None:
 
 async def _migrate_on(conn: asyncpg.Connection) -> list[str]:
     # asyncio-flavoured. The advisory lock serialises concurrent migrators
-    # (several servers starting at once); the second one finds nothing to do.
+    # (several servers starting at once); the second one finds nothing to do,
+    # and runs no DDL: it may be a data-only role that waited for the owner.
     await conn.execute(Q["migration_settings"])
     await conn.execute(Q["migration_lock"], MIGRATION_LOCK_KEY)
     try:
-        await conn.execute(Q["migrations_table"])
-        applied = await _applied_versions(conn) or set()
+        applied = await _applied_versions(conn)
+        if applied is None:
+            await conn.execute(Q["migrations_table"])
+            applied = set()
         done = []
         known = set()
         for version, name, script in sql.migrations("postgres"):
@@ -213,6 +216,38 @@ async def _pending_on(conn: asyncpg.Connection) -> list[str]:
     return [name for version, name, _ in sql.migrations("postgres") if version not in applied]
 
 
+async def _migrate_when_behind(db: pgasync.Database, url: str) -> list[str]:
+    """Apply the migrations the schema lacks, once a read-only look at the
+    ledger found some: on a current schema nothing runs that needs more than
+    the data-only role's privileges (docs/deploy.md).
+
+    Raises:
+        ConfigError: the role may not read the ledger, or the schema is behind
+            and the role may not migrate it.
+    """
+    missing = await _pending(db, url)
+    if not missing:
+        return []
+    try:
+        return await db.run(_migrate_on, transaction=False)
+    except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+        raise errors.ConfigError(
+            f"the database schema is behind (missing {', '.join(missing)}) and role"
+            f" {pgasync.read_url(url).user!r} may not migrate it ({str(exc).splitlines()[0]}; migrating needs"
+            " CREATE on the schema and ownership of the qftrio_* tables): run `qftrio migrate` as the schema's owner"
+        ) from None
+
+
+async def _pending(db: pgasync.Database, url: str) -> list[str]:
+    try:
+        return await db.run(_pending_on, transaction=False)
+    except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+        raise errors.ConfigError(
+            f"role {pgasync.read_url(url).user!r} may not read the schema's migrations ({str(exc).splitlines()[0]}):"
+            " grant it SELECT, INSERT, UPDATE, DELETE on the qftrio_* tables"
+        ) from None
+
+
 async def migrate(url: str, *, timeout: float | None = 10.0) -> list[str]:
     """Apply the migrations *url* lacks; return their names (e.g.
     ``["0001_init"]``), empty when the schema is current.
@@ -221,16 +256,17 @@ async def migrate(url: str, *, timeout: float | None = 10.0) -> list[str]:
     makes them take turns.
 
     Raises:
+        ConfigError: a URL that cannot work, or a role that may not migrate.
         Unavailable: the database cannot be reached.
     """
     async with pgasync.open_database(url, max_size=1, timeout=timeout, statement_timeout=None) as db:
-        return await db.run(_migrate_on, transaction=False)
+        return await _migrate_when_behind(db, url)
 
 
 async def pending_migrations(url: str, *, timeout: float | None = 10.0) -> list[str]:
     """The names of the migrations *url* lacks."""
     async with pgasync.open_database(url, max_size=1, timeout=timeout, statement_timeout=None) as db:
-        return await db.run(_pending_on, transaction=False)
+        return await _pending(db, url)
 
 
 # -- the store ----------------------------------------------------------------------
@@ -1095,8 +1131,9 @@ async def open_postgres_store(
         pool_size: the most connections this store opens (the LISTEN
             connection of :meth:`~PostgresStore.run_listener` comes on top).
         migrate: apply missing migrations first (under an advisory lock, so
-            servers starting together are safe). With False, a schema that is
-            not current is a :class:`~qftrio.errors.ConfigError`.
+            servers starting together are safe); a current schema is only
+            read, so a role without DDL privileges can open it. With False, a
+            schema that is not current is a :class:`~qftrio.errors.ConfigError`.
         timeout: client-side network timeout in seconds (connect, wait for a
             pooled connection, close); None disables it, as tests on Trio's
             virtual clock must (see :mod:`.pgasync`).
@@ -1104,17 +1141,18 @@ async def open_postgres_store(
 
     Raises:
         Unavailable: the database cannot be reached.
-        ConfigError: no trio-asyncio loop, or an outdated schema with
-            ``migrate=False``.
+        ConfigError: no trio-asyncio loop, a URL or credentials that cannot
+            work, or an outdated schema with ``migrate=False`` or a role that
+            may not migrate it.
     """
     pgasync.running_loop()
     async with pgasync.open_database(
         url, max_size=pool_size, timeout=timeout, statement_timeout=statement_timeout
     ) as db:
         if migrate:
-            await db.run(_migrate_on, transaction=False)
+            await _migrate_when_behind(db, url)
         else:
-            missing = await db.run(_pending_on, transaction=False)
+            missing = await _pending(db, url)
             if missing:
                 raise errors.ConfigError(
                     f"the database schema is not up to date (missing {', '.join(missing)}): run `qftrio migrate`"
