@@ -83,8 +83,6 @@ class Config:
             raise errors.ConfigError(f"--mode must be api, worker or all, not {self.mode!r}")
         if self.mode == "worker" and not self.handlers:
             raise errors.ConfigError("--mode worker needs --handlers module:registry")
-        if self.database_url and not self.database_url.startswith(("postgres://", "postgresql://")):
-            raise errors.ConfigError("--database-url must be a postgresql:// URL")
         host, sep, port = self.bind.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise errors.ConfigError(f"--bind must look like HOST:PORT, not {self.bind!r}")
