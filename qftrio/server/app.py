@@ -13,7 +13,7 @@ import os
 from typing import Any, TypeVar
 
 import pydantic
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Response, request
 from quart_schema import QuartSchema, document_request
 from quart_trio import QuartTrio
@@ -28,7 +28,6 @@ from ..models import (
     WorkflowCreateRequest,
     WorkflowStatus,
 )
-from . import metrics
 from .auth import Credentials
 from .engine import Engine
 from .protocol import ROUTES, check_name, parse_body
@@ -107,7 +106,7 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
-        return Response(generate_latest(metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST)
+        return Response(await engine.metrics_exposition(), content_type=CONTENT_TYPE_LATEST)
 
     # -- application API ---------------------------------------------------
 
