@@ -93,6 +93,7 @@ __all__ = [
     "BulkFilter",
     "BulkBatch",
     "workers_of",
+    "bulk_changed",
     "NewStep",
     "NewWorkflow",
     "WORKFLOW_QUEUE",
@@ -213,6 +214,22 @@ class NewWorkflow:
     name: str
     context: dict[str, Any]
     steps: tuple[NewStep, ...]
+
+
+#: The status a bulk action leaves the jobs it changes in (None: deleted).
+BULK_TARGET: dict[str, Status | None] = {"retry": Status.PENDING, "cancel": Status.CANCELLED, "delete": None}
+
+
+def bulk_changed(action: BulkAction, considered: int, after: dict[str, int]) -> int:
+    """How many of the *considered* jobs of a bulk batch (all in a status
+    the action applies to when it began) it changed, from their statuses
+    once it is done (*after*: ``{status: jobs}``). Counted so rather than
+    call by call, a job moved by another's consequence (the sibling steps a
+    cancel or a resume of their workflow took along) counts too."""
+    target = BULK_TARGET[action]
+    if target is None:
+        return considered - sum(after.values())
+    return after.get(target.value, 0)
 
 
 def workers_of(rows: Iterable[Sequence[Any]]) -> list[WorkerInfo]:

@@ -90,6 +90,7 @@ from .base import (
     ReportResult,
     RetryAt,
     Store,
+    bulk_changed,
     workers_of,
 )
 
@@ -326,18 +327,18 @@ def _page_where(equal: dict[str, Any], before: tuple[float, str] | None, limit: 
 # call decides it, the decisions executed with guarded writes.
 
 
-async def _bulk_delete(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record]) -> tuple[int, set[str]]:
+async def _bulk_delete(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record]) -> set[str]:
     doomed = [
         row["id"]
         for row in rows
         if transitions.deletable(STATUS_OF[row["status"]], None if row["workflow_id"] is None else str(row["workflow_id"]))
     ]
-    if not doomed:
-        return 0, set()
-    return len(await conn.fetch(Q["bulk_delete"], doomed)), set()
+    if doomed:
+        await conn.execute(Q["bulk_delete"], doomed)
+    return set()
 
 
-async def _bulk_cancel(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record], now: float) -> tuple[int, set[str]]:
+async def _bulk_cancel(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record], now: float) -> set[str]:
     chosen = []
     for row in rows:
         try:
@@ -345,16 +346,14 @@ async def _bulk_cancel(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record],
         except errors.Conflict:
             continue
         chosen.append(row["id"])
-    if not chosen:
-        return 0, set()
-    cancelled = await conn.fetch(Q["bulk_cancel"], chosen, now)
+    cancelled = await conn.fetch(Q["bulk_cancel"], chosen, now) if chosen else []
     # a step cancelled by hand cancels its workflow
     for workflow_id in dict.fromkeys(row["workflow_id"] for row in cancelled if row["workflow_id"] is not None):
         await _end_workflow(conn, workflow_id, WorkflowStatus.CANCELLED, now)
-    return len(cancelled), set()
+    return set()
 
 
-async def _bulk_retry(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record], now: float) -> tuple[int, set[str]]:
+async def _bulk_retry(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record], now: float) -> set[str]:
     workflow_ids = list({row["workflow_id"] for row in rows if row["workflow_id"] is not None})
     workflow_status = {
         row["id"]: WorkflowStatus(row["status"])
@@ -386,7 +385,7 @@ async def _bulk_retry(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record], 
         await _resume_workflow(conn, workflow_id, job_id, now)  # notifies its queue
     if resumed:
         ready.add(WORKFLOW_QUEUE)
-    return len(done) + len(resumed), ready
+    return ready
 
 
 # -- workflows ----------------------------------------------------------------------
@@ -857,12 +856,12 @@ class PostgresStore(Store):
 
     async def queue_set_paused(self, *, tenant: str, queue: str, paused: bool, now: float) -> None:
         if paused:
-            await self._db.execute(Q["queue_pause"], queue, tenant, now)
+            await self._db.fetch(Q["queue_pause"], queue, tenant, now)
         else:
-            await self._db.execute(Q["queue_resume"], queue, tenant, CHANNEL)
+            await self._db.fetch(Q["queue_resume"], queue, tenant, CHANNEL)
 
     async def counts_fold(self) -> None:
-        await self._db.execute(Q["counts_fold"])
+        await self._db.fetch(Q["counts_fold"])
 
     async def jobs_bulk(
         self, action: BulkAction, where: BulkFilter, *, limit: int, after: tuple[float, str] | None, now: float
@@ -887,16 +886,20 @@ class PostgresStore(Store):
             ids = [row["id"] for row in keys]
             if action != "delete":
                 await _lock_workflows_of_jobs(conn, ids)
-            rows = await conn.fetch(Q["bulk_lock"], ids, where.tenant)
+            statuses = {s.value for s in where.statuses}
+            # read unlocked, so a job may have moved on since: those are left
+            rows = [row for row in await conn.fetch(Q["bulk_lock"], ids, where.tenant) if row["status"] in statuses]
             if action == "delete":
-                changed, ready = await _bulk_delete(conn, rows)
+                ready = await _bulk_delete(conn, rows)
             elif action == "cancel":
-                changed, ready = await _bulk_cancel(conn, rows, now)
+                ready = await _bulk_cancel(conn, rows, now)
             else:
-                changed, ready = await _bulk_retry(conn, rows, now)
+                ready = await _bulk_retry(conn, rows, now)
+            considered = [row["id"] for row in rows]
+            ended = {row["status"]: row["n"] for row in await conn.fetch(Q["bulk_after"], considered)} if rows else {}
             last = keys[-1]
             return BulkBatch(
-                changed=changed,
+                changed=bulk_changed(action, len(considered), ended),
                 ready_queues=tuple(sorted(ready)),
                 last=(last["created_at"], str(last["id"])) if len(keys) == limit else None,
             )

@@ -66,6 +66,7 @@ from .base import (
     ReportResult,
     RetryAt,
     Store,
+    bulk_changed,
     workers_of,
 )
 
@@ -738,11 +739,10 @@ class SqliteStore(Store):
                 created_before=where.created_before,
                 limit=limit,
             )
-            changed = 0
             ready: set[str] = set()
             for _, job_id in keys:
                 if action == "delete":
-                    changed += _delete_job(conn, job_id, where.tenant) is not None
+                    _delete_job(conn, job_id, where.tenant)
                     continue
                 try:
                     if action == "retry":
@@ -751,11 +751,15 @@ class SqliteStore(Store):
                         job = _cancel_job(conn, job_id, where.tenant, now)
                 except errors.Conflict:
                     continue  # decided against, as the single-job call would be
-                if job is not None:
-                    changed += 1
-                    if action == "retry":
-                        ready.add(job.queue)
-            return BulkBatch(changed=changed, ready_queues=tuple(sorted(ready)), last=keys[-1] if len(keys) == limit else None)
+                if job is not None and action == "retry":
+                    ready.add(job.queue)
+            ids = [job_id for _, job_id in keys]
+            ended = dict(conn.execute(Q["bulk_after"].format(marks=_marks(len(ids))), ids).fetchall()) if ids else {}
+            return BulkBatch(
+                changed=bulk_changed(action, len(keys), ended),
+                ready_queues=tuple(sorted(ready)),
+                last=keys[-1] if len(keys) == limit else None,
+            )
 
         return await self._run(bulk)
 

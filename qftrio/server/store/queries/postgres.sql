@@ -480,6 +480,10 @@ DELETE FROM qftrio_jobs
 WHERE id = ANY($1::uuid[]) AND status IN ('completed', 'failed', 'cancelled') AND workflow_id IS NULL
 RETURNING id;
 
+-- name: bulk_after
+-- A bulk batch's jobs by status once it is done: what it changed.
+SELECT status, count(*) AS n FROM qftrio_jobs WHERE id = ANY($1::uuid[]) GROUP BY status;
+
 -- name: workers
 -- Walks the running jobs (a partial index), whose number the workers bound.
 SELECT worker_id, queue, count(*) AS n, max(updated_at) AS seen FROM qftrio_jobs

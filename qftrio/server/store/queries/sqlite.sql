@@ -156,6 +156,10 @@ FROM jobs WHERE id IN ({marks});
 -- name: job_delete
 DELETE FROM jobs WHERE id = ? AND status IN ('completed', 'failed', 'cancelled') AND workflow_id IS NULL;
 
+-- name: bulk_after
+-- A bulk batch's jobs by status once it is done: what it changed.
+SELECT status, count(*) FROM jobs WHERE id IN ({marks}) GROUP BY status;
+
 -- name: workers
 -- Walks the running jobs (partial index), whose number the workers bound.
 SELECT worker_id, queue, count(*), max(updated_at) FROM jobs INDEXED BY jobs_leased
