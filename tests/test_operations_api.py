@@ -7,7 +7,6 @@ full listing of the tenant's jobs.
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,12 +16,10 @@ import pytest
 import trio
 
 from qftrio.models import Status
-from qftrio.server.engine import Engine
-from qftrio.server.serve import run_server
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import SqliteStore
 
-from .conftest import RunningServer, ServerClock, server_config
+from .conftest import RunningServer, serve_store
 from .pg import pg_url
 from .test_operations_store import sample
 from .test_protocol import lease, report
@@ -170,10 +167,11 @@ async def test_bulk_actions_touch_exactly_the_matching_jobs_of_the_tenant(http, 
     assert statuses(jobs, ax + bx) == ["cancelled"] * 5
     await check_counts(http, server, "acme")
 
-    # a time range: nothing was created before the first job, everything before now
-    first = jobs[ax[0]]["created_at"]
+    # a time range, its bounds the times jobs show: [after, before)
+    first, last = jobs[ax[0]]["created_at"], jobs[bx[0]]["created_at"]
     assert await bulk(http, server, "delete", created_before=first) == 0
-    assert await bulk(http, server, "delete", queue="a", status="failed", created_after=first) == 2
+    assert await bulk(http, server, "delete", created_after=last, created_before=last) == 0
+    assert await bulk(http, server, "delete", status="failed", created_after=jobs[ay[0]]["created_at"]) == 2
     for job_id in ay:
         assert (await http.get(f"/api/v1/jobs/{job_id}", headers=server.headers())).status_code == 404
     assert await bulk(http, server, "retry", kind="x", status="cancelled", limit=2) == 2
@@ -259,12 +257,8 @@ async def second_server(storage: Store, nursery: trio.Nursery) -> AsyncIterator[
     from qftrio.server.store.postgres import open_postgres_store
 
     async with open_postgres_store(pg_url() or "", migrate=False, timeout=None) as store:
-        clock = ServerClock()
-        engine = Engine(store, clock=clock, safety_poll_secs=1.0)
-        stop = trio.Event()
-        binds = await nursery.start(functools.partial(run_server, engine, server_config(), shutdown_trigger=stop.wait))
-        yield RunningServer(url=binds[0], engine=engine, clock=clock)
-        stop.set()
+        async for running in serve_store(store, nursery):
+            yield running
 
 
 async def test_a_pause_holds_on_every_server(http, server, second_server) -> None:

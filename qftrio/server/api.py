@@ -7,6 +7,8 @@ Enqueue lives with the worker protocol's hot routes
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..models import (
     NAME,
     BulkRequest,
@@ -114,11 +116,20 @@ async def queue_resume(engine: Engine, call: Call) -> Reply:
     return 200, (await engine.queue_resume(_tenant(call), call.path["queue"])).to_wire()
 
 
+def _as_shown(bound: Any) -> float | None:
+    # Jobs show their times rounded to the microsecond: a bound half a
+    # microsecond earlier compares a job as the time it shows, so that a
+    # job's own created_at, given back, takes it in (after) or leaves it out
+    # (before).
+    at = parse_time(bound)
+    return None if at is None else at - 0.5e-6
+
+
 async def _bulk(engine: Engine, call: Call, action: BulkAction) -> Reply:
     b: BulkRequest = call.body
     count = await engine.jobs_bulk(
         _tenant(call), action, queue=b.queue, status=b.status, kind=b.kind,
-        created_after=parse_time(b.created_after), created_before=parse_time(b.created_before), limit=b.limit,
+        created_after=_as_shown(b.created_after), created_before=_as_shown(b.created_before), limit=b.limit,
     )  # fmt: skip
     return 200, {"count": count}
 
