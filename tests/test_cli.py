@@ -181,8 +181,9 @@ async def test_listings_are_tables_on_a_terminal(server) -> None:
     live = await trio.to_thread.run_sync(
         lambda: on_a_terminal("stats", "--watch", "--interval", "0.2", *opts, until="DONE/S", count=6, at_first=complete)
     )
-    frames = [frame for frame in live.split("\x1b[H\x1b[J") if frame.strip()]
-    assert len(frames) >= 6 and all("images" in frame and "mail" in frame for frame in frames)
+    # the last frame may be cut short where reading stopped
+    frames = [frame for frame in live.split("\x1b[H\x1b[J") if frame.strip()][:-1]
+    assert len(frames) >= 5 and all("images" in frame and "mail" in frame for frame in frames)
     rates = [float(line.split()[-1]) for frame in frames[1:] for line in frame.splitlines() if line.startswith("images")]
     assert any(rate > 0 for rate in rates), live
     assert frames[0].splitlines()[-2].split()[-1] == "-"  # no rate before a second poll
