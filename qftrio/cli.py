@@ -1,4 +1,8 @@
-"""The ``qftrio`` command: ``serve | worker | enqueue | jobs | workflows | stats | migrate``.
+"""The ``qftrio`` command: ``serve | worker | enqueue | jobs | workflows | queues | stats | workers | migrate``.
+
+Answers are JSON. The listings an operator reads (``queues``, ``workers``,
+``stats`` of every queue) are a table on a terminal and JSON when stdout is
+not one.
 
 Every failure is one line on stderr and a non-zero exit: 1 for an error
 answer or an unreachable server, 2 for bad usage or configuration, 130 when
@@ -14,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
@@ -154,7 +159,23 @@ def _enqueue(args: argparse.Namespace) -> int:
     return _client_call(args, call)
 
 
+_FILTERS = ("queue", "status", "kind", "created_after", "created_before")
+
+
 def _jobs(args: argparse.Namespace) -> int:
+    if args.jobs_command in ("retry", "cancel", "delete"):
+        given = [f"--{name.replace('_', '-')}" for name in _FILTERS if getattr(args, name) is not None]
+        if getattr(args, "id", None) is None:
+            if not given:
+                one = "a job id or " if args.jobs_command != "delete" else ""
+                raise errors.ConfigError(
+                    f"jobs {args.jobs_command} needs {one}at least one filter: "
+                    "--queue, --status, --kind, --created-after, --created-before"
+                )
+            return _client_call(args, _bulk_call(args))
+        if given or args.limit is not None:
+            raise errors.ConfigError(f"give a job id or filters, not both ({', '.join(given) or '--limit'})")
+
     async def call(client: Any) -> Any:
         if args.jobs_command == "list":
             jobs, cursor = await client.jobs_list(
@@ -165,6 +186,14 @@ def _jobs(args: argparse.Namespace) -> int:
         return (await method(args.id)).to_wire()
 
     return _client_call(args, call)
+
+
+def _bulk_call(args: argparse.Namespace) -> Callable[[Any], Awaitable[Any]]:
+    async def call(client: Any) -> Any:
+        filters = {name: getattr(args, name) for name in _FILTERS}
+        return {"count": await client.jobs_bulk(args.jobs_command, **filters, limit=args.limit)}
+
+    return call
 
 
 def _read_workflow(path: str) -> dict[str, Any]:
@@ -205,16 +234,135 @@ def _workflows(args: argparse.Namespace) -> int:
     return _client_call(args, call)
 
 
+def _duration(secs: float) -> str:
+    """*secs* for a table cell: ``42s``, ``3m07s``, ``5h02m``, ``2d04h``."""
+    secs = max(0, round(secs))
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if secs >= size:
+            return f"{secs // size}{unit}{secs % size // sub_size:02d}{sub}"
+    return f"{secs}s"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: Sequence[int] = (0,)) -> str:
+    """Columns padded to their widest cell: those in *left* left-aligned,
+    the others (figures) right-aligned."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(row: Sequence[str]) -> str:
+        cells = (cell.ljust(width) if i in left else cell.rjust(width) for i, (cell, width) in enumerate(zip(row, widths)))
+        return "  ".join(cells).rstrip()
+
+    return "\n".join(line(row) for row in [header, *rows])
+
+
+_STATUS_COLUMNS = ("pending", "running", "completed", "failed", "cancelled")
+
+
+def _queues_table(stats: Sequence[Any], *, now: float, rates: dict[str, float | None] | None = None) -> str:
+    """Every queue's backlog as a table: counts, how long the oldest ready job
+    has waited, when more work comes due, paused, and with *rates* the
+    completions per second."""
+    header = ["QUEUE", *(name.upper() for name in _STATUS_COLUMNS), "OLDEST READY", "NEXT AVAILABLE"]
+    if rates is not None:
+        header.append("DONE/S")
+    header.append("STATE")
+    rows = []
+    for s in stats:
+        row = [s.queue, *(str(s.counts.get(name, 0)) for name in _STATUS_COLUMNS)]
+        row.append("-" if s.oldest_ready_at is None else _duration(now - s.oldest_ready_at))
+        if s.next_available_at is None:
+            row.append("-")
+        else:
+            row.append("now" if s.next_available_at <= now else f"in {_duration(s.next_available_at - now)}")
+        if rates is not None:
+            rate = rates.get(s.queue)
+            row.append("-" if rate is None else f"{rate:.1f}")
+        row.append("paused" if s.paused else "")
+        rows.append(row)
+    return _table(header, rows, left=(0, len(header) - 1)) if rows else "no queues"
+
+
+def _workers_table(workers: Sequence[Any], *, now: float) -> str:
+    rows = [[w.worker_id, str(w.jobs), ",".join(w.queues), f"{_duration(now - w.last_seen_at)} ago"] for w in workers]
+    return _table(["WORKER", "JOBS", "QUEUES", "LAST SEEN"], rows, left=(0, 2)) if rows else "no workers hold jobs"
+
+
+def _show(wire: Any, table: Callable[[], str]) -> None:
+    """A listing: *table* on a terminal, else *wire* as JSON."""
+    if sys.stdout.isatty():
+        print(table())
+    else:
+        _print_json(wire)
+
+
+def _queues(args: argparse.Namespace) -> int:
+    async def call(client: Any) -> Any:
+        if args.queues_command is not None:
+            method = {"pause": client.queue_pause, "resume": client.queue_resume}[args.queues_command]
+            return (await method(args.queue)).to_wire()
+        stats = await client.queues()
+        _show({"queues": [s.to_wire() for s in stats]}, lambda: _queues_table(stats, now=time.time()))
+        return None
+
+    return _client_call(args, call)
+
+
+def _workers(args: argparse.Namespace) -> int:
+    async def call(client: Any) -> Any:
+        workers = await client.workers()
+        _show({"workers": [w.to_wire() for w in workers]}, lambda: _workers_table(workers, now=time.time()))
+
+    return _client_call(args, call)
+
+
+class _Rates:
+    """Completions per second of each queue, from successive polls."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def update(self, stats: Sequence[Any], at: float) -> dict[str, float | None]:
+        rates: dict[str, float | None] = {}
+        for s in stats:
+            done = s.counts.get("completed", 0)
+            last = self._last.get(s.queue)
+            # Completed jobs leave with retention and bulk deletes: a
+            # shrinking count is no negative rate.
+            rates[s.queue] = None if last is None or at <= last[0] else max(0.0, (done - last[1]) / (at - last[0]))
+            self._last[s.queue] = (at, done)
+        return rates
+
+
 def _stats(args: argparse.Namespace) -> int:
+    async def poll(client: Any) -> list[Any]:
+        return [await client.queue_stats(args.queue)] if args.queue else await client.queues()
+
+    def wire(stats: list[Any], rates: dict[str, float | None] | None = None) -> Any:
+        items = [s.to_wire() | ({} if rates is None else {"completed_per_sec": rates[s.queue]}) for s in stats]
+        return items[0] if args.queue else {"queues": items}
+
     async def call(client: Any) -> Any:
         if not args.watch:
-            return (await client.queue_stats(args.queue)).to_wire()
+            stats = await poll(client)
+            _show(wire(stats), lambda: _queues_table(stats, now=time.time()))
+            return None
+        terminal = sys.stdout.isatty()
+        rates = _Rates()
         while True:
             try:
-                print(json.dumps((await client.queue_stats(args.queue)).to_wire()), flush=True)
+                stats = await poll(client)
             except (errors.TransportError, errors.Unavailable) as exc:
                 # a restarting server: say so and keep watching
                 print(f"qftrio: {exc.message if isinstance(exc, errors.ApiError) else exc}; retrying", file=sys.stderr)
+            else:
+                per_sec = rates.update(stats, trio.current_time())
+                if terminal:
+                    now = time.time()
+                    heading = f"every {args.interval:g}s, at {time.strftime('%H:%M:%S', time.localtime(now))}"
+                    # home and clear, then the table: the terminal shows one live table
+                    print(f"\x1b[H\x1b[J{heading}\n\n{_queues_table(stats, now=now, rates=per_sec)}", flush=True)
+                else:
+                    print(json.dumps(wire(stats, per_sec)), flush=True)
             await trio.sleep(args.interval)
 
     return _client_call(args, call)
@@ -241,9 +389,24 @@ def _migrate(args: argparse.Namespace) -> int:
 # -- parser ------------------------------------------------------------------
 
 
-def _add_client_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=os.environ.get("QUEUEFLOW_URL", DEFAULT_URL), help="server URL (QUEUEFLOW_URL)")
-    parser.add_argument("--token", help="tenant token (QUEUEFLOW_TOKEN)")
+def _add_client_options(parser: argparse.ArgumentParser, *, inherited: bool = False) -> None:
+    """``--url`` and ``--token``. *inherited*: the parser is a subcommand of
+    one that takes them too, whose values stand unless given again."""
+    url_default = argparse.SUPPRESS if inherited else os.environ.get("QUEUEFLOW_URL", DEFAULT_URL)
+    parser.add_argument("--url", default=url_default, help="server URL (QUEUEFLOW_URL)")
+    parser.add_argument("--token", default=argparse.SUPPRESS if inherited else None, help="tenant token (QUEUEFLOW_TOKEN)")
+
+
+_STATUSES = ["pending", "running", "completed", "failed", "cancelled"]
+
+
+def _add_filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--queue")
+    parser.add_argument("--status", choices=_STATUSES)
+    parser.add_argument("--kind")
+    parser.add_argument("--created-after", metavar="TIME", help="RFC 3339: jobs created at or after")
+    parser.add_argument("--created-before", metavar="TIME", help="RFC 3339: jobs created before")
+    parser.add_argument("--limit", type=_positive_int, help="change at most this many jobs (default 10000)")
 
 
 def _positive_int(text: str) -> int:
@@ -318,14 +481,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("jobs", help="inspect and manage jobs")
     jobs = p.add_subparsers(dest="jobs_command", required=True, parser_class=_LoggingParser)
-    for name, text in (("get", "show a job"), ("cancel", "cancel a job"), ("retry", "retry a failed or cancelled job")):
-        q = jobs.add_parser(name, help=text)
-        q.add_argument("id")
+    q = jobs.add_parser("get", help="show a job")
+    q.add_argument("id")
+    _add_client_options(q)
+    q.set_defaults(func=_jobs)
+    for name, text in (
+        ("cancel", "cancel a job, or every pending or running job matching the filters"),
+        ("retry", "retry a failed or cancelled job, or every one matching the filters"),
+    ):
+        q = jobs.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}; prints how many changed.")
+        q.add_argument("id", nargs="?", help="one job; without it, the filters choose")
+        _add_filters(q)
         _add_client_options(q)
         q.set_defaults(func=_jobs)
+    text = "delete every completed, failed or cancelled job matching the filters (a workflow's steps stay)"
+    q = jobs.add_parser("delete", help=text, description=f"{text[0].upper()}{text[1:]}; prints how many.")
+    _add_filters(q)
+    _add_client_options(q)
+    q.set_defaults(func=_jobs)
     q = jobs.add_parser("list", help="list jobs, newest first")
     q.add_argument("--queue")
-    q.add_argument("--status", choices=["pending", "running", "completed", "failed", "cancelled"])
+    q.add_argument("--status", choices=_STATUSES)
     q.add_argument("--kind")
     q.add_argument("--limit", type=_positive_int, default=50)
     q.add_argument("--cursor")
@@ -350,12 +526,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_options(q)
     q.set_defaults(func=_workflows)
 
-    p = sub.add_parser("stats", help="a queue's backlog")
-    p.add_argument("queue")
-    p.add_argument("--watch", action="store_true", help="print a line every --interval seconds")
+    p = sub.add_parser("queues", help="every queue's backlog; pause and resume a queue")
+    _add_client_options(p)
+    p.set_defaults(func=_queues, queues_command=None)
+    queues = p.add_subparsers(dest="queues_command", metavar="{pause,resume}", parser_class=_LoggingParser)
+    for name, text in (
+        ("pause", "pause a queue on every server: leases hand out none of its jobs; running jobs go on"),
+        ("resume", "resume a paused queue"),
+    ):
+        q = queues.add_parser(name, help=text)
+        q.add_argument("queue")
+        _add_client_options(q, inherited=True)
+
+    p = sub.add_parser("stats", help="the backlog of a queue, or of every queue; --watch for a live table")
+    p.add_argument("queue", nargs="?", help="one queue (default: every queue)")
+    p.add_argument(
+        "--watch", action="store_true",
+        help="poll every --interval seconds: a live table on a terminal with completions per second, else a JSON line",
+    )  # fmt: skip
     p.add_argument("--interval", type=_non_negative, default=2.0)
     _add_client_options(p)
     p.set_defaults(func=_stats)
+
+    p = sub.add_parser("workers", help="the worker ids holding jobs: how many, on which queues, last seen")
+    _add_client_options(p)
+    p.set_defaults(func=_workers)
 
     p = sub.add_parser("migrate", help="apply the PostgreSQL schema")
     p.add_argument("--database-url", help="postgresql://... (QUEUEFLOW_DATABASE_URL)")

@@ -28,6 +28,7 @@ from . import errors
 from ._http import DEFAULT_MAX_BODY_SIZE, HttpError, HttpPool, HttpxTransport, Response, Transport, check_headers
 from ._json import dumps_strict as json_dumps, loads as json_loads
 from .models import (
+    BulkRequest,
     CompleteItem,
     FailItem,
     HeartbeatItem,
@@ -38,6 +39,7 @@ from .models import (
     LeaseRequest,
     QueueStats,
     Status,
+    WorkerInfo,
     Workflow,
     WorkflowCreateRequest,
     WorkflowStatus,
@@ -135,17 +137,20 @@ def _build(model_cls: type[pydantic.BaseModel], **fields: Any) -> dict[str, Any]
         raise errors.InvalidInput(f"{where}: {first.get('msg', 'invalid')}") from None
 
 
+def _time(value: Any) -> Any:
+    """A time argument as a body carries it: epoch seconds become RFC 3339,
+    a naive datetime counts as UTC; anything else is left to validation."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format_time(float(value))
+    if isinstance(value, _dt.datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=_dt.timezone.utc)
+    return value
+
+
 def _config(config: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if value is None:
-            continue
-        if key == "scheduled_at" and isinstance(value, (int, float)):
-            value = format_time(float(value))
-        elif key == "scheduled_at" and isinstance(value, _dt.datetime) and value.tzinfo is None:
-            value = value.replace(tzinfo=_dt.timezone.utc)
-        out[key] = value
-    return out
+    return {
+        key: _time(value) if key == "scheduled_at" else value for key, value in config.items() if value is not None
+    }
 
 
 _CONFIG_KEYS = frozenset({"queue", "priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key"})
@@ -466,6 +471,55 @@ class Client:
 
     async def queue_stats(self, queue: str) -> QueueStats:
         return QueueStats.from_wire(await self._json("GET", f"/api/v1/queues/{_segment(queue)}/stats"))
+
+    async def queue_pause(self, queue: str) -> QueueStats:
+        """Pause *queue* on every server (idempotent): leases hand out none
+        of its jobs until :meth:`queue_resume`; running jobs go on and report."""
+        return QueueStats.from_wire(await self._json("POST", f"/api/v1/queues/{_segment(queue)}/pause"))
+
+    async def queue_resume(self, queue: str) -> QueueStats:
+        """Resume a paused *queue* (idempotent)."""
+        return QueueStats.from_wire(await self._json("POST", f"/api/v1/queues/{_segment(queue)}/resume"))
+
+    async def jobs_bulk(
+        self,
+        action: str,
+        *,
+        queue: str | None = None,
+        status: Status | str | None = None,
+        kind: str | None = None,
+        created_after: float | _dt.datetime | None = None,
+        created_before: float | _dt.datetime | None = None,
+        limit: int | None = None,
+    ) -> int:
+        """``retry``, ``cancel`` or ``delete`` every job matching the filters
+        (at most *limit*, default 10,000), each as the single-job call would;
+        returns how many changed. Times are epoch seconds or aware datetimes
+        (``created_after <= created_at < created_before``).
+
+        Raises:
+            InvalidInput: an unknown *action*, or a *status* the action does
+                not apply to (retry: failed, cancelled; cancel: pending,
+                running; delete: completed, failed, cancelled).
+        """
+        if action not in ("retry", "cancel", "delete"):
+            raise errors.InvalidInput(f"action: not one of retry, cancel, delete: {action!r}")
+        body = _build(
+            BulkRequest,
+            queue=queue,
+            status=status,
+            kind=kind,
+            created_after=_time(created_after),
+            created_before=_time(created_before),
+            **({} if limit is None else {"limit": limit}),
+        )
+        data = await self._json("POST", f"/api/v1/jobs/bulk/{action}", json_body=body)
+        return int(data["count"])
+
+    async def workers(self) -> list[WorkerInfo]:
+        """The worker ids holding running jobs, most jobs first."""
+        data = await self._json("GET", "/api/v1/workers")
+        return [WorkerInfo.from_wire(w) for w in data["workers"]]
 
     async def health(self) -> dict[str, Any]:
         """``GET /healthz`` (no credential needed)."""

@@ -59,6 +59,8 @@ MAX_ERROR = 65536
 MAX_IDEMPOTENCY_KEY = 255
 MAX_JOB_ID = 100
 MAX_WORKFLOW_NAME = 200
+#: A bulk action changes at most this many jobs per call (default 10,000).
+MAX_BULK = 1_000_000
 
 
 def valid_name(name: str) -> bool:
@@ -586,6 +588,19 @@ class EmptyBody(_Body):
     """A body that carries nothing: empty, or ``{}``."""
 
 
+class BulkRequest(_Body):
+    """``POST /api/v1/jobs/bulk/{retry,cancel,delete}``: which of the tenant's
+    jobs (every filter optional; created in ``[created_after,
+    created_before)``), and how many at most."""
+
+    queue: Name | None = None
+    status: Status | None = None
+    kind: Name | None = None
+    created_after: TimeInput | None = None
+    created_before: TimeInput | None = None
+    limit: Int = Field(10_000, ge=1, le=MAX_BULK)
+
+
 # --------------------------------------------------------------------------
 # Query strings (validated by the server like bodies)
 
@@ -721,12 +736,32 @@ class QueueStatsAnswer(_Answer):
     counts: CountsAnswer
     oldest_ready_at: Time | None
     next_available_at: Time | None
+    paused: bool
 
 
 class QueuesAnswer(_Answer):
     """Every queue the tenant has jobs in."""
 
     queues: list[QueueStatsAnswer]
+
+
+class CountAnswer(_Answer):
+    """How many jobs a bulk action changed."""
+
+    count: int
+
+
+class WorkerAnswer(_Answer):
+    worker_id: str
+    jobs: int
+    queues: list[str]
+    last_seen_at: Time
+
+
+class WorkersAnswer(_Answer):
+    """The worker ids holding the tenant's running jobs, most jobs first."""
+
+    workers: list[WorkerAnswer]
 
 
 class WorkflowStepAnswer(_Answer):

@@ -92,15 +92,21 @@ def server_config(**overrides: object) -> Config:
     return Config(**values)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-async def server(storage: Store, nursery: trio.Nursery) -> AsyncIterator[RunningServer]:
-    """A real server over real HTTP on a free port, on each backend."""
+async def serve_store(storage: Store, nursery: trio.Nursery) -> AsyncIterator[RunningServer]:
+    """A real server on *storage*, in *nursery*, until the iteration ends."""
     clock = ServerClock()
     engine = Engine(storage, clock=clock, safety_poll_secs=1.0)
     stop = trio.Event()
     binds = await nursery.start(functools.partial(run_server, engine, server_config(), shutdown_trigger=stop.wait))
     yield RunningServer(url=binds[0], engine=engine, clock=clock)
     stop.set()
+
+
+@pytest.fixture
+async def server(storage: Store, nursery: trio.Nursery) -> AsyncIterator[RunningServer]:
+    """A real server over real HTTP on a free port, on each backend."""
+    async for running in serve_store(storage, nursery):
+        yield running
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -69,6 +70,125 @@ async def test_enqueue_get_list_cancel_retry_stats(server, capsys: pytest.Captur
     assert "401" in capsys.readouterr().err
 
 
+async def test_operations_commands_answer_json_when_piped(server, capsys: pytest.CaptureFixture[str]) -> None:
+    import httpx
+
+    opts = ["--url", server.url, "--token", server.tenants["acme"]]
+    for kind in ("x", "x", "y"):
+        assert await run_cli("enqueue", kind, "--queue", "ops", *opts) == 0
+    capsys.readouterr()
+    assert await run_cli("queues", "pause", "ops", *opts) == 0
+    assert json.loads(capsys.readouterr().out)["paused"] is True
+    assert await run_cli("queues", *opts) == 0
+    (listed,) = json.loads(capsys.readouterr().out)["queues"]
+    assert (listed["queue"], listed["paused"], listed["counts"]["pending"]) == ("ops", True, 3)
+    assert await run_cli("queues", "--url", server.url, "resume", "ops", "--token", server.tenants["acme"]) == 0
+    assert json.loads(capsys.readouterr().out)["paused"] is False
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        r = await http.post("/api/v1/queues/ops/lease", json={"worker_id": "w-cli"}, headers=server.headers("worker"))
+        assert len(r.json()["jobs"]) == 1
+    assert await run_cli("workers", *opts) == 0
+    assert [(w["worker_id"], w["jobs"], w["queues"]) for w in json.loads(capsys.readouterr().out)["workers"]] == [
+        ("w-cli", 1, ["ops"])
+    ]
+    assert await run_cli("jobs", "cancel", "--queue", "ops", "--kind", "x", *opts) == 0
+    assert json.loads(capsys.readouterr().out) == {"count": 2}
+    assert await run_cli("jobs", "retry", "--status", "cancelled", "--limit", "1", *opts) == 0
+    assert json.loads(capsys.readouterr().out) == {"count": 1}
+    assert await run_cli("jobs", "delete", "--queue", "ops", "--status", "cancelled", *opts) == 0
+    assert json.loads(capsys.readouterr().out) == {"count": 1}
+    assert await run_cli("stats", *opts) == 0
+    (stats,) = json.loads(capsys.readouterr().out)["queues"]
+    assert stats["counts"] == {"pending": 2, "running": 0, "completed": 0, "failed": 0, "cancelled": 0}
+
+    # refusals: one line each, 1 for the server's answer, 2 for usage; nothing changed
+    assert await run_cli("jobs", "retry", "--status", "pending", *opts) == 1
+    assert "422" in capsys.readouterr().err
+    for argv, says in (
+        (["jobs", "delete"], "at least one filter"),
+        (["jobs", "cancel"], "a job id or at least one filter"),
+        (["jobs", "retry", "some-id", "--queue", "ops"], "not both"),
+    ):
+        assert await run_cli(*argv, *opts) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1, err
+    assert await run_cli("queues", "pause", "bad name", *opts) == 1
+    assert "queue" in capsys.readouterr().err
+    assert await run_cli("stats", "ops", *opts) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["pending"] == 2
+
+
+def on_a_terminal(*argv: str, until: str, count: int = 1, at_first: Callable[[], object] | None = None) -> str:
+    """The output of ``qftrio *argv`` run on a pseudo-terminal, once *until*
+    has appeared *count* times (the command is then stopped); *at_first* is
+    called once it has appeared the first time."""
+    import os
+    import pty
+    import time
+
+    main_fd, child_fd = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qftrio", *argv], stdin=child_fd, stdout=child_fd, stderr=subprocess.PIPE, cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "TERM": "dumb"},
+    )  # fmt: skip
+    os.close(child_fd)
+    out = ""
+    deadline = time.monotonic() + 20
+    try:
+        while out.count(until) < count and time.monotonic() < deadline:
+            try:
+                out += os.read(main_fd, 65536).decode(errors="replace")
+            except OSError:  # the command ended and closed the terminal
+                break
+            if at_first is not None and until in out:
+                at_first()
+                at_first = None
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+        os.close(main_fd)
+    assert b"Traceback" not in err, err
+    return out.replace("\r\n", "\n")
+
+
+@pytest.mark.parametrize("storage", ["sqlite"], indirect=True)  # the table is the command's, whatever the store
+async def test_listings_are_tables_on_a_terminal(server) -> None:
+    import httpx
+
+    opts = ["--url", server.url, "--token", server.tenants["acme"]]
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        body = {"jobs": [{"kind": "x", "config": {"queue": q}} for q in ("images", "images", "mail")]}
+        assert (await http.post("/api/v1/jobs/batch", json=body, headers=server.headers())).status_code == 201
+        await http.post("/api/v1/queues/mail/pause", headers=server.headers())
+        r = await http.post("/api/v1/queues/images/lease", json={"worker_id": "w-term"}, headers=server.headers("worker"))
+        (held,) = r.json()["jobs"]
+
+    table = await trio.to_thread.run_sync(lambda: on_a_terminal("queues", *opts, until="mail"))
+    header, images, mail = table.strip().splitlines()
+    assert header.split()[:6] == ["QUEUE", "PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"]
+    assert images.split()[:6] == ["images", "1", "1", "0", "0", "0"] and not images.endswith("paused")
+    assert mail.split()[:3] == ["mail", "1", "0"] and mail.endswith("paused")
+    table = await trio.to_thread.run_sync(lambda: on_a_terminal("workers", *opts, until="ago"))
+    assert table.strip().splitlines()[1].split()[:3] == ["w-term", "1", "images"]
+
+    # a live table of every queue: completions per second from successive polls
+    def complete() -> None:
+        done = {"lease_token": held["lease_token"]}
+        r = httpx.post(f"{server.url}/api/v1/jobs/{held['job']['id']}/complete", json=done, headers=server.headers("worker"))
+        assert r.status_code == 204
+
+    live = await trio.to_thread.run_sync(
+        lambda: on_a_terminal("stats", "--watch", "--interval", "0.2", *opts, until="DONE/S", count=6, at_first=complete)
+    )
+    # the last frame may be cut short where reading stopped
+    frames = [frame for frame in live.split("\x1b[H\x1b[J") if frame.strip()][:-1]
+    assert len(frames) >= 5 and all("images" in frame and "mail" in frame for frame in frames)
+    rates = [float(line.split()[-1]) for frame in frames[1:] for line in frame.splitlines() if line.startswith("images")]
+    assert any(rate > 0 for rate in rates), live
+    assert frames[0].splitlines()[-2].split()[-1] == "-"  # no rate before a second poll
+
+
 def test_serve_refuses_to_start_without_credentials(tmp_path) -> None:
     proc = run_process("serve", "--db", str(tmp_path / "q.db"), "--bind", "127.0.0.1:0")
     assert proc.returncode == 2
@@ -99,6 +219,8 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path) -> None:
         ["enqueue"],
         ["jobs"],
         ["nonsense"],
+        ["queues", "freeze", "images"],
+        ["jobs", "delete", "some-id"],
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(argv: list[str]) -> None:
@@ -122,7 +244,8 @@ def test_unreachable_server_is_one_line_and_exit_1() -> None:
 
 def test_every_command_has_help() -> None:
     for argv in (["--help"], ["serve", "--help"], ["worker", "--help"], ["enqueue", "--help"], ["jobs", "list", "--help"],
-                 ["workflows", "--help"], ["stats", "--help"], ["migrate", "--help"]):  # fmt: skip
+                 ["workflows", "--help"], ["stats", "--help"], ["migrate", "--help"],
+                 ["queues", "pause", "--help"], ["jobs", "delete", "--help"], ["workers", "--help"]):  # fmt: skip
         proc = run_process(*argv)
         assert proc.returncode == 0 and "usage:" in proc.stdout, argv
 
@@ -237,10 +360,14 @@ async def test_stats_watch_rides_out_a_server_restart(tmp_path) -> None:
 
     server = start()
     await wait_healthy(url)
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        body = {"kind": "x", "config": {"queue": "images"}}
+        assert (await http.post("/api/v1/jobs", json=body, headers={"Authorization": "Bearer dev"})).status_code == 201
     with open(out_path, "w") as out, open(err_path, "w") as err:
         watch = subprocess.Popen(
-            [sys.executable, "-m", "qftrio", "stats", "images", "--watch", "--interval", "0.1", "--url", url,
-             "--token", "dev"],
+            [sys.executable, "-m", "qftrio", "stats", "--watch", "--interval", "0.1", "--url", url, "--token", "dev"],
             stdout=out, stderr=err, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
         )  # fmt: skip
     try:
@@ -254,5 +381,7 @@ async def test_stats_watch_rides_out_a_server_restart(tmp_path) -> None:
         watch.terminate()
         watch.wait(10)
         stop(server)
-    assert all(json.loads(line)["queue"] == "images" for line in lines())
+    polls = [json.loads(line)["queues"] for line in lines()]
+    assert all([q["queue"] for q in queues] == ["images"] for queues in polls)
+    assert polls[0][0]["completed_per_sec"] is None and polls[-1][0]["completed_per_sec"] == 0
     assert "Traceback" not in err_path.read_text()

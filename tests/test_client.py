@@ -125,6 +125,34 @@ async def test_queues_and_stats(tenant: Client) -> None:
     assert b.oldest_ready_at is None and b.next_available_at is not None
 
 
+
+async def test_pause_resume_bulk_and_workers(tenant: Client, worker: Client) -> None:
+    jobs = await tenant.enqueue_many([{"kind": kind, "queue": "ops"} for kind in ("x", "x", "y")])
+    paused = await tenant.queue_pause("ops")
+    assert paused.paused and paused.counts["pending"] == 3
+    assert (await tenant.queue_stats("ops")).paused
+    assert await worker.lease("ops", max_jobs=3) == []
+    assert not (await tenant.queue_resume("ops")).paused
+    (held,) = await worker.lease("ops", worker_id="w-ops")
+    (seen,) = await tenant.workers()
+    assert (seen.worker_id, seen.jobs, seen.queues) == ("w-ops", 1, ("ops",))
+    assert abs(seen.last_seen_at - held.job.updated_at) < 0.001
+
+    assert await tenant.jobs_bulk("cancel", queue="ops", kind="x") == 2  # the running one too
+    assert await tenant.jobs_bulk("cancel", queue="ops") == 1
+    early = min(job.created_at for job in jobs)
+    assert await tenant.jobs_bulk("retry", status="cancelled", created_before=early) == 0
+    assert await tenant.jobs_bulk("retry", status=Status.CANCELLED, created_after=early - 1, limit=1) == 1
+    assert await tenant.jobs_bulk("delete", queue="ops") == 2
+    assert sum((await tenant.queue_stats("ops")).counts.values()) == 1
+    assert await tenant.workers() == []
+    with pytest.raises(errors.InvalidInput, match="status"):
+        await tenant.jobs_bulk("retry", status="pending")  # the server's rule
+    for bad in ({"action": "purge"}, {"action": "cancel", "limit": 0}, {"action": "cancel", "queue": "a b"}):
+        with pytest.raises(errors.InvalidInput):
+            await Client("http://127.0.0.1:1").jobs_bulk(**bad)  # refused before the network
+
+
 # -- credentials -----------------------------------------------------------------
 
 

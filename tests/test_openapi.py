@@ -99,6 +99,14 @@ async def test_the_document_is_complete(http: httpx.AsyncClient) -> None:
     assert "kind" in schemas["EnqueueRequest"]["required"] or "kind" in paths["/api/v1/jobs"]["post"]["requestBody"][
         "content"
     ]["application/json"]["schema"]["required"]
+    # the operations: a bulk body's bounds, and paused in every queue's stats
+    bulk = paths["/api/v1/jobs/bulk/cancel"]["post"]["requestBody"]
+    assert bulk["required"] is False
+    limit = bulk["content"]["application/json"]["schema"]["properties"]["limit"]
+    assert (limit["minimum"], limit["maximum"], limit["default"]) == (1, 1_000_000, 10_000)
+    assert "paused" in schemas["QueueStatsAnswer"]["required"]
+    assert "200" in paths["/api/v1/queues/{queue}/pause"]["post"]["responses"]
+    assert "200" in paths["/api/v1/workers"]["get"]["responses"]
     # path names carry their pattern
     (queue,) = paths["/api/v1/queues/{queue}/stats"]["get"]["parameters"]
     assert queue["schema"]["pattern"] == "^[A-Za-z0-9_.-]{1,128}$"

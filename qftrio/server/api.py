@@ -7,8 +7,12 @@ Enqueue lives with the worker protocol's hot routes
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..models import (
     NAME,
+    BulkRequest,
+    CountAnswer,
     EmptyBody,
     HealthAnswer,
     JobAnswer,
@@ -20,8 +24,11 @@ from ..models import (
     WorkflowCreateRequest,
     WorkflowsListQuery,
     WorkflowsPageAnswer,
+    WorkersAnswer,
+    parse_time,
 )
 from .engine import Engine
+from .store.base import BulkAction
 from .envelope import Call, Reply, Route
 from .protocol import ROUTES as PROTOCOL_ROUTES
 
@@ -99,6 +106,54 @@ async def queue_stats(engine: Engine, call: Call) -> Reply:
     return 200, stats.to_wire()
 
 
+async def queue_pause(engine: Engine, call: Call) -> Reply:
+    """Pause a queue on every server: leases hand out none of its jobs; running jobs go on and report."""
+    return 200, (await engine.queue_pause(_tenant(call), call.path["queue"])).to_wire()
+
+
+async def queue_resume(engine: Engine, call: Call) -> Reply:
+    """Resume a paused queue; its waiting long polls look again at once."""
+    return 200, (await engine.queue_resume(_tenant(call), call.path["queue"])).to_wire()
+
+
+def _as_shown(bound: Any) -> float | None:
+    # Jobs show their times rounded to the microsecond: a bound half a
+    # microsecond earlier compares a job as the time it shows, so that a
+    # job's own created_at, given back, takes it in (after) or leaves it out
+    # (before).
+    at = parse_time(bound)
+    return None if at is None else at - 0.5e-6
+
+
+async def _bulk(engine: Engine, call: Call, action: BulkAction) -> Reply:
+    b: BulkRequest = call.body
+    count = await engine.jobs_bulk(
+        _tenant(call), action, queue=b.queue, status=b.status, kind=b.kind,
+        created_after=_as_shown(b.created_after), created_before=_as_shown(b.created_before), limit=b.limit,
+    )  # fmt: skip
+    return 200, {"count": count}
+
+
+async def jobs_bulk_retry(engine: Engine, call: Call) -> Reply:
+    """Retry the matching failed or cancelled jobs, as one retry each would; answers how many."""
+    return await _bulk(engine, call, "retry")
+
+
+async def jobs_bulk_cancel(engine: Engine, call: Call) -> Reply:
+    """Cancel the matching pending or running jobs, as one cancel each would; answers how many."""
+    return await _bulk(engine, call, "cancel")
+
+
+async def jobs_bulk_delete(engine: Engine, call: Call) -> Reply:
+    """Delete the matching finished jobs (a workflow's steps are kept with it); answers how many."""
+    return await _bulk(engine, call, "delete")
+
+
+async def workers(engine: Engine, call: Call) -> Reply:
+    """The worker ids holding the tenant's running jobs: how many, on which queues, last seen."""
+    return 200, {"workers": [w.to_wire() for w in await engine.workers(_tenant(call))]}
+
+
 ROUTES: list[Route] = [
     Route("GET", "/healthz", healthz, "anyone", {200: HealthAnswer, 503: HealthAnswer}),
     Route("GET", "/api/v1/jobs/<job_id>", job_get, "tenant", {200: JobAnswer}, (404,)),
@@ -114,7 +169,17 @@ ROUTES: list[Route] = [
     ),  # fmt: skip
     Route("GET", "/api/v1/queues", queues, "tenant", {200: QueuesAnswer}),
     Route("GET", "/api/v1/queues/<queue>/stats", queue_stats, "tenant", {200: QueueStatsAnswer}, path_params={"queue": NAME}),
-]
+    *(
+        Route("POST", f"/api/v1/queues/<queue>/{name}", handler, "tenant", {200: QueueStatsAnswer}, body=EmptyBody,
+              path_params={"queue": NAME})
+        for name, handler in (("pause", queue_pause), ("resume", queue_resume))
+    ),
+    *(
+        Route("POST", f"/api/v1/jobs/bulk/{name}", handler, "tenant", {200: CountAnswer}, body=BulkRequest)
+        for name, handler in (("retry", jobs_bulk_retry), ("cancel", jobs_bulk_cancel), ("delete", jobs_bulk_delete))
+    ),
+    Route("GET", "/api/v1/workers", workers, "tenant", {200: WorkersAnswer}),
+]  # fmt: skip
 
 #: Every route of the API, declared once.
 ALL_ROUTES: list[Route] = PROTOCOL_ROUTES + ROUTES

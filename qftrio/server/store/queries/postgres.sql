@@ -508,7 +508,7 @@ RETURNING id, workflow_id;
 
 -- name: bulk_reset
 UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $2, updated_at = $2,
-    locked_until = NULL, lease_token = NULL, worker_id = NULL
+    locked_until = NULL, lease_token = NULL
 WHERE id = ANY($1::uuid[]) AND status IN ('failed', 'cancelled')
 RETURNING queue;
 
