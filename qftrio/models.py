@@ -29,6 +29,7 @@ __all__ = [
     "Job",
     "Lease",
     "QueueStats",
+    "WorkerInfo",
     "ErrorEntry",
     "WorkflowStatus",
     "StepStatus",
@@ -253,6 +254,8 @@ class QueueStats:
     counts: dict[str, int]
     oldest_ready_at: float | None
     next_available_at: float | None
+    #: Paused for this tenant: leases hand out none of its jobs of the queue.
+    paused: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -260,6 +263,7 @@ class QueueStats:
             "counts": {s.value: self.counts.get(s.value, 0) for s in Status},
             "oldest_ready_at": format_time(self.oldest_ready_at),
             "next_available_at": format_time(self.next_available_at),
+            "paused": self.paused,
         }
 
     @classmethod
@@ -269,6 +273,36 @@ class QueueStats:
             counts=dict(data["counts"]),
             oldest_ready_at=parse_time(data.get("oldest_ready_at")),
             next_available_at=parse_time(data.get("next_available_at")),
+            paused=bool(data.get("paused", False)),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerInfo:
+    """A worker id holding running jobs of one tenant: how many, on which
+    queues (sorted), and when it was last seen (its latest claim or
+    heartbeat among them)."""
+
+    worker_id: str
+    jobs: int
+    queues: tuple[str, ...]
+    last_seen_at: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "worker_id": self.worker_id,
+            "jobs": self.jobs,
+            "queues": list(self.queues),
+            "last_seen_at": format_time(self.last_seen_at),
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> WorkerInfo:
+        return cls(
+            worker_id=data["worker_id"],
+            jobs=int(data["jobs"]),
+            queues=tuple(data["queues"]),
+            last_seen_at=float(parse_time(data["last_seen_at"]) or 0.0),
         )
 
 

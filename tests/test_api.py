@@ -354,7 +354,7 @@ async def test_health_metrics_openapi(http, server) -> None:
     for name in (
         "qftrio_jobs_enqueued_total", "qftrio_jobs_leased_total", "qftrio_jobs_completed_total",
         "qftrio_jobs_failed_total", "qftrio_jobs_dead_lettered_total", "qftrio_stale_token_rejections_total",
-        "qftrio_lease_wait_seconds_bucket",
+        "qftrio_lease_wait_seconds", "qftrio_job_run_seconds", "qftrio_queue_jobs", "qftrio_queue_oldest_ready_age_seconds",
     ):  # fmt: skip
         assert name in metrics, name
     spec = (await http.get("/openapi.json")).json()

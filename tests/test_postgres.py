@@ -422,10 +422,10 @@ async def test_concurrent_migrations_apply_once(asyncio_loop: Any) -> None:
             async with trio.open_nursery() as nursery:
                 for _ in range(3):
                     nursery.start_soon(run)
-            assert sorted(results) == [[], [], ["0001_init", "0002_workflows", "0003_scheduled_index"]]
+            assert sorted(results) == [[], [], ["0001_init", "0002_workflows", "0003_scheduled_index", "0004_operations"]]
             rows = await sql(url, "SELECT version, name FROM qftrio_schema_migrations")
             versions = sorted((r["version"], r["name"]) for r in rows)
-            assert versions == [("0001", "0001_init"), ("0002", "0002_workflows"), ("0003", "0003_scheduled_index")]
+            assert versions == [("0001", "0001_init"), ("0002", "0002_workflows"), ("0003", "0003_scheduled_index"), ("0004", "0004_operations")]
             assert await migrate(url, timeout=None) == []
             async with open_postgres_store(url, migrate=False, timeout=None) as store:
                 await store.ping()

@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Response, request
 from quart_schema import QuartSchema, document_querystring, document_request, document_response, hide, security_scheme
 from quart_schema.openapi import OpenAPIProvider
@@ -29,7 +29,6 @@ from werkzeug.routing import Map, Rule
 from .. import errors
 from .._json import dumps as json_dumps
 from ..models import ErrorAnswer
-from . import metrics
 from .api import ALL_ROUTES
 from .auth import Credentials
 from .docs_page import DOCS_PAGE
@@ -134,7 +133,7 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
     @security_scheme([])
     async def metrics_route() -> Response:
         """Prometheus metrics (text)."""
-        return Response(generate_latest(metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST)
+        return Response(await engine.metrics_exposition(), content_type=CONTENT_TYPE_LATEST)
 
     @app.get("/docs")
     @hide

@@ -12,7 +12,11 @@ transport calls the same methods. The engine owns
 * time: every store call gets ``now`` from :attr:`Engine.clock`;
 * long-poll leases: waiting tasks park on a per-queue :class:`Waker` that
   enqueues (and, on PostgreSQL, the store's LISTEN connection) ring;
-* metrics, and the janitor loop that reaps expired leases and prunes old jobs;
+* metrics (a registry per engine, :attr:`Engine.metrics_registry`), and the
+  janitor loop that reaps expired leases, compacts the counts and prunes old
+  jobs;
+* operations: queue stats, pause and resume, bulk actions by filter, the
+  live workers;
 * workflows (DESIGN §4): the graph is checked here
   (:mod:`qftrio.server.workflows`); advancing one
   (:func:`~qftrio.server.transitions.advance`) happens inside the store's job
@@ -32,17 +36,32 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import trio
+from prometheus_client import CollectorRegistry, generate_latest
 
 from .. import errors
-from ..models import Job, Lease, QueueStats, Status, Workflow, WorkflowCreateRequest, WorkflowStatus, parse_time
-from . import metrics
 from .._batching import Batcher as Coalescer
+from ..models import (
+    Job,
+    Lease,
+    QueueStats,
+    Status,
+    WorkerInfo,
+    Workflow,
+    WorkflowCreateRequest,
+    WorkflowStatus,
+    parse_time,
+)
+from . import transitions
+from .metrics import Metrics
 from .store.base import (
     ALL_QUEUES,
+    BulkAction,
+    BulkFilter,
     ClaimRequest,
     CompleteItem,
     FailItem,
@@ -201,6 +220,7 @@ class Engine:
         self.clock = clock
         self.safety_poll_secs = safety_poll_secs
         self.waker = Waker()
+        self.metrics = Metrics()
         self._closing = trio.Event()
         # Concurrent reports and claims share store calls (qftrio/_batching.py).
         self._heartbeats: Coalescer[HeartbeatItem, HeartbeatResult] = Coalescer(
@@ -224,6 +244,53 @@ class Engine:
     @property
     def closing(self) -> bool:
         return self._closing.is_set()
+
+    # -- metrics -------------------------------------------------------------
+
+    @property
+    def metrics_registry(self) -> CollectorRegistry:
+        """This engine's Prometheus registry. Its per-queue gauges hold what
+        the store last answered: :meth:`metrics_exposition` reads them anew."""
+        return self.metrics.registry
+
+    async def metrics_exposition(self) -> bytes:
+        """The text of ``GET /metrics``: this server's counters and
+        histograms, and every queue's gauges read from the store now (so
+        alike on every server sharing the database)."""
+        now = self.clock()
+        self.metrics.queues.update(await self.store.queues_overview(now=now), now=now)
+        return generate_latest(self.metrics.registry)
+
+    def _count_leased(self, leases: Sequence[Lease]) -> None:
+        m = self.metrics
+        for (queue, kind), n in Counter((lease.job.queue, lease.job.kind) for lease in leases).items():
+            m.leased.labels(queue, kind).inc(n)
+        for lease in leases:
+            job = lease.job
+            # claimed at updated_at; ready since it was due (or its retry was)
+            m.lease_wait.labels(job.queue, job.kind).observe(
+                max(0.0, job.updated_at - max(job.scheduled_at, job.created_at))
+            )
+
+    def _count_enqueued(self, jobs: Iterable[Job]) -> None:
+        for (queue, kind), n in Counter((job.queue, job.kind) for job in jobs).items():
+            self.metrics.enqueued.labels(queue, kind).inc(n)
+
+    def _count_ended(self, results: Sequence[ReportResult], now: float) -> None:
+        """Count the attempts *results* ended (applied reports only)."""
+        m = self.metrics
+        for r in results:
+            if not r.applied or r.queue is None:
+                continue
+            kind = r.kind or ""
+            if r.status is Status.COMPLETED:
+                m.completed.labels(r.queue, kind).inc()
+            else:
+                m.failed.labels(r.queue, kind).inc()
+                if r.status is Status.FAILED:
+                    m.dead_lettered.labels(r.queue, kind).inc()
+            if r.claimed_at is not None:
+                m.run_time.labels(r.queue, kind).observe(max(0.0, now - r.claimed_at))
 
     # -- application side --------------------------------------------------
 
@@ -271,7 +338,7 @@ class Engine:
                     parked.event.set()
         created = [i.job for i in inserted if i.created]
         if created:
-            metrics.ENQUEUED.inc(len(created))
+            self._count_enqueued(created)
             # Wake the other polls of a queue unless the hand-off took every
             # claimable job there (a poll got less than it could hold).
             full: dict[str, bool] = {}
@@ -338,7 +405,86 @@ class Engine:
         return job
 
     async def queues_stats(self, tenant: str, queue: str | None = None) -> list[QueueStats]:
+        """Stats of every queue the tenant has jobs in or has paused (of
+        *queue* only when given), sorted by name; exact counts, at a cost
+        that does not grow with the number of jobs kept."""
         return await self.store.queues_stats(tenant=tenant, now=self.clock(), queue=queue)
+
+    # -- operations ----------------------------------------------------------
+
+    async def queue_pause(self, tenant: str, queue: str) -> QueueStats:
+        """Pause the tenant's *queue* on every server (idempotent): leases
+        hand out none of its jobs, long polls on it wait; running jobs go on
+        and report. Returns the queue's stats."""
+        return await self._set_paused(tenant, queue, True)
+
+    async def queue_resume(self, tenant: str, queue: str) -> QueueStats:
+        """Resume the tenant's *queue* (idempotent); its parked long polls
+        look again at once, on every server. Returns the queue's stats."""
+        return await self._set_paused(tenant, queue, False)
+
+    async def _set_paused(self, tenant: str, queue: str, paused: bool) -> QueueStats:
+        now = self.clock()
+        await self.store.queue_set_paused(tenant=tenant, queue=queue, paused=paused, now=now)
+        if not paused:
+            self.waker.notify(queue)
+        (stats,) = await self.store.queues_stats(tenant=tenant, now=now, queue=queue)
+        return stats
+
+    #: Jobs per transaction of a bulk action.
+    BULK_BATCH = 1000
+
+    async def jobs_bulk(
+        self,
+        tenant: str,
+        action: BulkAction,
+        *,
+        queue: str | None = None,
+        status: Status | None = None,
+        kind: str | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+        limit: int = 10_000,
+    ) -> int:
+        """Retry, cancel or delete the tenant's jobs matching the filters,
+        at most *limit*, newest first, in batches of :attr:`BULK_BATCH` jobs
+        (one transaction each), each job decided as the single-job call
+        decides it. Returns how many jobs changed.
+
+        Raises:
+            InvalidInput: *status* is not one *action* applies to (retry:
+                failed, cancelled; cancel: pending, running; delete:
+                completed, failed, cancelled), or *action* is unknown.
+        """
+        if action not in transitions.BULK_STATUSES:
+            raise errors.InvalidInput(f"action: not one of retry, cancel, delete: {action!r}")
+        where = BulkFilter(
+            tenant=tenant,
+            statuses=transitions.bulk_statuses(action, status),
+            queue=queue,
+            kind=kind,
+            created_after=created_after,
+            created_before=created_before,
+        )
+        changed = 0
+        after: tuple[float, str] | None = None
+        while changed < limit:
+            batch = await self.store.jobs_bulk(
+                action, where, limit=min(self.BULK_BATCH, limit - changed), after=after, now=self.clock()
+            )
+            changed += batch.changed
+            for ready in batch.ready_queues:
+                self.waker.notify(ready)
+            if batch.last is None:
+                break
+            after = batch.last
+        return changed
+
+    async def workers(self, tenant: str) -> list[WorkerInfo]:
+        """The worker ids holding the tenant's running jobs, most jobs first:
+        how many, on which queues, last seen (their latest claim or
+        heartbeat). Costs O(running jobs)."""
+        return await self.store.workers(tenant=tenant)
 
     # -- workflows -----------------------------------------------------------
 
@@ -348,7 +494,7 @@ class Engine:
         transaction."""
         workflow = await self.store.workflow_create(new_workflow(tenant, body), now=self.clock())
         started = {s.job.queue for s in workflow.steps if s.job is not None}
-        metrics.ENQUEUED.inc(sum(1 for s in workflow.steps if s.job_id is not None))
+        self._count_enqueued(s.job for s in workflow.steps if s.job is not None)
         for queue in started:
             self.waker.notify(queue)
         return workflow
@@ -400,8 +546,7 @@ class Engine:
         while True:
             leases = await self._claim(queue, max_jobs, float(lease_secs), worker_id)
             if leases:
-                metrics.LEASED.inc(len(leases))
-                metrics.LEASE_WAIT.observe(trio.current_time() - started)
+                self._count_leased(leases)
                 return leases
             remaining = deadline - trio.current_time()
             if remaining <= 0 or self.closing:
@@ -424,8 +569,7 @@ class Engine:
             finally:
                 self.waker.unpark(parked)
             if parked.leases:
-                metrics.LEASED.inc(len(parked.leases))
-                metrics.LEASE_WAIT.observe(trio.current_time() - started)
+                self._count_leased(parked.leases)
                 return parked.leases
 
     async def _claim(self, queue: str, limit: int, lease_secs: float, worker_id: str | None) -> list[Lease]:
@@ -461,9 +605,7 @@ class Engine:
 
     async def complete(self, items: Sequence[CompleteItem]) -> list[ReportResult]:
         results = await self._completes(items)
-        applied = sum(1 for r in results if r.applied)
-        if applied:
-            metrics.COMPLETED.inc(applied)
+        self._count_ended(results, self.clock())
         # workflow steps these completions unblocked
         for queue in {q for r in results for q in r.ready_queues}:
             self.waker.notify(queue)
@@ -472,13 +614,9 @@ class Engine:
 
     async def fail(self, items: Sequence[FailItem]) -> list[ReportResult]:
         results = await self._fails(items)
+        self._count_ended(results, self.clock())
         for r in results:
-            if not r.applied:
-                continue
-            metrics.FAILED.inc()
-            if r.status is Status.FAILED:
-                metrics.DEAD_LETTERED.inc()
-            elif r.queue is not None:
+            if r.applied and r.status is Status.PENDING and r.queue is not None:
                 # a retry was scheduled: parked long-polls recompute their wait
                 self.waker.notify(r.queue)
         for queue in {q for r in results for q in r.ready_queues}:
@@ -486,20 +624,20 @@ class Engine:
         self._count_conflicts(results)
         return results
 
-    @staticmethod
-    def _count_conflicts(results: Sequence[HeartbeatResult | ReportResult]) -> None:
+    def _count_conflicts(self, results: Sequence[HeartbeatResult | ReportResult]) -> None:
         stale = sum(1 for r in results if r.outcome is Outcome.CONFLICT)
         if stale:
-            metrics.STALE_TOKEN.inc(stale)
+            self.metrics.stale_token.inc(stale)
 
     # -- janitor -----------------------------------------------------------
 
     async def reap_expired(self) -> int:
         reaped = await self.store.jobs_reap_expired(now=self.clock())
         for r in reaped:
+            # a lost lease is a failed attempt, retried or dead-lettered
+            self.metrics.failed.labels(r.queue, r.kind).inc()
             if r.status is Status.FAILED:
-                metrics.DEAD_LETTERED.inc()
-                metrics.FAILED.inc()
+                self.metrics.dead_lettered.labels(r.queue, r.kind).inc()
         for queue in {r.queue for r in reaped if r.status is Status.PENDING}:
             self.waker.notify(queue)
         return len(reaped)
@@ -511,13 +649,15 @@ class Engine:
         retention_secs: float | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Reap expired leases every *interval_secs*; with *retention_secs*,
-        also prune completed and cancelled jobs older than that. Runs until
-        cancelled; store errors are logged and retried next round."""
+        """Reap expired leases and compact the store's counts every
+        *interval_secs*; with *retention_secs*, also prune completed and
+        cancelled jobs older than that. Runs until cancelled; store errors are
+        logged and retried next round."""
         task_status.started()
         while True:
             try:
                 await self.reap_expired()
+                await self.store.counts_fold()
                 if retention_secs is not None:
                     await self.store.jobs_prune(before=self.clock() - retention_secs)
             except errors.Unavailable as exc:

@@ -52,6 +52,9 @@ __all__ = [
     "Retry",
     "retry",
     "not_the_failed_step",
+    "BULK_STATUSES",
+    "bulk_statuses",
+    "deletable",
     "Expired",
     "Reap",
     "reap",
@@ -207,6 +210,34 @@ def not_the_failed_step(workflow_id: str, step: str, failed_job_id: str) -> erro
     return errors.Conflict(
         f"workflow {workflow_id} failed at step {step!r}; retry that step's job ({failed_job_id}) to resume it"
     )
+
+
+#: The statuses each bulk action acts on: those the single-job call accepts.
+BULK_STATUSES: dict[str, tuple[Status, ...]] = {
+    "retry": (Status.FAILED, Status.CANCELLED),
+    "cancel": UNFINISHED,
+    "delete": (Status.COMPLETED, Status.FAILED, Status.CANCELLED),
+}
+
+
+def bulk_statuses(action: str, status: Status | None) -> tuple[Status, ...]:
+    """The statuses a bulk *action* filtered by *status* (None: any) acts
+    on. Raises :class:`~qftrio.errors.InvalidInput` naming a status the
+    action never applies to (retrying a running job, deleting a pending one)."""
+    allowed = BULK_STATUSES[action]
+    if status is None:
+        return allowed
+    if status not in allowed:
+        names = ", ".join(s.value for s in allowed)
+        raise errors.InvalidInput(f"status: {action} applies to {names} jobs, not {Status(status).value}")
+    return (Status(status),)
+
+
+def deletable(status: Status, workflow_id: str | None) -> bool:
+    """Whether a bulk delete removes a job: a finished one, outside any
+    workflow (a workflow's jobs go only with the whole workflow, as when
+    pruning)."""
+    return status in BULK_STATUSES["delete"] and workflow_id is None
 
 
 # -- the janitor ----------------------------------------------------------------

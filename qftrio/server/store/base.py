@@ -59,12 +59,23 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
 
 import trio
 
-from ...models import CompleteItem, FailItem, HeartbeatItem, Job, Lease, QueueStats, Status, Workflow, WorkflowStatus
+from ...models import (
+    CompleteItem,
+    FailItem,
+    HeartbeatItem,
+    Job,
+    Lease,
+    QueueStats,
+    Status,
+    WorkerInfo,
+    Workflow,
+    WorkflowStatus,
+)
 
 __all__ = [
     "NewJob",
@@ -78,6 +89,11 @@ __all__ = [
     "ReportResult",
     "Reaped",
     "RetryAt",
+    "BulkAction",
+    "BulkFilter",
+    "BulkBatch",
+    "workers_of",
+    "bulk_changed",
     "NewStep",
     "NewWorkflow",
     "WORKFLOW_QUEUE",
@@ -158,6 +174,10 @@ class ReportResult:
     queue: str | None = None
     status: Status | None = None
     applied: bool = False
+    #: The job's kind, and when the attempt this report ended was claimed,
+    #: for the metrics; set when ``applied``.
+    kind: str | None = None
+    claimed_at: float | None = None
     #: Queues on which this report made new jobs ready (workflow steps it
     #: unblocked), so that the engine can wake their parked long-polls.
     ready_queues: tuple[str, ...] = ()
@@ -170,6 +190,7 @@ class Reaped:
     job_id: str
     queue: str
     status: Status  # PENDING (attempts left) or FAILED ("lease expired")
+    kind: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -195,8 +216,68 @@ class NewWorkflow:
     steps: tuple[NewStep, ...]
 
 
+#: The status a bulk action leaves the jobs it changes in (None: deleted).
+BULK_TARGET: dict[str, Status | None] = {"retry": Status.PENDING, "cancel": Status.CANCELLED, "delete": None}
+
+
+def bulk_changed(action: BulkAction, considered: int, after: dict[str, int]) -> int:
+    """How many of the *considered* jobs of a bulk batch (all in a status
+    the action applies to when it began) it changed, from their statuses
+    once it is done (*after*: ``{status: jobs}``). Counted so rather than
+    call by call, a job moved by another's consequence (the sibling steps a
+    cancel or a resume of their workflow took along) counts too."""
+    target = BULK_TARGET[action]
+    if target is None:
+        return considered - sum(after.values())
+    return after.get(target.value, 0)
+
+
+def workers_of(rows: Iterable[Sequence[Any]]) -> list[WorkerInfo]:
+    """:meth:`Store.workers` from rows ``(worker_id, queue, running jobs,
+    latest claim or heartbeat)``, one per worker and queue."""
+    held: dict[str, tuple[int, set[str], float]] = {}
+    for worker_id, queue, n, seen in rows:
+        jobs, queues, last = held.get(worker_id, (0, set(), seen))
+        queues.add(queue)
+        held[worker_id] = (jobs + n, queues, max(last, seen))
+    return [
+        WorkerInfo(worker_id=worker_id, jobs=jobs, queues=tuple(sorted(queues)), last_seen_at=last)
+        for worker_id, (jobs, queues, last) in sorted(held.items(), key=lambda item: (-item[1][0], item[0]))
+    ]
+
+
 #: The queue workflow steps run on.
 WORKFLOW_QUEUE = "default"
+
+#: What a bulk action does to each matching job: ``retry`` as
+#: :meth:`Store.job_retry`, ``cancel`` as :meth:`Store.job_cancel`, ``delete``
+#: removes a finished job (never a workflow's job on its own).
+BulkAction = Literal["retry", "cancel", "delete"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class BulkFilter:
+    """Which of a tenant's jobs a bulk action considers: every one of the
+    *statuses* (never empty) that matches the optional queue, kind and
+    creation time range (``created_after <= created_at < created_before``)."""
+
+    tenant: str
+    statuses: tuple[Status, ...]
+    queue: str | None = None
+    kind: str | None = None
+    created_after: float | None = None
+    created_before: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class BulkBatch:
+    """One batch of a bulk action: how many jobs it changed, the queues on
+    which it made jobs ready, and the key ``(created_at, id)`` of the last
+    job it considered, where the next batch starts (None: nothing is left)."""
+
+    changed: int
+    ready_queues: tuple[str, ...] = ()
+    last: tuple[float, str] | None = None
 
 
 class Store(abc.ABC):
@@ -260,7 +341,8 @@ class Store(abc.ABC):
         before: tuple[float, str] | None = None,
     ) -> list[Job]:
         """Newest first by ``(created_at, id)``; *before* is the key of the
-        last job of the previous page."""
+        last job of the previous page. O(page) for every combination of
+        filters, however many jobs are kept."""
 
     @abc.abstractmethod
     async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
@@ -277,8 +359,46 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def queues_stats(self, *, tenant: str, now: float, queue: str | None = None) -> list[QueueStats]:
-        """Stats of every queue the tenant has jobs in (or of *queue* only,
-        with zero counts if it has none), sorted by name."""
+        """Stats of every queue the tenant has jobs in or has paused (or of
+        *queue* only, with zero counts if it has none), sorted by name.
+        Exact counts, kept in the transactions that change them; the cost
+        does not grow with the number of jobs kept."""
+
+    @abc.abstractmethod
+    async def queues_overview(self, *, now: float) -> list[tuple[str, QueueStats]]:
+        """``(tenant, stats)`` of every tenant's queues, sorted: the gauges of
+        ``/metrics``. Costs what :meth:`queues_stats` costs per queue."""
+
+    @abc.abstractmethod
+    async def queue_set_paused(self, *, tenant: str, queue: str, paused: bool, now: float) -> None:
+        """Pause or resume the tenant's *queue* (idempotent), for every server
+        on the database: while paused, claims (and the hand-off of new jobs
+        to parked long-polls) take none of the tenant's jobs of the queue,
+        and :meth:`queue_next_available_at` leaves them out. Resuming wakes
+        the queue's long-polls on every server."""
+
+    @abc.abstractmethod
+    async def jobs_bulk(
+        self, action: BulkAction, where: BulkFilter, *, limit: int, after: tuple[float, str] | None, now: float
+    ) -> BulkBatch:
+        """One batch of a bulk action, in one transaction: the first *limit*
+        jobs matching *where* newest first by ``(created_at, id)`` (after the
+        key *after*, the previous batch's ``last``), each decided as the
+        single-job call decides it (:mod:`qftrio.server.transitions`): a job
+        the decision refuses (a step of a cancelled workflow, a job that
+        moved on meanwhile) is left as it is and not counted. Jobs another
+        server holds locked at that moment may be left for a later batch."""
+
+    @abc.abstractmethod
+    async def workers(self, *, tenant: str) -> list[WorkerInfo]:
+        """The worker ids holding the tenant's running jobs, most jobs first
+        (then by id): how many, on which queues, the latest claim or
+        heartbeat among them. Costs O(running jobs)."""
+
+    async def counts_fold(self) -> None:
+        """Compact what keeps the counts of :meth:`queues_stats` (the
+        janitor calls it every round). Backends whose counts need no
+        compaction do nothing."""
 
     # -- worker side -------------------------------------------------------
 

@@ -63,6 +63,7 @@ from ...models import (
     QueueStats,
     Status,
     StepStatus,
+    WorkerInfo,
     Workflow,
     WorkflowStatus,
     WorkflowStep,
@@ -73,6 +74,9 @@ from .base import (
     ALL_QUEUES,
     LEASE_EXPIRED,
     WORKFLOW_QUEUE,
+    BulkAction,
+    BulkBatch,
+    BulkFilter,
     ClaimRequest,
     CompleteItem,
     FailItem,
@@ -86,6 +90,8 @@ from .base import (
     ReportResult,
     RetryAt,
     Store,
+    bulk_changed,
+    workers_of,
 )
 
 __all__ = ["PostgresStore", "open_postgres_store", "migrate", "pending_migrations", "CHANNEL", "ALL_QUEUES"]
@@ -103,6 +109,7 @@ CHANNEL = "qftrio_jobs"
 MIGRATION_LOCK_KEY = 0x71F7_0001
 
 Q = sql.load("postgres")
+Q["jobs_page"] = Q["jobs_page"].replace("{page_keys}", Q["page_keys"])
 
 
 # -- helpers ------------------------------------------------------------------
@@ -243,9 +250,57 @@ def _leases(rows: Sequence[asyncpg.Record]) -> list[Lease]:
     return leases
 
 
+def _page_keys_where(
+    *,
+    queue: str | None,
+    statuses: Sequence[str] | None,
+    kind: str | None,
+    before: tuple[float, str] | None,
+    created_after: float | None = None,
+    created_before: float | None = None,
+    limit: int,
+    args: list[Any],
+) -> dict[str, str]:
+    """The ``{combos}``, ``{keys}`` and ``{limit}`` of ``page_keys``;
+    appends the values to *args*, which hold the tenant already."""
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    combos = []
+    if queue is not None:
+        combos.append(f"AND queue = {arg(queue)}")
+    if statuses is not None:
+        combos.append(f"AND status = ANY({arg(list(statuses))}::text[])")
+    if kind is not None:
+        combos.append(f"AND kind = {arg(kind)}")
+    keys = []
+    if before is not None:
+        key = _uuid(before[1])
+        if key is None:
+            raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
+        keys.append(f"AND (j.created_at, j.id) < ({arg(float(before[0]))}::float8, {arg(key)}::uuid)")
+    if created_after is not None:
+        keys.append(f"AND j.created_at >= {arg(float(created_after))}::float8")
+    if created_before is not None:
+        keys.append(f"AND j.created_at < {arg(float(created_before))}::float8")
+    return {"combos": " ".join(combos), "keys": " ".join(keys), "limit": arg(limit)}
+
+
+def _stats_row(row: asyncpg.Record) -> QueueStats:
+    counts = row["counts"]
+    return QueueStats(
+        queue=row["queue"],
+        counts={s.value: int(counts.get(s.value, 0)) for s in Status},
+        oldest_ready_at=row["oldest_ready_at"],
+        next_available_at=row["next_available_at"],
+        paused=row["paused"],
+    )
+
+
 def _page_where(equal: dict[str, Any], before: tuple[float, str] | None, limit: int, args: list[Any]) -> dict[str, str]:
-    """The ``{where}`` and ``{limit}`` of a page statement (``jobs_page``,
-    ``workflows_page``): after the row *before* by ``(created_at, id)``;
+    """The ``{where}`` and ``{limit}`` of ``workflows_page``: after the row *before* by ``(created_at, id)``;
     *equal* maps columns to the value they must have (None: any). Appends
     the values to *args*, which hold the tenant already."""
     where = []
@@ -264,6 +319,73 @@ def _page_where(equal: dict[str, Any], before: tuple[float, str] | None, limit: 
             raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
         where.append(f"AND (created_at, id) < ({arg(float(created_at))}::float8, {arg(key)}::uuid)")
     return {"where": " ".join(where), "limit": arg(limit)}
+
+
+# -- bulk actions -------------------------------------------------------------------
+# asyncio-flavoured helpers that run inside a batch's transaction, on its
+# rows locked (their workflows first): each job decided as the single-job
+# call decides it, the decisions executed with guarded writes.
+
+
+async def _bulk_delete(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record]) -> set[str]:
+    doomed = [
+        row["id"]
+        for row in rows
+        if transitions.deletable(STATUS_OF[row["status"]], None if row["workflow_id"] is None else str(row["workflow_id"]))
+    ]
+    if doomed:
+        await conn.execute(Q["bulk_delete"], doomed)
+    return set()
+
+
+async def _bulk_cancel(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record], now: float) -> set[str]:
+    chosen = []
+    for row in rows:
+        try:
+            transitions.cancel(str(row["id"]), STATUS_OF[row["status"]])
+        except errors.Conflict:
+            continue
+        chosen.append(row["id"])
+    cancelled = await conn.fetch(Q["bulk_cancel"], chosen, now) if chosen else []
+    # a step cancelled by hand cancels its workflow
+    for workflow_id in dict.fromkeys(row["workflow_id"] for row in cancelled if row["workflow_id"] is not None):
+        await _end_workflow(conn, workflow_id, WorkflowStatus.CANCELLED, now)
+    return set()
+
+
+async def _bulk_retry(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record], now: float) -> set[str]:
+    workflow_ids = list({row["workflow_id"] for row in rows if row["workflow_id"] is not None})
+    workflow_status = {
+        row["id"]: WorkflowStatus(row["status"])
+        for row in (await conn.fetch(Q["bulk_workflow_statuses"], workflow_ids) if workflow_ids else [])
+    }
+    reset = []
+    resumed: dict[uuid.UUID, uuid.UUID] = {}
+    for row in rows:
+        workflow_id = row["workflow_id"]
+        if workflow_id in resumed:
+            continue  # its workflow resumed in this batch: this job moved on with it
+        try:
+            plan = transitions.retry(
+                str(row["id"]),
+                STATUS_OF[row["status"]],
+                workflow_id=None if workflow_id is None else str(workflow_id),
+                workflow_status=workflow_status.get(workflow_id),
+            )
+        except errors.Conflict:
+            continue
+        if plan is transitions.Retry.RESET:
+            reset.append(row["id"])
+        elif plan is transitions.Retry.RESUME:
+            resumed[workflow_id] = row["id"]
+    done = await conn.fetch(Q["bulk_reset"], reset, now) if reset else []
+    ready = {row["queue"] for row in done}
+    await _notify(conn, ready)
+    for workflow_id, job_id in resumed.items():
+        await _resume_workflow(conn, workflow_id, job_id, now)  # notifies its queue
+    if resumed:
+        ready.add(WORKFLOW_QUEUE)
+    return ready
 
 
 # -- workflows ----------------------------------------------------------------------
@@ -646,11 +768,13 @@ class PostgresStore(Store):
         before: tuple[float, str] | None = None,
     ) -> list[Job]:
         args: list[Any] = [tenant]
-        page = _page_where(
-            {"queue": queue, "status": Status(status).value if status is not None else None, "kind": kind},
-            before,
-            limit,
-            args,
+        page = _page_keys_where(
+            queue=queue,
+            statuses=None if status is None else [Status(status).value],
+            kind=kind,
+            before=before,
+            limit=limit,
+            args=args,
         )
         return [_job(row) for row in await self._db.fetch(Q["jobs_page"].format(**page), *args)]
 
@@ -715,22 +839,76 @@ class PostgresStore(Store):
 
     async def queues_stats(self, *, tenant: str, now: float, queue: str | None = None) -> list[QueueStats]:
         if queue is None:
-            rows = await self._db.fetch(Q["queues_stats"].format(where=""), tenant, now)
+            rows = await self._db.fetch(Q["queues_stats"].format(where="AND tenant = $2"), now, tenant)
         else:
-            rows = await self._db.fetch(Q["queues_stats"].format(where="AND queue = $3"), tenant, now, queue)
-        out = [
-            QueueStats(
-                queue=row["queue"],
-                counts={s.value: row[s.value] for s in Status},
-                oldest_ready_at=row["oldest_ready_at"],
-                next_available_at=row["next_available_at"],
+            rows = await self._db.fetch(
+                Q["queues_stats"].format(where="AND tenant = $2 AND queue = $3"), now, tenant, queue
             )
-            for row in rows
-        ]
+        out = [_stats_row(row) for row in rows]
         if queue is not None and not out:
             zero = {s.value: 0 for s in Status}
             out = [QueueStats(queue=queue, counts=zero, oldest_ready_at=None, next_available_at=None)]
         return out
+
+    async def queues_overview(self, *, now: float) -> list[tuple[str, QueueStats]]:
+        rows = await self._db.fetch(Q["queues_stats"].format(where=""), now)
+        return [(row["tenant"], _stats_row(row)) for row in rows]
+
+    async def queue_set_paused(self, *, tenant: str, queue: str, paused: bool, now: float) -> None:
+        if paused:
+            await self._db.fetch(Q["queue_pause"], queue, tenant, now)
+        else:
+            await self._db.fetch(Q["queue_resume"], queue, tenant, CHANNEL)
+
+    async def counts_fold(self) -> None:
+        await self._db.fetch(Q["counts_fold"])
+
+    async def jobs_bulk(
+        self, action: BulkAction, where: BulkFilter, *, limit: int, after: tuple[float, str] | None, now: float
+    ) -> BulkBatch:
+        args: list[Any] = [where.tenant]
+        page = _page_keys_where(
+            queue=where.queue,
+            statuses=[s.value for s in where.statuses],
+            kind=where.kind,
+            before=after,
+            created_after=where.created_after,
+            created_before=where.created_before,
+            limit=limit,
+            args=args,
+        )
+        statement = Q["page_keys"].format(**page)
+
+        async def bulk(conn: asyncpg.Connection) -> BulkBatch:
+            keys = await conn.fetch(statement, *args)
+            if not keys:
+                return BulkBatch(changed=0)
+            ids = [row["id"] for row in keys]
+            if action != "delete":
+                await _lock_workflows_of_jobs(conn, ids)
+            statuses = {s.value for s in where.statuses}
+            # read unlocked, so a job may have moved on since: those are left
+            rows = [row for row in await conn.fetch(Q["bulk_lock"], ids, where.tenant) if row["status"] in statuses]
+            if action == "delete":
+                ready = await _bulk_delete(conn, rows)
+            elif action == "cancel":
+                ready = await _bulk_cancel(conn, rows, now)
+            else:
+                ready = await _bulk_retry(conn, rows, now)
+            considered = [row["id"] for row in rows]
+            ended = {row["status"]: row["n"] for row in await conn.fetch(Q["bulk_after"], considered)} if rows else {}
+            last = keys[-1]
+            return BulkBatch(
+                changed=bulk_changed(action, len(considered), ended),
+                ready_queues=tuple(sorted(ready)),
+                last=(last["created_at"], str(last["id"])) if len(keys) == limit else None,
+            )
+
+        return await self._db.run(bulk)
+
+    async def workers(self, *, tenant: str) -> list[WorkerInfo]:
+        rows = await self._db.fetch(Q["workers"], tenant)
+        return workers_of((row["worker_id"], row["queue"], row["n"], row["seen"]) for row in rows)
 
     # -- worker side -------------------------------------------------------
 
@@ -823,20 +1001,26 @@ class PostgresStore(Store):
                 if row["ord"] in step_unblocked:
                     unblocked.add(k)
         results = []
-        # The jobs of a batch are mostly of one queue: one result per queue
-        # serves them all.
-        applied_in: dict[str, ReportResult] = {}
+        # The jobs of a batch are mostly of one queue and kind, claimed
+        # together: one result serves each such group.
+        applied_in: dict[tuple[str, str, float | None], ReportResult] = {}
         for k, row in enumerate(rows):
             status = None if row["status"] is None else STATUS_OF[row["status"]]
             if row["applied"]:
-                queue = row["queue"]
+                queue, kind, claimed_at = row["queue"], row["kind"], row["claimed_at"]
                 if k in unblocked:
                     result = ReportResult(
-                        outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True, ready_queues=(WORKFLOW_QUEUE,)
-                    )
+                        outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True, kind=kind,
+                        claimed_at=claimed_at, ready_queues=(WORKFLOW_QUEUE,),
+                    )  # fmt: skip
                 else:
-                    result = applied_in.get(queue) or applied_in.setdefault(
-                        queue, ReportResult(outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True)
+                    group = (queue, kind, claimed_at)
+                    result = applied_in.get(group) or applied_in.setdefault(
+                        group,
+                        ReportResult(
+                            outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True, kind=kind,
+                            claimed_at=claimed_at,
+                        ),  # fmt: skip
                     )
             else:
                 result = transitions.complete(status, row["current"], queue=row["queue"])
@@ -903,6 +1087,7 @@ class PostgresStore(Store):
                 result = decided.result
                 if result.applied:
                     assert row is not None and key is not None and token is not None and result.status is not None
+                    result = dataclasses.replace(result, kind=row["kind"], claimed_at=row["claimed_at"])
                     updates[key] = (token, result.status.value, decided.retry_at, _text(item.error))
                     row["status"] = result.status.value  # a repeat later in this batch is a replay
                     if result.status is Status.FAILED and row["workflow_id"] is not None:
@@ -933,6 +1118,8 @@ class PostgresStore(Store):
     async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
         async def reap(conn: asyncpg.Connection) -> list[Reaped]:
             workflows = [row["id"] for row in await conn.fetch(Q["reap_lock_workflows"], now)]
+            found = await conn.fetch(Q["expired"], now, limit, workflows)
+            kinds = {str(row["id"]): row["kind"] for row in found}
             expired = [
                 transitions.Expired(
                     job_id=str(row["id"]),
@@ -944,7 +1131,7 @@ class PostgresStore(Store):
                     step=row["step"],
                     position=row["position"],
                 )
-                for row in await conn.fetch(Q["expired"], now, limit, workflows)
+                for row in found
             ]
             decided, failing = transitions.reap(expired)
             if decided:
@@ -959,7 +1146,9 @@ class PostgresStore(Store):
             for workflow_id in failing:
                 await _end_workflow(conn, uuid.UUID(workflow_id), WorkflowStatus.FAILED, now)
             return [
-                Reaped(job_id=d.job_id, queue=d.queue, status=d.status) for d in decided if d.status is not Status.CANCELLED
+                Reaped(job_id=d.job_id, queue=d.queue, status=d.status, kind=kinds[d.job_id])
+                for d in decided
+                if d.status is not Status.CANCELLED
             ]
 
         return await self._db.run(reap)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import heapq
 import os
 import sqlite3
 import threading
@@ -40,6 +41,7 @@ from ...models import (
     QueueStats,
     Status,
     StepStatus,
+    WorkerInfo,
     Workflow,
     WorkflowStatus,
     WorkflowStep,
@@ -49,6 +51,9 @@ from . import sql
 from .base import (
     LEASE_EXPIRED,
     WORKFLOW_QUEUE,
+    BulkAction,
+    BulkBatch,
+    BulkFilter,
     ClaimRequest,
     CompleteItem,
     FailItem,
@@ -61,6 +66,8 @@ from .base import (
     ReportResult,
     RetryAt,
     Store,
+    bulk_changed,
+    workers_of,
 )
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
@@ -126,6 +133,12 @@ class _Row:
     max_attempts: int
     workflow_id: str | None
     step: str | None
+    kind: str
+    claimed_at: float | None
+
+    def applied(self, result: ReportResult) -> ReportResult:
+        """*result* (applied to this job) with what the metrics need."""
+        return dataclasses.replace(result, kind=self.kind, claimed_at=self.claimed_at)
 
 
 def _report_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, _Row]:
@@ -134,10 +147,10 @@ def _report_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, _Row
     unique = list(dict.fromkeys(ids))
     for start in range(0, len(unique), 500):
         chunk = unique[start : start + 500]
-        for id_, status, token, queue, attempt, max_attempts, workflow_id, step in conn.execute(
+        for id_, status, token, queue, attempt, max_attempts, workflow_id, step, kind, claimed_at in conn.execute(
             Q["reports_of"].format(marks=_marks(len(chunk))), chunk
         ):
-            out[id_] = _Row(STATUS_OF[status], token, queue, attempt, max_attempts, workflow_id, step)
+            out[id_] = _Row(STATUS_OF[status], token, queue, attempt, max_attempts, workflow_id, step, kind, claimed_at)
     return out
 
 
@@ -160,11 +173,27 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
     return out
 
 
+_CLAIM_READY = Q["claim_ready"].format(paused="")
+_CLAIM_EXPIRED = Q["claim_expired"].format(paused="")
+
+
+def _paused(conn: sqlite3.Connection, queue: str) -> tuple[str, list[str]]:
+    """The ``{paused}`` clause of a claim of *queue*, and its arguments:
+    the tenants that paused it are left out."""
+    tenants = [row[0] for row in conn.execute(Q["paused_tenants"], (queue,))]
+    return (f"AND tenant NOT IN ({_marks(len(tenants))})" if tenants else ""), tenants
+
+
 def _claim(
     conn: sqlite3.Connection, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float
 ) -> list[Lease]:
-    candidates = conn.execute(Q["claim_ready"], (queue, now, limit)).fetchall()
-    candidates += conn.execute(Q["claim_expired"], (queue, now, limit)).fetchall()
+    paused, tenants = _paused(conn, queue)
+    if tenants:
+        candidates = conn.execute(Q["claim_ready"].format(paused=paused), (queue, now, *tenants, limit)).fetchall()
+        candidates += conn.execute(Q["claim_expired"].format(paused=paused), (queue, now, *tenants, limit)).fetchall()
+    else:
+        candidates = conn.execute(_CLAIM_READY, (queue, now, limit)).fetchall()
+        candidates += conn.execute(_CLAIM_EXPIRED, (queue, now, limit)).fetchall()
     if not candidates:
         return []
     candidates.sort(key=lambda c: (-c[1], c[2], c[3]))
@@ -173,7 +202,7 @@ def _claim(
     rows = conn.execute(
         Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
         (
-            now + lease_secs, worker_id, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
+            now + lease_secs, worker_id, now, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
             LEASE_EXPIRED, LEASE_EXPIRED, now, *ids,
         ),  # fmt: skip
     ).fetchall()
@@ -313,6 +342,143 @@ def _build_workflows(conn: sqlite3.Connection, rows: list[Any], *, jobs: bool) -
                 steps=tuple(built),
                 created_at=created_at,
                 updated_at=updated_at,
+            )
+        )
+    return out
+
+
+# -- the application's changes, stats and pages ------------------------------
+# Module-level helpers that run inside the caller's transaction.
+
+
+def _cancel_job(conn: sqlite3.Connection, job_id: str, tenant: str, now: float) -> Job | None:
+    """:meth:`SqliteStore.job_cancel`, in the caller's transaction."""
+    row = conn.execute(Q["job_owned"], (job_id, tenant)).fetchone()
+    if row is None:
+        return None
+    transitions.cancel(job_id, STATUS_OF[row[0]])
+    job = _row_to_job(conn.execute(Q["job_cancel"], (now, job_id)).fetchone())
+    if job.workflow_id is not None:  # a step cancelled by hand cancels its workflow
+        _end_workflow(conn, job.workflow_id, WorkflowStatus.CANCELLED, now)
+    return job
+
+
+def _retry_job(conn: sqlite3.Connection, job_id: str, tenant: str, now: float) -> Job | None:
+    """:meth:`SqliteStore.job_retry`, in the caller's transaction."""
+    row = conn.execute(Q["job_owned"], (job_id, tenant)).fetchone()
+    if row is None:
+        return None
+    status, _, workflow_id = row
+    workflow_status = None
+    if workflow_id is not None:
+        (found,) = conn.execute(Q["workflow_status"], (workflow_id,)).fetchone()
+        workflow_status = WorkflowStatus(found)
+    plan = transitions.retry(job_id, STATUS_OF[status], workflow_id=workflow_id, workflow_status=workflow_status)
+    if plan is transitions.Retry.NOT_THE_FAILED_STEP:
+        step, failed_id = conn.execute(Q["failed_step"], (workflow_id,)).fetchone()
+        raise transitions.not_the_failed_step(workflow_id, step, failed_id)
+    if plan is transitions.Retry.RESUME:
+        _resume_workflow(conn, workflow_id, job_id, now)
+        return _row_to_job(conn.execute(Q["job_get"], (job_id,)).fetchone())
+    return _row_to_job(conn.execute(Q["job_reset"], (now, now, job_id)).fetchone())
+
+
+def _delete_job(conn: sqlite3.Connection, job_id: str, tenant: str) -> str | None:
+    """Delete a finished job outside workflows (as
+    :func:`transitions.deletable` decides); its queue, or None if it stays."""
+    row = conn.execute(Q["job_owned"], (job_id, tenant)).fetchone()
+    if row is None or not transitions.deletable(STATUS_OF[row[0]], row[2]):
+        return None
+    conn.execute(Q["job_delete"], (job_id,))
+    return str(row[1])
+
+
+def _where(conditions: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``AND column = ?`` (``IN (...)`` for a tuple) for each of
+    *conditions* that is not None, and the arguments."""
+    where = []
+    args: list[Any] = []
+    for column, value in conditions.items():
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            where.append(f"AND {column} IN ({_marks(len(value))})")
+            args += value
+        else:
+            where.append(f"AND {column} = ?")
+            args.append(value)
+    return " ".join(where), args
+
+
+def _page_keys(
+    conn: sqlite3.Connection,
+    tenant: str,
+    *,
+    queue: str | None,
+    statuses: tuple[str, ...] | None,
+    kind: str | None,
+    before: tuple[float, str] | None,
+    created_after: float | None = None,
+    created_before: float | None = None,
+    limit: int,
+) -> list[tuple[float, str]]:
+    """The keys ``(created_at, id)`` of the first *limit* jobs of a page,
+    newest first: every (queue, status, kind) combination the filter
+    matches (from ``job_counts``) gives its newest *limit* from its own range
+    of ``jobs_by_filter``, and the newest of those are the page. O(page)
+    per combination, whatever the table holds."""
+    combos_where, combos_args = _where({"queue": queue, "status": statuses, "kind": kind})
+    combos = conn.execute(Q["page_combos"].format(where=combos_where), (tenant, *combos_args)).fetchall()
+    where = []
+    args: list[Any] = []
+    if before is not None:
+        where.append("AND (created_at, id) < (?, ?)")
+        args += [float(before[0]), str(before[1])]
+    if created_after is not None:
+        where.append("AND created_at >= ?")
+        args.append(created_after)
+    if created_before is not None:
+        where.append("AND created_at < ?")
+        args.append(created_before)
+    statement = Q["combo_page"].format(where=" ".join(where))
+    keys: list[tuple[float, str]] = []
+    for combo in combos:
+        keys += conn.execute(statement, (tenant, *combo, *args, limit)).fetchall()
+    return heapq.nlargest(limit, keys)
+
+
+def _stats(
+    conn: sqlite3.Connection, *, tenant: str | None, queue: str | None, now: float
+) -> list[tuple[str, QueueStats]]:
+    """``(tenant, stats)`` of the queues with jobs or paused (of one tenant,
+    one queue, when given), sorted: counts from ``job_counts``, times from
+    one probe of an index each."""
+    where, args = _where({"tenant": tenant, "queue": queue})
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for t, q, status, n in conn.execute(Q["counts"].format(where=where), args):
+        if n:
+            counts.setdefault((t, q), {})[status] = n
+    paused = {(t, q) for t, q in conn.execute(Q["pauses"].format(where=where), args)}
+    pairs = sorted(counts.keys() | paused)
+    if not pairs and tenant is not None and queue is not None:
+        pairs = [(tenant, queue)]
+    out = []
+    for t, q in pairs:
+        oldest = conn.execute(Q["queue_oldest_ready"], (t, q, now)).fetchone()
+        scheduled = conn.execute(Q["queue_next_scheduled"], (t, q, now)).fetchone()
+        (lease,) = conn.execute(Q["queue_next_lease"], (q, t)).fetchone()
+        nexts = [x for x in (scheduled[0] if scheduled else None, lease) if x is not None]
+        found = counts.get((t, q), {})
+        out.append(
+            (
+                t,
+                QueueStats(
+                    queue=q,
+                    counts={status.value: found.get(status.value, 0) for status in Status},
+                    oldest_ready_at=oldest[0] if oldest else None,
+                    next_available_at=min(nexts) if nexts else None,
+                    paused=(t, q) in paused,
+                ),
             )
         )
     return out
@@ -520,84 +686,85 @@ class SqliteStore(Store):
         limit: int = 50,
         before: tuple[float, str] | None = None,
     ) -> list[Job]:
-        where = []
-        args: list[Any] = [tenant]
-        if queue is not None:
-            where.append("AND queue = ?")
-            args.append(queue)
-        if status is not None:
-            where.append("AND status = ?")
-            args.append(Status(status).value)
-        if kind is not None:
-            where.append("AND kind = ?")
-            args.append(kind)
-        if before is not None:
-            where.append("AND (created_at < ? OR (created_at = ? AND id < ?))")
-            args += [before[0], before[0], before[1]]
-        statement = Q["jobs_page"].format(where=" ".join(where))
-        args.append(limit)
-        return await self._run(lambda conn: [_row_to_job(r) for r in conn.execute(statement, args)])
+        def page(conn: sqlite3.Connection) -> list[Job]:
+            keys = _page_keys(
+                conn,
+                tenant,
+                queue=queue,
+                statuses=None if status is None else (Status(status).value,),
+                kind=kind,
+                before=before,
+                limit=limit,
+            )
+            if not keys:
+                return []
+            ids = [job_id for _, job_id in keys]
+            rows = {row[0]: row for row in conn.execute(Q["jobs_by_ids"].format(marks=_marks(len(ids))), ids)}
+            return [_row_to_job(rows[job_id]) for job_id in ids]
+
+        return await self._run(page)
 
     async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
-        def cancel(conn: sqlite3.Connection) -> Job | None:
-            row = conn.execute(Q["job_owned"], (job_id, tenant)).fetchone()
-            if row is None:
-                return None
-            transitions.cancel(job_id, STATUS_OF[row[0]])
-            job = _row_to_job(conn.execute(Q["job_cancel"], (now, job_id)).fetchone())
-            if job.workflow_id is not None:  # a step cancelled by hand cancels its workflow
-                _end_workflow(conn, job.workflow_id, WorkflowStatus.CANCELLED, now)
-            return job
-
-        return await self._run(cancel)
+        return await self._run(lambda conn: _cancel_job(conn, job_id, tenant, now))
 
     async def job_retry(self, job_id: str, *, tenant: str, now: float) -> Job | None:
-        def retry(conn: sqlite3.Connection) -> Job | None:
-            row = conn.execute(Q["job_owned"], (job_id, tenant)).fetchone()
-            if row is None:
-                return None
-            status, _, workflow_id = row
-            workflow_status = None
-            if workflow_id is not None:
-                (found,) = conn.execute(Q["workflow_status"], (workflow_id,)).fetchone()
-                workflow_status = WorkflowStatus(found)
-            plan = transitions.retry(
-                job_id, STATUS_OF[status], workflow_id=workflow_id, workflow_status=workflow_status
-            )
-            if plan is transitions.Retry.NOT_THE_FAILED_STEP:
-                step, failed_id = conn.execute(Q["failed_step"], (workflow_id,)).fetchone()
-                raise transitions.not_the_failed_step(workflow_id, step, failed_id)
-            if plan is transitions.Retry.RESUME:
-                _resume_workflow(conn, workflow_id, job_id, now)
-                return _row_to_job(conn.execute(Q["job_get"], (job_id,)).fetchone())
-            return _row_to_job(conn.execute(Q["job_reset"], (now, now, job_id)).fetchone())
-
-        return await self._run(retry)
+        return await self._run(lambda conn: _retry_job(conn, job_id, tenant, now))
 
     async def queues_stats(self, *, tenant: str, now: float, queue: str | None = None) -> list[QueueStats]:
-        def stats(conn: sqlite3.Connection) -> list[QueueStats]:
-            if queue is None:
-                queues = [r[0] for r in conn.execute(Q["queues_of_tenant"], (tenant,))]
-            else:
-                queues = [queue]
-            out = []
-            for q in sorted(queues):
-                counts = dict(conn.execute(Q["queue_counts"], (tenant, q)).fetchall())
-                (oldest,) = conn.execute(Q["queue_oldest_ready"], (tenant, q, now)).fetchone()
-                (next_scheduled,) = conn.execute(Q["queue_next_scheduled"], (tenant, q, now)).fetchone()
-                (next_lease,) = conn.execute(Q["queue_next_lease"], (tenant, q)).fetchone()
-                nexts = [t for t in (next_scheduled, next_lease) if t is not None]
-                out.append(
-                    QueueStats(
-                        queue=q,
-                        counts={s.value: counts.get(s.value, 0) for s in Status},
-                        oldest_ready_at=oldest,
-                        next_available_at=min(nexts) if nexts else None,
-                    )
-                )
-            return out
+        return await self._run(
+            lambda conn: [stats for _, stats in _stats(conn, tenant=tenant, queue=queue, now=now)]
+        )
 
-        return await self._run(stats)
+    async def queues_overview(self, *, now: float) -> list[tuple[str, QueueStats]]:
+        return await self._run(lambda conn: _stats(conn, tenant=None, queue=None, now=now))
+
+    async def queue_set_paused(self, *, tenant: str, queue: str, paused: bool, now: float) -> None:
+        if paused:
+            await self._run(lambda conn: conn.execute(Q["queue_pause"], (queue, tenant, now)))
+        else:
+            await self._run(lambda conn: conn.execute(Q["queue_resume"], (queue, tenant)))
+
+    async def jobs_bulk(
+        self, action: BulkAction, where: BulkFilter, *, limit: int, after: tuple[float, str] | None, now: float
+    ) -> BulkBatch:
+        def bulk(conn: sqlite3.Connection) -> BulkBatch:
+            keys = _page_keys(
+                conn,
+                where.tenant,
+                queue=where.queue,
+                statuses=tuple(s.value for s in where.statuses),
+                kind=where.kind,
+                before=after,
+                created_after=where.created_after,
+                created_before=where.created_before,
+                limit=limit,
+            )
+            ready: set[str] = set()
+            for _, job_id in keys:
+                if action == "delete":
+                    _delete_job(conn, job_id, where.tenant)
+                    continue
+                try:
+                    if action == "retry":
+                        job = _retry_job(conn, job_id, where.tenant, now)
+                    else:
+                        job = _cancel_job(conn, job_id, where.tenant, now)
+                except errors.Conflict:
+                    continue  # decided against, as the single-job call would be
+                if job is not None and action == "retry":
+                    ready.add(job.queue)
+            ids = [job_id for _, job_id in keys]
+            ended = dict(conn.execute(Q["bulk_after"].format(marks=_marks(len(ids))), ids).fetchall()) if ids else {}
+            return BulkBatch(
+                changed=bulk_changed(action, len(keys), ended),
+                ready_queues=tuple(sorted(ready)),
+                last=keys[-1] if len(keys) == limit else None,
+            )
+
+        return await self._run(bulk)
+
+    async def workers(self, *, tenant: str) -> list[WorkerInfo]:
+        return await self._run(lambda conn: workers_of(conn.execute(Q["workers"], (tenant,)).fetchall()))
 
     # -- worker side -------------------------------------------------------
 
@@ -610,8 +777,9 @@ class SqliteStore(Store):
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
         def next_at(conn: sqlite3.Connection) -> float | None:
-            (scheduled,) = conn.execute(Q["next_scheduled"], (queue, now)).fetchone()
-            (lease,) = conn.execute(Q["next_lease"], (queue,)).fetchone()
+            paused, tenants = _paused(conn, queue)
+            (scheduled,) = conn.execute(Q["next_scheduled"].format(paused=paused), (queue, now, *tenants)).fetchone()
+            (lease,) = conn.execute(Q["next_lease"].format(paused=paused), (queue, *tenants)).fetchone()
             times = [t for t in (scheduled, lease) if t is not None]
             return min(times) if times else None
 
@@ -645,6 +813,7 @@ class SqliteStore(Store):
                 result = transitions.complete(status, current, queue=row.queue if row else None)
                 if result.applied:
                     assert row is not None
+                    result = row.applied(result)
                     row.status = Status.COMPLETED
                     write = (_dumps(item.result), now, item.job_id, item.lease_token)
                     if row.workflow_id is None:
@@ -680,6 +849,7 @@ class SqliteStore(Store):
                 result = decided.result
                 if result.applied:
                     assert row is not None and result.status is not None
+                    result = row.applied(result)
                     conn.execute(
                         Q["fail"],
                         (result.status.value, decided.retry_at, item.error, item.error, now, now, item.job_id, item.lease_token),
@@ -693,15 +863,18 @@ class SqliteStore(Store):
 
     async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
         def reap(conn: sqlite3.Connection) -> list[Reaped]:
-            expired = [
-                transitions.Expired(
-                    job_id=job_id, queue=queue, attempt=attempt, max_attempts=max_attempts,
-                    locked_until=locked_until, workflow_id=workflow_id, step=step, position=position,
-                )  # fmt: skip
-                for job_id, queue, attempt, max_attempts, locked_until, workflow_id, step, position in conn.execute(
-                    Q["expired"], (now, limit)
+            expired = []
+            kinds = {}
+            for job_id, queue, kind, attempt, max_attempts, locked_until, workflow_id, step, position in conn.execute(
+                Q["expired"], (now, limit)
+            ):
+                kinds[job_id] = kind
+                expired.append(
+                    transitions.Expired(
+                        job_id=job_id, queue=queue, attempt=attempt, max_attempts=max_attempts,
+                        locked_until=locked_until, workflow_id=workflow_id, step=step, position=position,
+                    )  # fmt: skip
                 )
-            ]
             decided, failing = transitions.reap(expired)
             conn.executemany(
                 Q["reap"], [(d.status.value, d.error, d.error, now, now, d.job_id, now) for d in decided]
@@ -709,7 +882,9 @@ class SqliteStore(Store):
             for workflow_id in failing:
                 _end_workflow(conn, workflow_id, WorkflowStatus.FAILED, now)
             return [
-                Reaped(job_id=d.job_id, queue=d.queue, status=d.status) for d in decided if d.status is not Status.CANCELLED
+                Reaped(job_id=d.job_id, queue=d.queue, status=d.status, kind=kinds[d.job_id])
+                for d in decided
+                if d.status is not Status.CANCELLED
             ]
 
         return await self._run(reap)

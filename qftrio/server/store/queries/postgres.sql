@@ -36,16 +36,19 @@ INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2);
 -- name: claim
 -- Candidates are picked with FOR UPDATE SKIP LOCKED, so concurrent claimers
 -- never wait on each other and never take the same row. An expired lease
--- (c.status = 'running') records its lost attempt as "lease expired".
+-- (c.status = 'running') records its lost attempt as "lease expired". The
+-- tenants that paused the queue are read once (an InitPlan), then left out.
 WITH ready AS (
     SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
     WHERE queue = $1 AND status = 'pending' AND scheduled_at <= $2
+      AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))
     ORDER BY priority DESC, scheduled_at, created_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ), expired AS (
     SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
     WHERE queue = $1 AND status = 'running' AND locked_until < $2 AND attempt < max_attempts
+      AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))
     ORDER BY priority DESC, scheduled_at, created_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
@@ -61,6 +64,7 @@ UPDATE qftrio_jobs AS j SET
     lease_token = gen_random_uuid(),
     worker_id = $5,
     updated_at = $2,
+    claimed_at = $2,
     error = CASE WHEN c.status = 'running' THEN $6 ELSE j.error END,
     errors = CASE WHEN c.status = 'running'
         THEN j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'error', $6::text, 'at', $2))
@@ -75,6 +79,7 @@ RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.at
 -- Insert a parked long-poll's queue's new jobs, those it takes (the due
 -- ones, in lease order, up to its limit) claimed already, unless something
 -- older is claimable in the queue; NOTIFY the queue if any stay pending.
+-- A tenant that paused the queue gets its jobs inserted pending.
 WITH older AS (
     SELECT EXISTS (
         SELECT 1 FROM qftrio_jobs WHERE queue = $3 AND status = 'pending' AND scheduled_at <= $4
@@ -88,16 +93,19 @@ WITH older AS (
     FROM unnest($1::uuid[], $2::text[], $5::text[], $6::jsonb[], $7::int[], $8::int[], $9::float8[])
         WITH ORDINALITY AS u(id, tenant, kind, payload, priority, max_attempts, scheduled_at, ord)
 ), chosen AS (
-    SELECT i.*, (i.due AND i.rank <= $10 AND NOT o.found) AS hand FROM input AS i CROSS JOIN older AS o
+    SELECT i.*, (i.due AND i.rank <= $10 AND NOT o.found
+                 AND i.tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $3))) AS hand
+    FROM input AS i CROSS JOIN older AS o
 ), inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts, scheduled_at,
-        status, attempt, locked_until, lease_token, worker_id, created_at, updated_at)
+        status, attempt, locked_until, lease_token, worker_id, claimed_at, created_at, updated_at)
     SELECT c.id, c.tenant, $3, c.kind, c.payload, c.priority, c.max_attempts, c.scheduled_at,
         CASE WHEN c.hand THEN 'running' ELSE 'pending' END,
         CASE WHEN c.hand THEN 1 ELSE 0 END,
         CASE WHEN c.hand THEN $4 + $11::float8 END,
         CASE WHEN c.hand THEN gen_random_uuid() END,
         CASE WHEN c.hand THEN $12::text END,
+        CASE WHEN c.hand THEN $4 END,
         $4, $4
     FROM chosen AS c
     RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
@@ -146,21 +154,47 @@ SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts
     context
 FROM qftrio_jobs WHERE id = $1 AND tenant = $2;
 
+-- name: page_keys
+-- The keys of a page of a tenant's jobs, newest first: each (queue, status,
+-- kind) combination the filter ("{combos}") matches, listed by the counts'
+-- ledger, gives its newest from its own range of qftrio_jobs_filter_idx
+-- ("{keys}": the page's key, a bulk action's time range), and the newest of
+-- those are the page. O(page) per combination, whatever the table holds.
+WITH combos AS (
+    SELECT queue, status, kind FROM qftrio_job_counts WHERE tenant = $1 {combos}
+    GROUP BY queue, status, kind HAVING sum(n) > 0
+)
+SELECT k.created_at, k.id FROM combos AS c CROSS JOIN LATERAL (
+    SELECT j.created_at, j.id FROM qftrio_jobs AS j
+    WHERE j.tenant = $1 AND j.queue = c.queue AND j.status = c.status AND j.kind = c.kind {keys}
+    ORDER BY j.created_at DESC, j.id DESC
+    LIMIT {limit}
+) AS k
+ORDER BY k.created_at DESC, k.id DESC
+LIMIT {limit}
+
 -- name: jobs_page
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context
-FROM qftrio_jobs WHERE tenant = $1 {where} ORDER BY created_at DESC, id DESC LIMIT {limit};
+WITH keys AS (
+    {page_keys}
+)
+SELECT j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
+    j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context
+FROM keys JOIN qftrio_jobs AS j ON j.id = keys.id
+ORDER BY keys.created_at DESC, keys.id DESC;
 
 -- name: next_available
 -- A lease counts even if it already ran out: its job is claimable now. A
 -- job due later was scheduled ahead of its creation, which keeps this on
 -- qftrio_jobs_scheduled_idx (migration 0003); the embedded store asks the same.
+-- The jobs of tenants that paused the queue are left out.
 SELECT least(
     (SELECT min(scheduled_at) FROM qftrio_jobs
-     WHERE queue = $1 AND status = 'pending' AND scheduled_at > created_at AND scheduled_at > $2),
+     WHERE queue = $1 AND status = 'pending' AND scheduled_at > created_at AND scheduled_at > $2
+       AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))),
     (SELECT min(locked_until) FROM qftrio_jobs
-     WHERE queue = $1 AND status = 'running' AND attempt < max_attempts));
+     WHERE queue = $1 AND status = 'running' AND attempt < max_attempts
+       AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))));
 
 -- name: heartbeat
 -- One statement, so one transaction, per batch. The current leases are
@@ -224,11 +258,14 @@ WITH steps AS (
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
     WHERE j.id = i.id AND j.status = 'running' AND j.lease_token = i.token AND j.workflow_id IS NULL
       AND NOT (SELECT found FROM steps)
-    RETURNING i.ord, j.queue
+    RETURNING i.ord, j.queue, j.kind, j.claimed_at
 )
-SELECT c.ord, c.queue, true AS applied, 'completed' AS status, true AS current, false AS step FROM completed AS c
+SELECT c.ord, c.queue, true AS applied, 'completed' AS status, true AS current, false AS step, c.kind,
+    c.claimed_at
+FROM completed AS c
 UNION ALL
-SELECT i.ord, j.queue, false, j.status, coalesce(j.lease_token = i.token, false), j.workflow_id IS NOT NULL
+SELECT i.ord, j.queue, false, j.status, coalesce(j.lease_token = i.token, false), j.workflow_id IS NOT NULL,
+    NULL, NULL
 FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS i(id, token, ord)
 LEFT JOIN qftrio_jobs AS j ON j.id = i.id
 WHERE i.ord NOT IN (SELECT ord FROM completed);
@@ -247,17 +284,17 @@ WITH items AS (
     FROM items AS i JOIN locked AS l ON l.id = i.id
     WHERE j.id = i.id AND l.status = 'running' AND l.lease_token = i.token
       AND j.status = 'running' AND j.lease_token = i.token
-    RETURNING j.id, j.tenant, j.queue, j.workflow_id, j.step, j.result
+    RETURNING j.id, j.tenant, j.queue, j.workflow_id, j.step, j.result, j.kind, j.claimed_at
 )
 SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token, false) AS current,
-       c.id IS NOT NULL AS applied, c.tenant, c.workflow_id, c.step, c.result
+       c.id IS NOT NULL AS applied, c.tenant, c.workflow_id, c.step, c.result, c.kind, c.claimed_at
 FROM items AS i
 LEFT JOIN locked AS l ON l.id = i.id
 LEFT JOIN completed AS c ON c.id = i.id
 ORDER BY i.ord;
 
 -- name: fail_lock
-SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id FROM qftrio_jobs
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at FROM qftrio_jobs
 WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE;
 
 -- name: fail
@@ -289,7 +326,7 @@ FOR UPDATE SKIP LOCKED;
 -- name: expired
 -- The janitor's round, first expired first, skipping rows another server is
 -- working on.
-SELECT j.id, j.queue, j.attempt, j.max_attempts, j.locked_until, j.workflow_id, j.step,
+SELECT j.id, j.queue, j.kind, j.attempt, j.max_attempts, j.locked_until, j.workflow_id, j.step,
     coalesce(s.position, 0) AS position
 FROM qftrio_jobs AS j
 LEFT JOIN qftrio_workflow_steps AS s ON s.workflow_id = j.workflow_id AND s.name = j.step
@@ -372,16 +409,87 @@ RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attem
 SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' ORDER BY updated_at, id LIMIT 1;
 
 -- name: queues_stats
-SELECT queue,
-    count(*) FILTER (WHERE status = 'pending') AS pending,
-    count(*) FILTER (WHERE status = 'running') AS running,
-    count(*) FILTER (WHERE status = 'completed') AS completed,
-    count(*) FILTER (WHERE status = 'failed') AS failed,
-    count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
-    min(scheduled_at) FILTER (WHERE status = 'pending' AND scheduled_at <= $2) AS oldest_ready_at,
-    least(min(scheduled_at) FILTER (WHERE status = 'pending' AND scheduled_at > $2),
-          min(locked_until) FILTER (WHERE status = 'running')) AS next_available_at
-FROM qftrio_jobs WHERE tenant = $1 {where} GROUP BY queue ORDER BY queue COLLATE "C";
+-- The queues with jobs (counts from the ledger) or paused, of every tenant
+-- or of those "{where}" names ($2, $3), and per queue one probe of an index
+-- for each time; the next lease walks the queue's running jobs, whose number
+-- the workers bound.
+WITH counts AS (
+    SELECT tenant, queue, status, sum(n) AS n FROM qftrio_job_counts WHERE true {where}
+    GROUP BY tenant, queue, status HAVING sum(n) <> 0
+), paused AS (
+    SELECT tenant, queue FROM qftrio_queue_pauses WHERE true {where}
+), pairs AS (
+    SELECT tenant, queue FROM counts UNION SELECT tenant, queue FROM paused
+)
+SELECT p.tenant, p.queue,
+    coalesce((SELECT jsonb_object_agg(c.status, c.n) FROM counts AS c
+              WHERE c.tenant = p.tenant AND c.queue = p.queue), '{{}}'::jsonb) AS counts,
+    EXISTS (SELECT 1 FROM paused AS x WHERE x.tenant = p.tenant AND x.queue = p.queue) AS paused,
+    (SELECT j.scheduled_at FROM qftrio_jobs AS j
+     WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at <= $1
+     ORDER BY j.scheduled_at LIMIT 1) AS oldest_ready_at,
+    least(
+        (SELECT j.scheduled_at FROM qftrio_jobs AS j
+         WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at > $1
+         ORDER BY j.scheduled_at LIMIT 1),
+        (SELECT min(j.locked_until) FROM qftrio_jobs AS j
+         WHERE j.queue = p.queue AND j.status = 'running' AND j.tenant = p.tenant)) AS next_available_at
+FROM pairs AS p
+ORDER BY p.queue COLLATE "C", p.tenant COLLATE "C";
+
+-- name: counts_fold
+-- Sums each combination's ledger rows into one. Rows another server's fold
+-- deleted meanwhile are skipped by this one (it waits for that fold, then
+-- finds them gone), so nothing is counted twice; appends committed after
+-- this statement began are left for the next fold.
+WITH gone AS (
+    DELETE FROM qftrio_job_counts RETURNING tenant, queue, kind, status, n
+)
+INSERT INTO qftrio_job_counts (tenant, queue, kind, status, n)
+SELECT tenant, queue, kind, status, sum(n) FROM gone GROUP BY tenant, queue, kind, status HAVING sum(n) <> 0;
+
+-- name: queue_pause
+INSERT INTO qftrio_queue_pauses (queue, tenant, paused_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING;
+
+-- name: queue_resume
+-- Inside the caller's transaction, so other servers' long polls look again
+-- once it commits.
+WITH resumed AS (DELETE FROM qftrio_queue_pauses WHERE queue = $1 AND tenant = $2 RETURNING queue)
+SELECT pg_notify($3, $1);
+
+-- name: bulk_lock
+-- A bulk batch's jobs, locked in id order (their workflows locked before).
+SELECT id, status, queue, workflow_id FROM qftrio_jobs WHERE id = ANY($1::uuid[]) AND tenant = $2
+ORDER BY id FOR UPDATE;
+
+-- name: bulk_workflow_statuses
+SELECT id, status FROM qftrio_workflows WHERE id = ANY($1::uuid[]);
+
+-- name: bulk_cancel
+UPDATE qftrio_jobs SET status = 'cancelled', updated_at = $2
+WHERE id = ANY($1::uuid[]) AND status IN ('pending', 'running')
+RETURNING id, workflow_id;
+
+-- name: bulk_reset
+UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $2, updated_at = $2,
+    locked_until = NULL, lease_token = NULL, worker_id = NULL
+WHERE id = ANY($1::uuid[]) AND status IN ('failed', 'cancelled')
+RETURNING queue;
+
+-- name: bulk_delete
+DELETE FROM qftrio_jobs
+WHERE id = ANY($1::uuid[]) AND status IN ('completed', 'failed', 'cancelled') AND workflow_id IS NULL
+RETURNING id;
+
+-- name: bulk_after
+-- A bulk batch's jobs by status once it is done: what it changed.
+SELECT status, count(*) AS n FROM qftrio_jobs WHERE id = ANY($1::uuid[]) GROUP BY status;
+
+-- name: workers
+-- Walks the running jobs (a partial index), whose number the workers bound.
+SELECT worker_id, queue, count(*) AS n, max(updated_at) AS seen FROM qftrio_jobs
+WHERE status = 'running' AND tenant = $1 AND worker_id IS NOT NULL
+GROUP BY worker_id, queue;
 
 -- name: lock_workflows_of_jobs
 SELECT id FROM qftrio_workflows

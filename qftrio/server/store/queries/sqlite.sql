@@ -11,12 +11,6 @@ SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts
     updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
 FROM jobs WHERE tenant = ? AND idempotency_key = ?;
 
--- name: jobs_page
--- A tenant's jobs, newest first; "{where}" adds the filters of the page.
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
-FROM jobs WHERE tenant = ? {where} ORDER BY created_at DESC, id DESC LIMIT ?;
-
 -- name: job_insert
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
     created_at, updated_at, idempotency_key, workflow_id, step, context)
@@ -26,17 +20,22 @@ RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attem
 
 -- name: reports_of
 -- What a report batch decides on: each job's state and current token.
-SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, step
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, step, kind, claimed_at
 FROM jobs WHERE id IN ({marks});
 
+-- name: paused_tenants
+-- The tenants that paused a queue: claims leave out their jobs of it.
+SELECT tenant FROM queue_pauses WHERE queue = ?;
+
 -- name: claim_ready
+-- "{paused}" leaves out the tenants that paused the queue (usually none).
 SELECT id, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_ready
-WHERE queue = ? AND status = 'pending' AND scheduled_at <= ?
+WHERE queue = ? AND status = 'pending' AND scheduled_at <= ? {paused}
 ORDER BY priority DESC, scheduled_at, created_at LIMIT ?;
 
 -- name: claim_expired
 SELECT id, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_leased
-WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts
+WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts {paused}
 ORDER BY locked_until LIMIT ?;
 
 -- name: claim
@@ -44,7 +43,7 @@ ORDER BY locked_until LIMIT ?;
 -- job. SET expressions see the row as it was, so status = 'running' marks
 -- the expired leases, whose lost attempt goes into the error history.
 UPDATE jobs SET status = 'running', attempt = attempt + 1, locked_until = ?,
-    worker_id = ?, updated_at = ?,
+    worker_id = ?, updated_at = ?, claimed_at = ?,
     lease_token = CASE id {tokens} END,
     error = CASE WHEN status = 'running' THEN ? ELSE error END,
     errors = CASE WHEN status = 'running' THEN json_insert(errors, '$[#]',
@@ -57,12 +56,12 @@ RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attem
 -- A job scheduled ahead of its creation (a delay, a time, a retry); one
 -- due when created is claimable at once and never "next". As on PostgreSQL.
 SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_ready
-WHERE queue = ? AND status = 'pending' AND scheduled_at > created_at AND scheduled_at > ?;
+WHERE queue = ? AND status = 'pending' AND scheduled_at > created_at AND scheduled_at > ? {paused};
 
 -- name: next_lease
 -- A lease counts even if it already ran out: its job is claimable now.
 SELECT min(locked_until) FROM jobs INDEXED BY jobs_leased
-WHERE queue = ? AND status = 'running' AND attempt < max_attempts;
+WHERE queue = ? AND status = 'running' AND attempt < max_attempts {paused};
 
 -- name: heartbeat
 -- The guarded write of a heartbeat: only a running job under the token.
@@ -81,7 +80,7 @@ WHERE id = ? AND status = 'running' AND lease_token = ?;
 
 -- name: expired
 -- The janitor's round: running jobs whose lease ran out, first expired first.
-SELECT j.id, j.queue, j.attempt, j.max_attempts, j.locked_until, j.workflow_id, j.step, coalesce(s.position, 0)
+SELECT j.id, j.queue, j.kind, j.attempt, j.max_attempts, j.locked_until, j.workflow_id, j.step, coalesce(s.position, 0)
 FROM jobs AS j LEFT JOIN workflow_steps AS s ON s.workflow_id = j.workflow_id AND s.name = j.step
 WHERE j.status = 'running' AND j.locked_until < ?
 ORDER BY j.locked_until LIMIT ?;
@@ -114,20 +113,61 @@ RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attem
 -- name: failed_step
 SELECT step, id FROM jobs WHERE workflow_id = ? AND status = 'failed' ORDER BY updated_at, id LIMIT 1;
 
--- name: queues_of_tenant
-SELECT DISTINCT queue FROM jobs WHERE tenant = ?;
+-- name: counts
+-- Jobs by tenant, queue and status, from the counts the triggers of
+-- migration 0003 keep; "{where}" narrows it to a tenant or a queue.
+SELECT tenant, queue, status, sum(n) FROM job_counts WHERE true {where} GROUP BY tenant, queue, status;
 
--- name: queue_counts
-SELECT status, count(*) FROM jobs WHERE tenant = ? AND queue = ? GROUP BY status;
+-- name: pauses
+SELECT tenant, queue FROM queue_pauses WHERE true {where};
 
 -- name: queue_oldest_ready
-SELECT min(scheduled_at) FROM jobs WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at <= ?;
+SELECT scheduled_at FROM jobs INDEXED BY jobs_pending_by_tenant
+WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at <= ? ORDER BY scheduled_at LIMIT 1;
 
 -- name: queue_next_scheduled
-SELECT min(scheduled_at) FROM jobs WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at > ?;
+SELECT scheduled_at FROM jobs INDEXED BY jobs_pending_by_tenant
+WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at > ? ORDER BY scheduled_at LIMIT 1;
 
 -- name: queue_next_lease
-SELECT min(locked_until) FROM jobs WHERE tenant = ? AND queue = ? AND status = 'running';
+-- Walks the queue's running jobs, whose number the workers bound.
+SELECT min(locked_until) FROM jobs INDEXED BY jobs_leased WHERE queue = ? AND status = 'running' AND tenant = ?;
+
+-- name: queue_pause
+INSERT INTO queue_pauses (queue, tenant, paused_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING;
+
+-- name: queue_resume
+DELETE FROM queue_pauses WHERE queue = ? AND tenant = ?;
+
+-- name: page_combos
+-- The (queue, status, kind) combinations of a tenant's jobs that a filter
+-- ("{where}") matches: a page merges one index range of each.
+SELECT queue, status, kind FROM job_counts WHERE tenant = ? AND n > 0 {where};
+
+-- name: combo_page
+-- One combination's jobs, newest first; "{where}" adds the page's key and
+-- a bulk action's time range.
+SELECT created_at, id FROM jobs INDEXED BY jobs_by_filter
+WHERE tenant = ? AND queue = ? AND status = ? AND kind = ? {where}
+ORDER BY created_at DESC, id DESC LIMIT ?;
+
+-- name: jobs_by_ids
+SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+FROM jobs WHERE id IN ({marks});
+
+-- name: job_delete
+DELETE FROM jobs WHERE id = ? AND status IN ('completed', 'failed', 'cancelled') AND workflow_id IS NULL;
+
+-- name: bulk_after
+-- A bulk batch's jobs by status once it is done: what it changed.
+SELECT status, count(*) FROM jobs WHERE id IN ({marks}) GROUP BY status;
+
+-- name: workers
+-- Walks the running jobs (partial index), whose number the workers bound.
+SELECT worker_id, queue, count(*), max(updated_at) FROM jobs INDEXED BY jobs_leased
+WHERE status = 'running' AND tenant = ? AND worker_id IS NOT NULL
+GROUP BY worker_id, queue;
 
 -- name: prune_jobs
 DELETE FROM jobs WHERE id IN (
