@@ -337,8 +337,9 @@ def reports_seen(urls: Sequence[str]) -> int:
         r = httpx.get(f"{url}/metrics", timeout=30)
         r.raise_for_status()
         for line in r.text.splitlines():
-            name, _, value = line.partition(" ")
-            if name in ("qftrio_jobs_completed_total", "qftrio_jobs_failed_total"):
+            sample, _, value = line.rpartition(" ")
+            # summed over their labels (queue, kind)
+            if sample.partition("{")[0] in ("qftrio_jobs_completed_total", "qftrio_jobs_failed_total"):
                 total += int(float(value))
     return total
 

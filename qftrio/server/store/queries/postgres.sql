@@ -36,11 +36,23 @@ INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2);
 -- name: claim
 -- Candidates are picked with FOR UPDATE SKIP LOCKED, so concurrent claimers
 -- never wait on each other and never take the same row. An expired lease
--- (c.status = 'running') records its lost attempt as "lease expired". The
--- tenants that paused the queue are read once (an InitPlan), then left out.
+-- (c.status = 'running') records its lost attempt as "lease expired".
+-- Tenants that paused the queue are left out. Of "ready" and "ready_paused"
+-- only one runs (a one-time filter on whether anyone paused the queue):
+-- the usual one walks qftrio_jobs_claim_idx in lease order for just the
+-- rows it takes; a filter on each row's tenant there would make the planner
+-- expect to read the whole backlog, and sort it, on every claim.
 WITH ready AS (
     SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
     WHERE queue = $1 AND status = 'pending' AND scheduled_at <= $2
+      AND NOT EXISTS (SELECT 1 FROM qftrio_queue_pauses WHERE queue = $1)
+    ORDER BY priority DESC, scheduled_at, created_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), ready_paused AS (
+    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
+    WHERE queue = $1 AND status = 'pending' AND scheduled_at <= $2
+      AND EXISTS (SELECT 1 FROM qftrio_queue_pauses WHERE queue = $1)
       AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))
     ORDER BY priority DESC, scheduled_at, created_at
     LIMIT $3
@@ -53,7 +65,9 @@ WITH ready AS (
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ), chosen AS (
-    SELECT * FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) AS c
+    SELECT * FROM (
+        SELECT * FROM ready UNION ALL SELECT * FROM ready_paused UNION ALL SELECT * FROM expired
+    ) AS c
     ORDER BY priority DESC, scheduled_at, created_at
     LIMIT $3
 )
