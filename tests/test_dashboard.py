@@ -201,6 +201,9 @@ async def test_sign_in_sets_an_http_only_strict_cookie_and_refuses_a_wrong_token
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/dashboard" in cookie
         # Plain HTTP here: the cookie could not be sent back if it were Secure.
         assert "Secure" not in cookie
+        behind_tls = {"X-Forwarded-Proto": "https"}
+        answer = await client.post("/dashboard/signin", data={"token": ACME}, headers=behind_tls)
+        assert "; Secure" in answer.headers["set-cookie"]
 
 
 async def test_an_action_without_the_sessions_csrf_token_is_refused(server: RunningServer) -> None:

@@ -196,6 +196,14 @@ def _query(**params: str | None) -> str:
     return urllib.parse.urlencode({k: v for k, v in params.items() if v})
 
 
+def _over_tls() -> bool:
+    """Whether the browser reached the dashboard over HTTPS: qftrio serves
+    plain HTTP behind a TLS proxy, which says so in ``X-Forwarded-Proto``.
+    Trusting that header can only make the cookie stricter."""
+    forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    return request.scheme == "https" or forwarded == "https"
+
+
 def _see(path: str) -> Response:
     """After an action, the page to show (Post/Redirect/Get)."""
     return redirect(f"{PREFIX}/{path}", 303)
@@ -283,7 +291,10 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
         if request.method != "POST":
             return
         origin = request.headers.get("Origin")
-        if origin is not None and (origin == "null" or urllib.parse.urlsplit(origin).netloc != request.host):
+        if origin is None:
+            return
+        hosts = {request.host, request.headers.get("X-Forwarded-Host", "").split(",")[0].strip()}
+        if origin == "null" or urllib.parse.urlsplit(origin).netloc not in hosts:
             raise errors.Forbidden("a cross-site form cannot act on the dashboard")
 
     @bp.after_request
@@ -319,7 +330,7 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
             return await page("dashboard/signin.html", 401, next=target, problem=exc.message)
         response = redirect(target, 303)
         response.set_cookie(
-            COOKIE, token, path=PREFIX, httponly=True, samesite="Strict", secure=request.scheme == "https"
+            COOKIE, token, path=PREFIX, httponly=True, samesite="Strict", secure=_over_tls()
         )
         return response
 
@@ -328,7 +339,7 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
     async def signout(tenant: str, form: Any) -> Response:
         response = redirect(f"{PREFIX}/signin", 303)
         response.delete_cookie(
-            COOKIE, path=PREFIX, httponly=True, samesite="Strict", secure=request.scheme == "https"
+            COOKIE, path=PREFIX, httponly=True, samesite="Strict", secure=_over_tls()
         )
         return response
 
