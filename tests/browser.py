@@ -26,8 +26,9 @@ needs_chromium = pytest.mark.skipif(
 STEP_MS = 8_000
 
 
-async def in_browser(scenario: Callable[..., None], *args: Any) -> None:
-    """Run ``scenario(page, *args)`` in a fresh chromium, in a thread."""
+async def in_browser(scenario: Callable[..., None], *args: Any, javascript: bool = True) -> None:
+    """Run ``scenario(page, *args)`` in a fresh chromium, in a thread,
+    with JavaScript on or off."""
 
     def run() -> None:
         from playwright.sync_api import expect, sync_playwright
@@ -36,7 +37,7 @@ async def in_browser(scenario: Callable[..., None], *args: Any) -> None:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM)
             try:
-                page = browser.new_page()
+                page = browser.new_page(java_script_enabled=javascript)
                 page.set_default_timeout(STEP_MS)
                 scenario(page, *args)
             finally:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import trio
 
-from qftrio.models import CompleteItem, FailItem, Status
+from qftrio.models import CompleteItem, FailItem, Status, WorkflowCreateRequest
 from qftrio.server.dashboard import csrf_token, timeline
 from qftrio.server.engine import Engine, EnqueueSpec
 from qftrio.server.store.base import Store
@@ -97,7 +97,7 @@ async def test_counts_go_live_as_a_worker_completes_jobs_then_sign_out(server: R
 
 
 @needs_chromium
-async def test_retry_a_dead_letter_then_all_and_cancel_a_job(server: RunningServer) -> None:
+async def test_retry_a_dead_letter_then_all_and_cancel_a_job_with_javascript_off(server: RunningServer) -> None:
     first, *rest = await dead_letters(server.engine, 3)
     (pending,) = await enqueue(server.engine, 1, queue="other")
 
@@ -120,7 +120,7 @@ async def test_retry_a_dead_letter_then_all_and_cancel_a_job(server: RunningServ
         page.click('button:text-is("Cancel")')
         expect(page.locator("h1 .status")).to_have_text("cancelled")
 
-    await in_browser(scenario)
+    await in_browser(scenario, javascript=False)
     jobs = [await server.engine.job_get("acme", job_id) for job_id in (first, *rest, pending)]
     assert [job.status for job in jobs] == [Status.PENDING] * 3 + [Status.CANCELLED]
 
@@ -215,6 +215,8 @@ async def test_an_action_without_the_sessions_csrf_token_is_refused(server: Runn
         other_site = {"Origin": "https://evil.example"}
         answer = await client.post(cancel, data={"csrf": csrf_token(ACME)}, headers=other_site)
         assert answer.status_code == 403
+        answer = await client.post(cancel, data={"csrf": csrf_token(ACME), "pad": "x" * 20_000})
+        assert answer.status_code == 413
         assert (await server.engine.job_get("acme", job_id)).status is Status.PENDING
         answer = await client.post(cancel, data={"csrf": csrf_token(ACME)})
         assert answer.status_code == 303
@@ -253,3 +255,18 @@ async def test_the_timeline_follows_a_job_through_its_attempts(server: RunningSe
         server.clock.advance(3600)
     events = [what for _, what in timeline(await server.engine.job_get("acme", job_id))]
     assert events == ["enqueued", "attempt 1 failed", "attempt 2 failed; no attempt left (dead letter)"]
+
+
+async def test_the_workflow_and_workers_pages_show_steps_and_who_holds_jobs(server: RunningServer) -> None:
+    body = WorkflowCreateRequest.model_validate(
+        {"name": "wf", "steps": [{"name": "a", "kind": "k"}, {"name": "b", "kind": "k", "depends_on": ["a"]}]}
+    )
+    workflow = await server.engine.workflow_create("acme", body)
+    await server.engine.lease("default", worker_id="worker-7")
+    async with signed_in(server) as client:
+        page = (await client.get(f"/dashboard/workflows/{workflow.id}")).text
+        workers = (await client.get("/dashboard/workers")).text
+        listing = (await client.get("/dashboard/workflows")).text
+    steps = re.findall(r"<tr>\s*<td>(\w+)</td>\s*<td>k</td>\s*<td>([^<]*)</td>\s*<td><span[^>]*>(\w+)</span>", page)
+    assert steps == [("a", "–", "running"), ("b", "a", "waiting")]
+    assert "worker-7" in workers and workflow.id in listing

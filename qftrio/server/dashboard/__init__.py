@@ -44,6 +44,7 @@ __all__ = ["create_dashboard"]
 PREFIX = "/dashboard"
 STATIC = pathlib.Path(__file__).parent / "static"
 COOKIE = "qftrio_dashboard"
+MAX_FORM_BYTES = 16 * 1024
 #: Jobs, workflows per page.
 PAGE = 50
 #: How far back the completed-per-second rate looks.
@@ -287,9 +288,12 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
         return await send_from_directory(STATIC, filename)
 
     @bp.before_request
-    async def same_origin_posts() -> None:
+    async def small_same_origin_posts() -> None:
         if request.method != "POST":
             return
+        # The app leaves body caps to each route; a form here is a few fields.
+        if request.content_length is None or request.content_length > MAX_FORM_BYTES:
+            raise errors.PayloadTooLarge(f"a dashboard form is at most {MAX_FORM_BYTES} bytes, with a Content-Length")
         origin = request.headers.get("Origin")
         if origin is None:
             return
