@@ -163,6 +163,14 @@ async def test_counts_and_pages_stay_exact_through_random_work(storage: Store) -
             assert await stats_counts(storage, now) == {
                 key: counts for key, counts in (await full_counts(storage)).items() if any(counts.values())
             }
+    await storage.counts_fold()
+    assert await stats_counts(storage, now) == {
+        key: counts for key, counts in (await full_counts(storage)).items() if any(counts.values())
+    }
+    if not isinstance(storage, SqliteStore):  # the fold left one ledger row per combination
+        assert await rows(
+            storage, "SELECT 1 FROM qftrio_job_counts GROUP BY tenant, queue, kind, status HAVING count(*) > 1"
+        ) == []
     # Every filter, paged, is the full scan's answer, newest first.
     for tenant in tenants:
         every = await rows(

@@ -423,10 +423,13 @@ def _page_keys(
     limit: int,
 ) -> list[tuple[float, str]]:
     """The keys ``(created_at, id)`` of the first *limit* jobs of a page,
-    newest first: every (queue, status, kind) combination the filter
-    matches (from ``job_counts``) gives its newest *limit* from its own range
-    of ``jobs_by_filter``, and the newest of those are the page. O(page)
-    per combination, whatever the table holds."""
+    newest first, merged from one range of ``jobs_by_filter`` for each
+    (queue, status, kind) combination the filter matches (listed by
+    ``job_counts``). Each combination's newest job comes first; the
+    *limit*-th newest of those is an edge no job of the page is older than,
+    so only the combinations at or above it are read further, at most
+    *limit* keys each: O(combinations + limit²) keys, whatever the table
+    holds."""
     combos_where, combos_args = _where({"queue": queue, "status": statuses, "kind": kind})
     combos = conn.execute(Q["page_combos"].format(where=combos_where), (tenant, *combos_args)).fetchall()
     where = []
@@ -440,10 +443,22 @@ def _page_keys(
     if created_before is not None:
         where.append("AND created_at < ?")
         args.append(created_before)
-    statement = Q["combo_page"].format(where=" ".join(where))
-    keys: list[tuple[float, str]] = []
+    first = Q["combo_page"].format(where=" ".join(where))
+    newest = []
     for combo in combos:
-        keys += conn.execute(statement, (tenant, *combo, *args, limit)).fetchall()
+        key = conn.execute(first, (tenant, *combo, *args, 1)).fetchone()
+        if key is not None:
+            newest.append((tuple(key), combo))
+    if len(newest) >= limit:
+        edge = heapq.nlargest(limit, (key for key, _ in newest))[-1]
+        newest = [(key, combo) for key, combo in newest if key >= edge]
+        statement = Q["combo_page"].format(where=" ".join([*where, "AND (created_at, id) >= (?, ?)"]))
+        args += list(edge)
+    else:
+        statement = first
+    keys: list[tuple[float, str]] = []
+    for _, combo in newest:
+        keys += [tuple(key) for key in conn.execute(statement, (tenant, *combo, *args, limit))]
     return heapq.nlargest(limit, keys)
 
 

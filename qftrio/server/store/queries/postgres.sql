@@ -169,21 +169,37 @@ SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts
 FROM qftrio_jobs WHERE id = $1 AND tenant = $2;
 
 -- name: page_keys
--- The keys of a page of a tenant's jobs, newest first: each (queue, status,
--- kind) combination the filter ("{combos}") matches, listed by the counts'
--- ledger, gives its newest from its own range of qftrio_jobs_filter_idx
--- ("{keys}": the page's key, a bulk action's time range), and the newest of
--- those are the page. O(page) per combination, whatever the table holds.
+-- The keys of a page of a tenant's jobs, newest first, merged from one range
+-- of qftrio_jobs_filter_idx for each (queue, status, kind) combination the
+-- filter ("{combos}") matches, listed by the counts' ledger ("{keys}": the
+-- page's key, a bulk action's time range). Each combination's newest job
+-- comes first; the {limit}-th newest of those is an edge no job of the page
+-- is older than, so only the combinations at or above it are read further,
+-- at most {limit} keys each: O(combinations + limit²) index entries,
+-- whatever the table holds.
 WITH combos AS (
     SELECT queue, status, kind FROM qftrio_job_counts WHERE tenant = $1 {combos}
     GROUP BY queue, status, kind HAVING sum(n) > 0
+), newest AS (
+    SELECT c.queue, c.status, c.kind, f.created_at, f.id FROM combos AS c CROSS JOIN LATERAL (
+        SELECT j.created_at, j.id FROM qftrio_jobs AS j
+        WHERE j.tenant = $1 AND j.queue = c.queue AND j.status = c.status AND j.kind = c.kind {keys}
+        ORDER BY j.created_at DESC, j.id DESC
+        LIMIT 1
+    ) AS f
+), edge AS (
+    SELECT coalesce(max(created_at), '-infinity'::float8) AS created_at,
+        coalesce(max(id::text), '00000000-0000-0000-0000-000000000000')::uuid AS id
+    FROM (SELECT created_at, id FROM newest ORDER BY created_at DESC, id DESC OFFSET {limit} - 1 LIMIT 1) AS e
 )
-SELECT k.created_at, k.id FROM combos AS c CROSS JOIN LATERAL (
+SELECT k.created_at, k.id FROM newest AS c CROSS JOIN edge AS e CROSS JOIN LATERAL (
     SELECT j.created_at, j.id FROM qftrio_jobs AS j
     WHERE j.tenant = $1 AND j.queue = c.queue AND j.status = c.status AND j.kind = c.kind {keys}
+      AND (j.created_at, j.id) >= (e.created_at, e.id)
     ORDER BY j.created_at DESC, j.id DESC
     LIMIT {limit}
 ) AS k
+WHERE (c.created_at, c.id) >= (e.created_at, e.id)
 ORDER BY k.created_at DESC, k.id DESC
 LIMIT {limit}
 
@@ -452,12 +468,18 @@ FROM pairs AS p
 ORDER BY p.queue COLLATE "C", p.tenant COLLATE "C";
 
 -- name: counts_fold
--- Sums each combination's ledger rows into one. Rows another server's fold
--- deleted meanwhile are skipped by this one (it waits for that fold, then
--- finds them gone), so nothing is counted twice; appends committed after
--- this statement began are left for the next fold.
-WITH gone AS (
-    DELETE FROM qftrio_job_counts RETURNING tenant, queue, kind, status, n
+-- Sums the ledger rows of each combination that has several into one (the
+-- others are left alone, so an idle ledger is not rewritten). Rows another
+-- server's fold deleted meanwhile are skipped by this one (it waits for that
+-- fold, then finds them gone), so nothing is counted twice; appends
+-- committed after this statement began are left for the next fold.
+WITH many AS (
+    SELECT tenant, queue, kind, status FROM qftrio_job_counts
+    GROUP BY tenant, queue, kind, status HAVING count(*) > 1
+), gone AS (
+    DELETE FROM qftrio_job_counts AS l USING many AS m
+    WHERE l.tenant = m.tenant AND l.queue = m.queue AND l.kind = m.kind AND l.status = m.status
+    RETURNING l.tenant, l.queue, l.kind, l.status, l.n
 )
 INSERT INTO qftrio_job_counts (tenant, queue, kind, status, n)
 SELECT tenant, queue, kind, status, sum(n) FROM gone GROUP BY tenant, queue, kind, status HAVING sum(n) <> 0;
