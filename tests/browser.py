@@ -7,6 +7,7 @@ loop); a scenario calls back into the test's Trio loop with
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import Callable
@@ -34,14 +35,21 @@ async def in_browser(scenario: Callable[..., None], *args: Any, javascript: bool
         from playwright.sync_api import expect, sync_playwright
 
         expect.set_options(timeout=STEP_MS)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM)
-            try:
-                page = browser.new_page(java_script_enabled=javascript)
-                page.set_default_timeout(STEP_MS)
-                scenario(page, *args)
-            finally:
-                browser.close()
+        # Once trio-asyncio is imported (the PostgreSQL store), a new event
+        # loop is one of its loops; Playwright needs asyncio's own. The
+        # policy set here holds for this thread only under trio-asyncio.
+        asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM)
+                try:
+                    page = browser.new_page(java_script_enabled=javascript)
+                    page.set_default_timeout(STEP_MS)
+                    scenario(page, *args)
+                finally:
+                    browser.close()
+        finally:
+            asyncio.set_event_loop_policy(None)
 
     # Playwright's own step timeouts bound the thread; this bounds the test.
     with trio.fail_after(60):

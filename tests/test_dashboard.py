@@ -13,8 +13,8 @@ import httpx
 import pytest
 import trio
 
-from qftrio.models import CompleteItem, FailItem, Status, WorkflowCreateRequest
-from qftrio.server.dashboard import csrf_token, timeline
+from qftrio.models import CompleteItem, FailItem, QueueStats, Status, WorkflowCreateRequest
+from qftrio.server.dashboard import Throughput, csrf_token, timeline
 from qftrio.server.engine import Engine, EnqueueSpec
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import open_sqlite_store
@@ -270,3 +270,23 @@ async def test_the_workflow_and_workers_pages_show_steps_and_who_holds_jobs(serv
     steps = re.findall(r"<tr>\s*<td>(\w+)</td>\s*<td>k</td>\s*<td>([^<]*)</td>\s*<td><span[^>]*>(\w+)</span>", page)
     assert steps == [("a", "–", "running"), ("b", "a", "waiting")]
     assert "worker-7" in workers and workflow.id in listing
+
+
+def test_throughput_is_completed_jobs_per_second_over_the_last_minute() -> None:
+    now = [0.0]
+    throughput = Throughput(clock=lambda: now[0])
+
+    def observe(at: float, completed: int) -> tuple[float | None, list[float]]:
+        now[0] = at
+        counts = {"completed": completed}
+        stats = QueueStats(queue="q", counts=counts, oldest_ready_at=None, next_available_at=None)
+        return throughput.observe("acme", stats)
+
+    assert observe(0, 100) == (None, [])
+    assert observe(2, 110) == (5.0, [5.0])
+    assert observe(2.5, 112) == (4.8, [5.0])
+    assert observe(4, 130) == (7.5, [5.0, 10.0])
+    # A minute without a look: no rate until the next sample.
+    assert observe(70, 130) == (None, [5.0, 10.0, 0.0])
+    # Deleting completed jobs is not negative throughput.
+    assert observe(71, 0) == (0.0, [5.0, 10.0, 0.0, 0.0])

@@ -90,20 +90,17 @@ class Throughput:
         last :data:`RATE_WINDOW_SECS` (None until two samples) and the
         chart's series of rates between successive samples."""
         now = self._clock()
-        samples = self._samples.setdefault((tenant, stats.queue), collections.deque(maxlen=CHART_POINTS + 1))
+        samples = self._samples.setdefault((tenant, stats.queue), collections.deque(maxlen=CHART_POINTS))
         completed = stats.counts.get(Status.COMPLETED.value, 0)
         if not samples or now - samples[-1][0] >= 1.0:
             samples.append((now, completed))
-        else:
-            samples[-1] = (samples[-1][0], completed)
-        recent = [s for s in samples if now - s[0] <= RATE_WINDOW_SECS]
+        since = next((s for s in samples if now - s[0] <= RATE_WINDOW_SECS), None)
         rate = None
-        if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
+        if since is not None and now > since[0]:
             # Deleting completed jobs lowers the count: never a negative rate.
-            rate = max(0.0, (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0]))
-        series = [
-            max(0.0, (b[1] - a[1]) / (b[0] - a[0])) for a, b in zip(samples, list(samples)[1:]) if b[0] > a[0]
-        ]
+            rate = max(0.0, (completed - since[1]) / (now - since[0]))
+        pairs = zip(samples, list(samples)[1:])
+        series = [max(0.0, (b[1] - a[1]) / (b[0] - a[0])) for a, b in pairs]
         return rate, series
 
 
