@@ -417,7 +417,9 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
         ]
         done = request.args.get("done")
         count = request.args.get("count", "")
-        notice = f"{count} jobs {_BULK_DONE[done]}" if done in _BULK_DONE and count.isdigit() else None
+        notice = None
+        if done in _BULK_DONE and count.isdigit():
+            notice = f"{count} {'job' if count == '1' else 'jobs'} {_BULK_DONE[done]}"
         return await page(
             template,
             jobs=jobs,
