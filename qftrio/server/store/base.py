@@ -216,36 +216,6 @@ class NewWorkflow:
     steps: tuple[NewStep, ...]
 
 
-#: The status a bulk action leaves the jobs it changes in (None: deleted).
-BULK_TARGET: dict[str, Status | None] = {"retry": Status.PENDING, "cancel": Status.CANCELLED, "delete": None}
-
-
-def bulk_changed(action: BulkAction, considered: int, after: dict[str, int]) -> int:
-    """How many of the *considered* jobs of a bulk batch (all in a status
-    the action applies to when it began) it changed, from their statuses
-    once it is done (*after*: ``{status: jobs}``). Counted so rather than
-    call by call, a job moved by another's consequence (the sibling steps a
-    cancel or a resume of their workflow took along) counts too."""
-    target = BULK_TARGET[action]
-    if target is None:
-        return considered - sum(after.values())
-    return after.get(target.value, 0)
-
-
-def workers_of(rows: Iterable[Sequence[Any]]) -> list[WorkerInfo]:
-    """:meth:`Store.workers` from rows ``(worker_id, queue, running jobs,
-    latest claim or heartbeat)``, one per worker and queue."""
-    held: dict[str, tuple[int, set[str], float]] = {}
-    for worker_id, queue, n, seen in rows:
-        jobs, queues, last = held.get(worker_id, (0, set(), seen))
-        queues.add(queue)
-        held[worker_id] = (jobs + n, queues, max(last, seen))
-    return [
-        WorkerInfo(worker_id=worker_id, jobs=jobs, queues=tuple(sorted(queues)), last_seen_at=last)
-        for worker_id, (jobs, queues, last) in sorted(held.items(), key=lambda item: (-item[1][0], item[0]))
-    ]
-
-
 #: The queue workflow steps run on.
 WORKFLOW_QUEUE = "default"
 
@@ -278,6 +248,36 @@ class BulkBatch:
     changed: int
     ready_queues: tuple[str, ...] = ()
     last: tuple[float, str] | None = None
+
+
+#: The status a bulk action leaves the jobs it changes in (None: deleted).
+BULK_TARGET: dict[str, Status | None] = {"retry": Status.PENDING, "cancel": Status.CANCELLED, "delete": None}
+
+
+def bulk_changed(action: BulkAction, considered: int, after: dict[str, int]) -> int:
+    """How many of the *considered* jobs of a bulk batch (all in a status
+    the action applies to when it began) it changed, from their statuses
+    once it is done (*after*: ``{status: jobs}``). Counted so rather than
+    call by call, a job moved by another's consequence (the sibling steps a
+    cancel or a resume of their workflow took along) counts too."""
+    target = BULK_TARGET[action]
+    if target is None:
+        return considered - sum(after.values())
+    return after.get(target.value, 0)
+
+
+def workers_of(rows: Iterable[Sequence[Any]]) -> list[WorkerInfo]:
+    """:meth:`Store.workers` from rows ``(worker_id, queue, running jobs,
+    latest claim or heartbeat)``, one per worker and queue."""
+    held: dict[str, tuple[int, set[str], float]] = {}
+    for worker_id, queue, n, seen in rows:
+        jobs, queues, last = held.get(worker_id, (0, set(), seen))
+        queues.add(queue)
+        held[worker_id] = (jobs + n, queues, max(last, seen))
+    return [
+        WorkerInfo(worker_id=worker_id, jobs=jobs, queues=tuple(sorted(queues)), last_seen_at=last)
+        for worker_id, (jobs, queues, last) in sorted(held.items(), key=lambda item: (-item[1][0], item[0]))
+    ]
 
 
 class Store(abc.ABC):
