@@ -31,6 +31,7 @@ from .._json import dumps as json_dumps
 from ..models import ErrorAnswer
 from .api import ALL_ROUTES
 from .auth import Credentials
+from .dashboard import create_dashboard
 from .docs_page import DOCS_PAGE
 from .engine import Engine
 from .envelope import Envelope, Route
@@ -186,4 +187,5 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
     for route in ALL_ROUTES:
         register(route)
 
+    app.register_blueprint(create_dashboard(engine, credentials))
     return app

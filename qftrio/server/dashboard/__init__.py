@@ -1,0 +1,523 @@
+"""The web dashboard: server-rendered pages for operators under ``/dashboard/``.
+
+Every page calls the engine's operations directly (an indexed query with a
+limit each); the dashboard adds pages, not queries.
+
+Security:
+
+- The sign-in form takes a tenant token (the API's) and keeps it in an
+  HttpOnly, SameSite=Strict cookie, Secure when the request came over TLS.
+  Each request authenticates that token as the API does, so a tenant sees
+  only its own jobs, and revoking a token signs its sessions out.
+- Every action is a POST carrying a CSRF token: an HMAC of the session's
+  token, so it is per session, needs no server-side state, and cannot be
+  computed by a page that cannot read the cookie. It is compared in
+  constant time. A POST whose ``Origin`` is another site is refused first.
+- Templates are autoescaped (payloads holding HTML show as text), and every
+  answer carries a Content-Security-Policy allowing only the package's own
+  script and style, no framing, and ``nosniff``.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import json
+import pathlib
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from quart import Blueprint, Response, redirect, render_template, request, send_from_directory
+from quart_schema import hide
+
+from ... import errors
+from ...models import MAX_JOB_ID, Job, QueueStats, Status, WorkflowStatus, format_time, valid_name
+from ..auth import Credentials
+from ..engine import Engine
+from ..transitions import BULK_STATUSES
+
+__all__ = ["create_dashboard"]
+
+PREFIX = "/dashboard"
+STATIC = pathlib.Path(__file__).parent / "static"
+COOKIE = "qftrio_dashboard"
+MAX_FORM_BYTES = 16 * 1024
+#: Jobs, workflows per page.
+PAGE = 50
+#: How far back the completed-per-second rate looks.
+RATE_WINDOW_SECS = 60.0
+#: Samples kept per queue for the throughput chart.
+CHART_POINTS = 60
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+_BULK_ACTIONS = {"retry": "Retry", "cancel": "Cancel", "delete": "Delete"}
+_BULK_DONE = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}
+
+
+def csrf_token(token: str) -> str:
+    """The CSRF token of the session signed in with *token*."""
+    return hmac.new(token.encode(), b"qftrio-dashboard-csrf", hashlib.sha256).hexdigest()
+
+
+class Throughput:
+    """Completed jobs per second, per tenant and queue, from the samples of
+    the completed count this server's pages have read.
+
+    Counts are exact and shared by every server (they come from the store),
+    so any server's samples give the rate; a server only keeps the last
+    :data:`CHART_POINTS` samples of each queue, one a second at most.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._samples: dict[tuple[str, str], collections.deque[tuple[float, int]]] = {}
+
+    def observe(self, tenant: str, stats: QueueStats) -> tuple[float | None, list[float]]:
+        """Record the queue's completed count; returns the rate over the
+        last :data:`RATE_WINDOW_SECS` (None until two samples) and the
+        chart's series of rates between successive samples."""
+        now = self._clock()
+        samples = self._samples.setdefault((tenant, stats.queue), collections.deque(maxlen=CHART_POINTS))
+        completed = stats.counts.get(Status.COMPLETED.value, 0)
+        if not samples or now - samples[-1][0] >= 1.0:
+            samples.append((now, completed))
+        since = next((s for s in samples if now - s[0] <= RATE_WINDOW_SECS), None)
+        rate = None
+        if since is not None and now > since[0]:
+            # Deleting completed jobs lowers the count: never a negative rate.
+            rate = max(0.0, (completed - since[1]) / (now - since[0]))
+        pairs = zip(samples, list(samples)[1:])
+        series = [max(0.0, (b[1] - a[1]) / (b[0] - a[0])) for a, b in pairs]
+        return rate, series
+
+
+def _age(ts: float | None, now: float) -> str:
+    """A short relative time: ``12s``, ``3m 04s``, ``2h 05m``, ``4d 03h``."""
+    if ts is None:
+        return "–"
+    secs = now - ts
+    future = secs < 0
+    secs = abs(secs)
+    if secs < 60:
+        text = f"{secs:.0f}s"
+    elif secs < 3600:
+        text = f"{secs // 60:.0f}m {secs % 60:02.0f}s"
+    elif secs < 86400:
+        text = f"{secs // 3600:.0f}h {secs % 3600 // 60:02.0f}m"
+    else:
+        text = f"{secs // 86400:.0f}d {secs % 86400 // 3600:02.0f}h"
+    return f"in {text}" if future else f"{text} ago"
+
+
+def _time(ts: float | None) -> str:
+    text = format_time(ts)
+    return "–" if text is None else text.replace("T", " ")[:19] + " UTC"
+
+
+def _rate(rate: float | None) -> str:
+    return "–" if rate is None else f"{rate:.1f}"
+
+
+def timeline(job: Job) -> list[tuple[float, str]]:
+    """A job's transitions as far as the job itself records them, oldest
+    first: enqueued, when it became available, each failed attempt, and
+    where it is now."""
+    events: list[tuple[float, str]] = [(job.created_at, "enqueued")]
+    failed = {entry.attempt for entry in job.errors}
+    for entry in job.errors:
+        if job.status is Status.FAILED and entry.attempt == job.attempt:
+            events.append((entry.at, f"attempt {entry.attempt} failed; no attempt left (dead letter)"))
+        else:
+            events.append((entry.at, f"attempt {entry.attempt} failed"))
+    if job.status is Status.PENDING:
+        if job.scheduled_at > job.created_at:
+            events.append((job.scheduled_at, f"available for attempt {job.attempt + 1}"))
+    elif job.status is Status.RUNNING:
+        worker = job.worker_id or "a worker"
+        events.append((job.updated_at, f"attempt {job.attempt} leased by {worker}"))
+        if job.locked_until is not None:
+            events.append((job.locked_until, "lease deadline"))
+    elif job.status is Status.COMPLETED:
+        events.append((job.updated_at, f"completed on attempt {job.attempt}"))
+    elif job.status is Status.CANCELLED:
+        events.append((job.updated_at, "cancelled"))
+    elif job.attempt not in failed:
+        events.append((job.updated_at, "failed"))
+    events.sort(key=lambda event: event[0])
+    return events
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def _name(field: str, value: str | None) -> str | None:
+    """A queue or kind filter: None when blank, 422 when not a name."""
+    if not value:
+        return None
+    if not valid_name(value):
+        raise errors.InvalidInput(f"{field}: not a valid name: {value!r}")
+    return value
+
+
+def _enum(field: str, cls: type[Status] | type[WorkflowStatus], value: str | None) -> Any:
+    if not value:
+        return None
+    try:
+        return cls(value)
+    except ValueError:
+        names = ", ".join(s.value for s in cls)
+        raise errors.InvalidInput(f"{field}: not one of {names}: {value!r}") from None
+
+
+def _job_id(value: str) -> str:
+    if not value or len(value) > MAX_JOB_ID:
+        raise errors.InvalidInput("job id: 1 to 100 characters")
+    return value
+
+
+def _query(**params: str | None) -> str:
+    """A query string of the given parameters that are set."""
+    return urllib.parse.urlencode({k: v for k, v in params.items() if v})
+
+
+def _over_tls() -> bool:
+    """Whether the browser reached the dashboard over HTTPS: qftrio serves
+    plain HTTP behind a TLS proxy, which says so in ``X-Forwarded-Proto``.
+    Trusting that header can only make the cookie stricter."""
+    forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    return request.scheme == "https" or forwarded == "https"
+
+
+def _see(path: str) -> Response:
+    """After an action, the page to show (Post/Redirect/Get)."""
+    return redirect(f"{PREFIX}/{path}", 303)
+
+
+def _pages(filters: dict[str, str | None], cursor: str | None, next_cursor: str | None) -> dict[str, Any]:
+    """The keyset pager's links: back to the newest page, and on to the next."""
+    return {
+        "first": cursor is None,
+        "first_url": f"?{_query(**filters)}",
+        "next_url": f"?{_query(**filters, cursor=next_cursor)}" if next_cursor else None,
+    }
+
+
+def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
+    """The dashboard's blueprint, serving *engine* to the tenants of
+    *credentials*."""
+    bp = Blueprint(
+        "dashboard",
+        __name__,
+        url_prefix=PREFIX,
+        template_folder="templates",
+    )
+    throughput = Throughput()
+
+    def signed_in() -> tuple[str, str] | None:
+        """The (tenant, token) of the request's session, if it has a valid one."""
+        token = request.cookies.get(COOKIE)
+        if not token:
+            return None
+        try:
+            return credentials.tenant(f"Bearer {token}"), token
+        except errors.ApiError:
+            return None
+
+    async def page(template: str, status: int = 200, **context: Any) -> Response:
+        session = signed_in()
+        body = await render_template(
+            template,
+            tenant=session[0] if session else None,
+            csrf=csrf_token(session[1]) if session else "",
+            now=engine.clock(),
+            age=_age,
+            time=_time,
+            rate=_rate,
+            **context,
+        )
+        return Response(body, status=status, content_type="text/html; charset=utf-8")
+
+    def view(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+        """A page for signed-in tenants: without a session, GETs go to the
+        sign-in form; the view is called with the tenant."""
+
+        async def wrapper(**params: str) -> Response:
+            session = signed_in()
+            if session is None:
+                return redirect(f"{PREFIX}/signin?{_query(next=request.full_path.rstrip('?'))}", 303)
+            return await fn(session[0], **params)
+
+        wrapper.__name__ = fn.__name__
+        return wrapper
+
+    def action(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+        """A POST of a signed-in tenant carrying the session's CSRF token."""
+
+        async def wrapper(**params: str) -> Response:
+            session = signed_in()
+            if session is None:
+                raise errors.Unauthorized("not signed in, or the session's token is no longer valid")
+            form = await request.form
+            given = form.get("csrf", "")
+            if not hmac.compare_digest(given.encode(), csrf_token(session[1]).encode()):
+                raise errors.Forbidden("missing or wrong CSRF token: reload the page and try again")
+            return await fn(session[0], form, **params)
+
+        wrapper.__name__ = fn.__name__
+        return wrapper
+
+    @bp.get("/static/<path:filename>")
+    async def static(filename: str) -> Response:
+        return await send_from_directory(STATIC, filename)
+
+    @bp.before_request
+    async def small_same_origin_posts() -> None:
+        if request.method != "POST":
+            return
+        # The app leaves body caps to each route; a form here is a few fields.
+        if request.content_length is None or request.content_length > MAX_FORM_BYTES:
+            raise errors.PayloadTooLarge(f"a dashboard form is at most {MAX_FORM_BYTES} bytes, with a Content-Length")
+        origin = request.headers.get("Origin")
+        if origin is None:
+            return
+        hosts = {request.host, request.headers.get("X-Forwarded-Host", "").split(",")[0].strip()}
+        if origin == "null" or urllib.parse.urlsplit(origin).netloc not in hosts:
+            raise errors.Forbidden("a cross-site form cannot act on the dashboard")
+
+    @bp.after_request
+    async def security_headers(response: Response) -> Response:
+        for name, value in SECURITY_HEADERS.items():
+            response.headers[name] = value
+        return response
+
+    @bp.errorhandler(errors.ApiError)
+    async def api_error(exc: errors.ApiError) -> Response:
+        return await page("dashboard/error.html", exc.status_code, error=exc)
+
+    # -- signing in and out ------------------------------------------------
+
+    def _next(value: str | None) -> str:
+        # Only a path of the dashboard itself: never an open redirect.
+        if value and value.startswith(PREFIX + "/") and not value.startswith("//"):
+            return value
+        return f"{PREFIX}/"
+
+    @bp.get("/signin")
+    async def signin_form() -> Response:
+        return await page("dashboard/signin.html", next=_next(request.args.get("next")), problem=None)
+
+    @bp.post("/signin")
+    async def signin() -> Response:
+        form = await request.form
+        token = form.get("token", "").strip()
+        target = _next(form.get("next"))
+        try:
+            credentials.tenant(f"Bearer {token}")
+        except errors.ApiError as exc:
+            return await page("dashboard/signin.html", 401, next=target, problem=exc.message)
+        response = redirect(target, 303)
+        response.set_cookie(
+            COOKIE, token, path=PREFIX, httponly=True, samesite="Strict", secure=_over_tls()
+        )
+        return response
+
+    @bp.post("/signout")
+    @action
+    async def signout(tenant: str, form: Any) -> Response:
+        response = redirect(f"{PREFIX}/signin", 303)
+        response.delete_cookie(
+            COOKIE, path=PREFIX, httponly=True, samesite="Strict", secure=_over_tls()
+        )
+        return response
+
+    # -- queues ------------------------------------------------------------
+
+    def queue_rows(tenant: str, stats: list[QueueStats]) -> list[dict[str, Any]]:
+        now = engine.clock()
+        rows = []
+        for s in stats:
+            rate, series = throughput.observe(tenant, s)
+            rows.append(
+                {
+                    "queue": s.queue,
+                    "counts": {st.value: s.counts.get(st.value, 0) for st in Status},
+                    "oldest_ready": _age(s.oldest_ready_at, now),
+                    "next_available": _age(s.next_available_at, now),
+                    "rate": _rate(rate),
+                    "paused": s.paused,
+                    "series": series,
+                }
+            )
+        return rows
+
+    @bp.get("/")
+    @view
+    async def queues(tenant: str) -> Response:
+        rows = queue_rows(tenant, await engine.queues_stats(tenant))
+        return await page("dashboard/queues.html", rows=rows, statuses=[s.value for s in Status])
+
+    @bp.get("/queues.json")
+    @view
+    async def queues_json(tenant: str) -> Response:
+        queue = _name("queue", request.args.get("queue"))
+        rows = queue_rows(tenant, await engine.queues_stats(tenant, queue))
+        return Response(json.dumps({"queues": rows}), content_type="application/json")
+
+    @bp.get("/queues/<queue>")
+    @view
+    async def queue_page(tenant: str, queue: str) -> Response:
+        _name("queue", queue)
+        rows = queue_rows(tenant, await engine.queues_stats(tenant, queue))
+        if not rows:
+            raise errors.NotFound(f"queue {queue} has no jobs")
+        return await page("dashboard/queue.html", row=rows[0], statuses=[s.value for s in Status])
+
+    @bp.post("/queues/<queue>/pause")
+    @action
+    async def queue_pause(tenant: str, form: Any, queue: str) -> Response:
+        await engine.queue_pause(tenant, _name("queue", queue) or "")
+        return _see(f"queues/{queue}")
+
+    @bp.post("/queues/<queue>/resume")
+    @action
+    async def queue_resume(tenant: str, form: Any, queue: str) -> Response:
+        await engine.queue_resume(tenant, _name("queue", queue) or "")
+        return _see(f"queues/{queue}")
+
+    # -- jobs --------------------------------------------------------------
+
+    async def jobs_page(tenant: str, template: str, status: Status | None) -> Response:
+        queue = _name("queue", request.args.get("queue"))
+        kind = _name("kind", request.args.get("kind"))
+        cursor = request.args.get("cursor") or None
+        jobs, next_cursor = await engine.jobs_list(
+            tenant, queue=queue, status=status, kind=kind, limit=PAGE, cursor=cursor
+        )
+        filters = {"queue": queue, "status": status.value if status else None, "kind": kind}
+        # Without a status filter, deleting is offered nowhere: one click
+        # would delete every finished job of the tenant.
+        bulk = [
+            (name, label)
+            for name, label in _BULK_ACTIONS.items()
+            if (status is None and name != "delete") or status in BULK_STATUSES[name]
+        ]
+        done = request.args.get("done")
+        count = request.args.get("count", "")
+        notice = None
+        if done in _BULK_DONE and count.isdigit():
+            notice = f"{count} {'job' if count == '1' else 'jobs'} {_BULK_DONE[done]}"
+        return await page(
+            template,
+            jobs=jobs,
+            filters=filters,
+            statuses=[s.value for s in Status],
+            **_pages(filters, cursor, next_cursor),
+            bulk=bulk,
+            notice=notice,
+        )
+
+    @bp.get("/jobs")
+    @view
+    async def jobs(tenant: str) -> Response:
+        return await jobs_page(tenant, "dashboard/jobs.html", _enum("status", Status, request.args.get("status")))
+
+    @bp.get("/dead")
+    @view
+    async def dead(tenant: str) -> Response:
+        return await jobs_page(tenant, "dashboard/dead.html", Status.FAILED)
+
+    @bp.post("/jobs/bulk")
+    @action
+    async def jobs_bulk(tenant: str, form: Any) -> Response:
+        name = form.get("action", "")
+        if name not in _BULK_ACTIONS:
+            raise errors.InvalidInput(f"action: not one of retry, cancel, delete: {name!r}")
+        queue = _name("queue", form.get("queue"))
+        kind = _name("kind", form.get("kind"))
+        status = _enum("status", Status, form.get("status"))
+        count = await engine.jobs_bulk(tenant, name, queue=queue, status=status, kind=kind)
+        back = f"{PREFIX}/dead" if form.get("from") == "dead" else f"{PREFIX}/jobs"
+        filters = {"queue": queue, "kind": kind, "status": None if back.endswith("dead") else form.get("status")}
+        return redirect(f"{back}?{_query(**filters, done=name, count=str(count))}", 303)
+
+    @bp.get("/jobs/<job_id>")
+    @view
+    async def job_page(tenant: str, job_id: str) -> Response:
+        job = await engine.job_get(tenant, _job_id(job_id))
+        return await page(
+            "dashboard/job.html",
+            job=job,
+            payload=_pretty(job.payload),
+            result=None if job.result is None else _pretty(job.result),
+            events=timeline(job),
+        )
+
+    @bp.post("/jobs/<job_id>/retry")
+    @action
+    async def job_retry(tenant: str, form: Any, job_id: str) -> Response:
+        job = await engine.job_retry(tenant, _job_id(job_id))
+        return _see(f"jobs/{urllib.parse.quote(job.id, safe='')}")
+
+    @bp.post("/jobs/<job_id>/cancel")
+    @action
+    async def job_cancel(tenant: str, form: Any, job_id: str) -> Response:
+        job = await engine.job_cancel(tenant, _job_id(job_id))
+        return _see(f"jobs/{urllib.parse.quote(job.id, safe='')}")
+
+    # -- workflows and workers ---------------------------------------------
+
+    @bp.get("/workflows")
+    @view
+    async def workflows(tenant: str) -> Response:
+        status = _enum("status", WorkflowStatus, request.args.get("status"))
+        cursor = request.args.get("cursor") or None
+        items, next_cursor = await engine.workflows_list(tenant, status=status, limit=PAGE, cursor=cursor)
+        filters = {"status": status.value if status else None}
+        return await page(
+            "dashboard/workflows.html",
+            workflows=items,
+            filters=filters,
+            statuses=[s.value for s in WorkflowStatus],
+            **_pages(filters, cursor, next_cursor),
+        )
+
+    @bp.get("/workflows/<workflow_id>")
+    @view
+    async def workflow_page(tenant: str, workflow_id: str) -> Response:
+        workflow = await engine.workflow_get(tenant, _job_id(workflow_id))
+        return await page("dashboard/workflow.html", workflow=workflow, context_json=_pretty(workflow.context))
+
+    @bp.post("/workflows/<workflow_id>/cancel")
+    @action
+    async def workflow_cancel(tenant: str, form: Any, workflow_id: str) -> Response:
+        workflow = await engine.workflow_cancel(tenant, _job_id(workflow_id))
+        return _see(f"workflows/{urllib.parse.quote(workflow.id, safe='')}")
+
+    @bp.get("/workers")
+    @view
+    async def workers(tenant: str) -> Response:
+        return await page("dashboard/workers.html", workers=await engine.workers(tenant))
+
+    @bp.record_once
+    def hide_from_the_document(state: Any) -> None:
+        # Pages, not API routes: /openapi.json documents the API only.
+        for endpoint, fn in state.app.view_functions.items():
+            if endpoint.startswith(f"{bp.name}."):
+                hide(fn)
+
+    return bp
+
