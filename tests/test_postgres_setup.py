@@ -33,7 +33,7 @@ from qftrio import errors
 from qftrio.cli import main
 from qftrio.server.config import Config
 from qftrio.server.serve import serve
-from qftrio.server.store import pgasync
+from qftrio.server.store import pgasync, sql
 from qftrio.server.store.postgres import MIGRATION_LOCK_KEY, _migrate_on, migrate
 
 from .pg import pg_url
@@ -46,6 +46,9 @@ pytestmark = [
 
 #: Credentials that let ``qftrio serve`` get as far as opening its store.
 SERVE = ["serve", "--bind", "127.0.0.1:0", "--worker-token", "w", "--tenant", "acme=t"]
+
+#: Every migration the package ships, in order.
+ALL_MIGRATIONS = [name for _, name, _ in sql.migrations("postgres")]
 
 
 def database_url() -> str:
@@ -288,7 +291,7 @@ async def test_the_data_only_role_serves_once_the_owner_migrated() -> None:
             assert "missing 0001_init" in line and repr(role) in line
             assert "CREATE on the schema" in line and "run `qftrio migrate` as the schema's owner" in line
 
-            assert await migrate_as(owner) == ["0001_init", "0002_workflows", "0003_scheduled_index"]
+            assert await migrate_as(owner) == ALL_MIGRATIONS
 
             # current: the role's server runs jobs, and changes no table
             tables = "SELECT count(*) FROM pg_class WHERE relname LIKE 'qftrio%'"
@@ -335,11 +338,7 @@ async def test_a_role_that_waited_while_the_owner_migrated_runs_no_ddl() -> None
                     while not await run(waiting):
                         pass
                     # the lock is the session's, so the owner migrates under it
-                    assert await trio_asyncio.aio_as_trio(_migrate_on)(conn) == [
-                        "0001_init",
-                        "0002_workflows",
-                        "0003_scheduled_index",
-                    ]
+                    assert await trio_asyncio.aio_as_trio(_migrate_on)(conn) == ALL_MIGRATIONS
                     await run("SELECT pg_advisory_unlock($1)")
                 assert applied == [[]]
             finally:
