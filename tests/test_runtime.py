@@ -270,6 +270,28 @@ async def test_a_lease_asks_for_the_free_lanes(server: Faults, autojump_clock: A
     assert asked[:3] == [8, 4, 5]
 
 
+async def test_by_default_a_worker_leases_again_while_a_full_lease_runs(server: Faults, autojump_clock: Any) -> None:
+    # A lease carries at most 100 jobs; a worker with its default lanes
+    # asks for the next 100 while those run, so short jobs keep it busy
+    # and every lease and report carries a full batch.
+    asked: list[int] = []
+    lease = server.lease
+
+    async def counting_lease(queue: str, *, max_jobs: int, **kw: Any) -> list[Lease]:
+        asked.append(max_jobs)
+        return await lease(queue, max_jobs=max_jobs, **kw)
+
+    server.lease = counting_lease  # type: ignore[method-assign]
+    ids = [await server.add("echo", {"secs": 5}) for _ in range(120)]
+    worker = Worker(server, "q", echo_registry(), lease_secs=10, wait_secs=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await server.wait_for(lambda: worker.statistics().running == 120)
+        await server.wait_status(Status.COMPLETED, *ids)
+        worker.stop()
+    assert asked[:2] == [100, 100]
+
+
 async def test_none_result_completes_with_empty_object(server: Faults, autojump_clock: Any) -> None:
     reg = Registry()
 

@@ -89,7 +89,7 @@ LEASE_BACKOFF = (0.5, 15.0)
 REPORT_BACKOFF = (0.25, 5.0)
 
 #: Lanes of a worker unless told otherwise.
-DEFAULT_LANES = 64
+DEFAULT_LANES = 200
 
 #: Longest worker id the server records.
 MAX_WORKER_ID = 200
