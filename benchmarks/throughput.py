@@ -12,6 +12,12 @@ drain the queue. Reported per run and as the median of the runs:
   start-up is not counted;
 * wall jobs/s: N / (workers started .. all completed), start-up included.
 
+The workers run with their own defaults unless ``--lanes``/``--batch`` say
+otherwise. ``--ab DIR`` alternates every run with one whose workers import
+qftrio from DIR (a copy of another version, e.g. ``git archive HEAD qftrio |
+tar -x -C DIR``), on the same server, and prints both medians: an A/B of the
+worker on a noisy machine.
+
 Examples::
 
     .venv/bin/python benchmarks/throughput.py                      # embedded store
@@ -21,6 +27,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import uuid
@@ -34,8 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", "-n", type=int, default=20_000, help="jobs per run (default 20000)")
     p.add_argument("--enqueue-batch", type=int, default=1000, help="jobs per enqueue call (default 1000)")
     p.add_argument("--workers", "-w", type=int, default=2, help="qftrio worker processes (default 2)")
-    p.add_argument("--lanes", type=int, default=32, help="--lanes of each worker (default 32)")
-    p.add_argument("--batch", type=int, default=25, help="--batch of each worker (default 25)")
+    p.add_argument("--lanes", type=int, default=None, help="--lanes of each worker (default: the worker's own)")
+    p.add_argument("--batch", type=int, default=None, help="--batch of each worker (default: the worker's own)")
     p.add_argument("--runs", "-r", type=int, default=3, help="runs; the median is reported (default 3)")
     p.add_argument("--servers", "-k", type=int, default=1, help="qftrio serve processes (PostgreSQL only; default 1)")
     p.add_argument("--pool-size", type=int, default=None, help="--pool-size of each server (PostgreSQL)")
@@ -43,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-server", metavar="SVG", help="record the (first) server with py-spy during run 1 (.svg flame graph, or .txt for raw collapsed stacks)")
     p.add_argument("--profile-worker", metavar="SVG", help="record the first worker with py-spy during run 1 (.svg or .txt)")
     p.add_argument("--profile-gil", action="store_true", help="profile only the thread holding the GIL (py-spy --gil)")
+    p.add_argument("--ab", metavar="DIR", help="alternate every run with one whose workers import qftrio from DIR (a copy of another version); both medians are printed")
     b.add_common(p)
     args = p.parse_args(argv)
     if args.store == "sqlite" and args.servers != 1:
@@ -50,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_url: str | None) -> dict:
+def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_url: str | None,
+            worker_env: dict[str, str] | None = None) -> dict:  # fmt: skip
     queue = f"tp{run}-{uuid.uuid4().hex[:8]}"
     enqueue_secs = b.enqueue_noop(servers[0].url, queue, args.jobs, batch=args.enqueue_batch)
     started = time.perf_counter()
@@ -60,7 +69,7 @@ def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_ur
     pg_before = b.postgres_cpu_seconds() if args.store == "postgres" else 0.0
     workers = [
         b.start_worker(procs, servers[i % len(servers)].url, queue, lanes=args.lanes, batch=args.batch,
-                       log_level=args.worker_log_level)
+                       log_level=args.worker_log_level, env=worker_env)
         for i in range(args.workers)
     ]  # fmt: skip
     spies = []
@@ -122,11 +131,15 @@ def main(argv: list[str] | None = None) -> int:
                 b.start_server(procs, store=args.store, database_url=url, pool_size=args.pool_size, name=f"server{i}")
                 for i in range(args.servers)
             ]
-            for run in range(1, args.runs + 1):
-                r = one_run(args, procs, servers, run, url)
+            sides = [("", None)]
+            if args.ab:
+                sides.append(("B ", {"PYTHONPATH": os.pathsep.join([os.path.abspath(args.ab), str(b.BENCH_DIR)])}))
+            for run, (side, env) in enumerate([side for _ in range(args.runs) for side in sides], 1):
+                r = one_run(args, procs, servers, run, url, env)
+                r["side"] = side
                 results.append(r)
                 b.say(
-                    f"run {run}: enqueue {r['enqueue_jobs_per_s']:,.0f} jobs/s; processed {r['processed_jobs_per_s']:,.0f} jobs/s "
+                    f"{side}run {run}: enqueue {r['enqueue_jobs_per_s']:,.0f} jobs/s; processed {r['processed_jobs_per_s']:,.0f} jobs/s "
                     f"({r['completed']} completed, {r['failed']} failed, drain {r['drain_secs']:.2f}s); "
                     f"wall incl. worker start {r['wall_jobs_per_s']:,.0f} jobs/s"
                 )
@@ -138,15 +151,22 @@ def main(argv: list[str] | None = None) -> int:
                 db.__exit__(None, None, None)
             if cluster is not None:
                 cluster.__exit__(None, None, None)
+    for side in dict.fromkeys(r["side"] for r in results):
+        summarise(args, side, [r for r in results if r["side"] == side])
+    return 0
+
+
+def summarise(args: argparse.Namespace, side: str, results: list[dict]) -> None:
     enq = b.median([r["enqueue_jobs_per_s"] for r in results])
     proc_rate = b.median([r["processed_jobs_per_s"] for r in results])
     wall = b.median([r["wall_jobs_per_s"] for r in results])
+    cpu = {k: b.median([r["cpu_us_per_job"][k] for r in results]) for k in results[0]["cpu_us_per_job"]}
     b.say(
-        f"RESULT throughput store={args.store} servers={args.servers} workers={args.workers} lanes={args.lanes} "
+        f"{side}RESULT throughput store={args.store} servers={args.servers} workers={args.workers} lanes={args.lanes} "
         f"batch={args.batch} jobs={args.jobs} runs={args.runs}: enqueue {enq:,.0f} jobs/s, "
-        f"processed {proc_rate:,.0f} jobs/s (median), wall {wall:,.0f} jobs/s"
+        f"processed {proc_rate:,.0f} jobs/s (median), wall {wall:,.0f} jobs/s; CPU µs/job (median) "
+        + ", ".join(f"{k} {v:,.0f}" for k, v in cpu.items())
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -458,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("registry", metavar="MODULE:REGISTRY", help="where the handlers are, e.g. handlers:registry")
     p.add_argument("--url", default=os.environ.get("QUEUEFLOW_URL", DEFAULT_URL), help="server URL (QUEUEFLOW_URL)")
     p.add_argument("--token", help="the worker token (QUEUEFLOW_WORKER_TOKEN)")
-    p.add_argument("--lanes", type=_positive_int, default=None, help="jobs run at a time (default 64)")
+    p.add_argument("--lanes", type=_positive_int, default=None, help="jobs run at a time (default 200)")
     p.add_argument(
         "--batch", type=_positive_int, default=None, help="jobs leased per call at most (default: the free lanes)"
     )

@@ -203,8 +203,9 @@ class Job:
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Job:
-        # A worker builds one per leased job: the status by a dict lookup and
-        # strings tested first in parse_time() (docs/performance.md).
+        # A worker builds one per leased job: the status comes from a dict
+        # lookup rather than Status(), and parse_time() tests for strings
+        # first (docs/performance.md).
         get = data.get
         status = data["status"]
         errors = get("errors")

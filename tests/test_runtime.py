@@ -195,6 +195,19 @@ def make_worker(server: Faults, registry: Registry, **kw: Any) -> tuple[Worker, 
     return Worker(server, "q", registry, on_event=rec, **kw), rec
 
 
+def count_leases(server: Faults) -> list[int]:
+    """The *max_jobs* of every lease call made through *server* from now on."""
+    asked: list[int] = []
+    lease = server.lease
+
+    async def counting_lease(queue: str, *, max_jobs: int, **kw: Any) -> list[Lease]:
+        asked.append(max_jobs)
+        return await lease(queue, max_jobs=max_jobs, **kw)
+
+    server.lease = counting_lease  # type: ignore[method-assign]
+    return asked
+
+
 def echo_registry() -> Registry:
     reg = Registry()
 
@@ -248,14 +261,7 @@ async def test_reports_made_together_go_in_one_batch(server: Faults, autojump_cl
 
 
 async def test_a_lease_asks_for_the_free_lanes(server: Faults, autojump_clock: Any) -> None:
-    asked: list[int] = []
-    lease = server.lease
-
-    async def counting_lease(queue: str, *, max_jobs: int, **kw: Any) -> list[Lease]:
-        asked.append(max_jobs)
-        return await lease(queue, max_jobs=max_jobs, **kw)
-
-    server.lease = counting_lease  # type: ignore[method-assign]
+    asked = count_leases(server)
     long = [await server.add("echo", {"secs": 30}, priority=1) for _ in range(3)]
     short = await server.add("echo", {"secs": 1})
     worker, _ = make_worker(server, echo_registry(), lanes=8)
@@ -268,6 +274,21 @@ async def test_a_lease_asks_for_the_free_lanes(server: Faults, autojump_clock: A
     # 8 lanes free, 4 jobs come; then 4 free (none of the 30 s jobs is
     # done), then 5 once the short one has finished.
     assert asked[:3] == [8, 4, 5]
+
+
+async def test_by_default_a_worker_leases_again_while_a_full_lease_runs(server: Faults, autojump_clock: Any) -> None:
+    # A lease carries at most 100 jobs; a worker with its default lanes
+    # asks for the next 100 while those run, so short jobs keep it busy
+    # and every lease and report carries a full batch.
+    asked = count_leases(server)
+    ids = [await server.add("echo", {"secs": 5}) for _ in range(120)]
+    worker = Worker(server, "q", echo_registry(), lease_secs=10, wait_secs=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await server.wait_for(lambda: worker.statistics().running == 120)
+        await server.wait_status(Status.COMPLETED, *ids)
+        worker.stop()
+    assert asked[:2] == [100, 100]
 
 
 async def test_none_result_completes_with_empty_object(server: Faults, autojump_clock: Any) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import heapq
 import logging
 import math
 import os
@@ -89,7 +90,7 @@ LEASE_BACKOFF = (0.5, 15.0)
 REPORT_BACKOFF = (0.25, 5.0)
 
 #: Lanes of a worker unless told otherwise.
-DEFAULT_LANES = 64
+DEFAULT_LANES = 200
 
 #: Longest worker id the server records.
 MAX_WORKER_ID = 200
@@ -198,7 +199,7 @@ class _Lanes:
     FIFO order too, but tasks started together reach it in no set order)."""
 
     def __init__(self, n: int) -> None:
-        self._free = list(range(n, 0, -1))  # pop() gives the lowest
+        self._free = list(range(1, n + 1))  # a heap: the lowest free lane first
         self._waiting: collections.deque[_Held] = collections.deque()
         self.busy = 0
 
@@ -209,7 +210,7 @@ class _Lanes:
 
     def enqueue(self, held: _Held) -> None:
         if self._free:
-            self._give(held, self._free.pop())
+            self._give(held, heapq.heappop(self._free))
         else:
             self._waiting.append(held)
 
@@ -229,8 +230,7 @@ class _Lanes:
         if self._waiting:
             self._give(self._waiting.popleft(), held.lane)
         else:
-            self._free.append(held.lane)
-            self._free.sort(reverse=True)
+            heapq.heappush(self._free, held.lane)
 
 
 #: Stands in for a timeout scope when a handler has none.
