@@ -27,6 +27,7 @@ from .models import (
     Lease as Lease,
     QueueStats as QueueStats,
     Status as Status,
+    WorkerInfo as WorkerInfo,
     Workflow as Workflow,
     WorkflowStatus as WorkflowStatus,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "Lease",
     "QueueStats",
     "Status",
+    "WorkerInfo",
     "Workflow",
     "WorkflowStatus",
     "HttpTransport",

@@ -8,7 +8,7 @@ import sys
 import qftrio
 
 DOCUMENTED = [
-    "Registry", "Job", "Lease", "QueueStats", "Status", "Workflow", "WorkflowStatus", "HttpTransport", "Worker", "WorkerEvent", "open_worker", "Client",
+    "Registry", "Job", "Lease", "QueueStats", "WorkerInfo", "Status", "Workflow", "WorkflowStatus", "HttpTransport", "Worker", "WorkerEvent", "open_worker", "Client",
     "QftrioError", "ApiError", "PermanentError", "TransportError", "NotFound", "Conflict", "Unauthorized",
     "Forbidden", "InvalidInput", "BadRequest", "PayloadTooLarge", "Unavailable", "ConfigError",
 ]  # fmt: skip

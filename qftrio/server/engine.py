@@ -44,7 +44,7 @@ import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
 from .. import errors
-from .._batching import Batcher as Coalescer
+from .._batching import Batcher
 from ..models import (
     Job,
     Lease,
@@ -223,16 +223,16 @@ class Engine:
         self.metrics = Metrics()
         self._closing = trio.Event()
         # Concurrent reports and claims share store calls (qftrio/_batching.py).
-        self._heartbeats: Coalescer[HeartbeatItem, HeartbeatResult] = Coalescer(
+        self._heartbeats: Batcher[HeartbeatItem, HeartbeatResult] = Batcher(
             lambda items: self.store.jobs_heartbeat(items, now=self.clock())
         )
-        self._completes: Coalescer[CompleteItem, ReportResult] = Coalescer(
+        self._completes: Batcher[CompleteItem, ReportResult] = Batcher(
             lambda items: self.store.jobs_complete(items, now=self.clock())
         )
-        self._fails: Coalescer[FailItem, ReportResult] = Coalescer(
+        self._fails: Batcher[FailItem, ReportResult] = Batcher(
             lambda items: self.store.jobs_fail(items, now=self.clock(), retry_at=self.policy.retry_at)
         )
-        self._claims: dict[tuple[str, float, str | None], Coalescer[int, list[Lease]]] = {}
+        self._claims: dict[tuple[str, float, str | None], Batcher[int, list[Lease]]] = {}
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -579,7 +579,7 @@ class Engine:
         key = (queue, lease_secs, worker_id)
         coalescer = self._claims.get(key)
         if coalescer is None:
-            coalescer = self._claims[key] = Coalescer(functools.partial(self._claim_batch, key))
+            coalescer = self._claims[key] = Batcher(functools.partial(self._claim_batch, key))
         try:
             (leases,) = await coalescer([limit])
         finally:
