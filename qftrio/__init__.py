@@ -21,6 +21,7 @@ from .errors import (
     TransportError as TransportError,
     Unauthorized as Unauthorized,
     Unavailable as Unavailable,
+    UnexpectedAnswer as UnexpectedAnswer,
 )
 from .models import (
     Job as Job,
@@ -52,6 +53,7 @@ __all__ = [
     "TransportError",
     "Unauthorized",
     "Unavailable",
+    "UnexpectedAnswer",
     "Job",
     "Lease",
     "QueueStats",

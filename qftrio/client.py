@@ -17,8 +17,8 @@ import dataclasses
 import datetime as _dt
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
 import pydantic
@@ -171,6 +171,61 @@ def _job_body(spec: Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
+T = TypeVar("T")
+
+# Readers of answers: JSON in, records out. A KeyError or TypeError in one
+# means the answer is not qftrio's (Client._json says so).
+
+
+def _leases(data: Any) -> list[Lease]:
+    return [Lease.from_wire(item) for item in data["jobs"]]
+
+
+def _heartbeat(data: Any) -> tuple[str, float | None]:
+    return data["status"], parse_time(data.get("locked_until"))
+
+
+def _heartbeat_replies(data: Any) -> list[HeartbeatReply]:
+    return [
+        HeartbeatReply(
+            job_id=r["id"], code=int(r["code"]), status=r.get("status"), locked_until=parse_time(r.get("locked_until"))
+        )
+        for r in data["results"]
+    ]
+
+
+def _report_replies(data: Any) -> list[ReportReply]:
+    return [ReportReply(job_id=r["id"], code=int(r["code"])) for r in data["results"]]
+
+
+def _jobs(data: Any) -> list[Job]:
+    return [Job.from_wire(j) for j in data["jobs"]]
+
+
+def _jobs_page(data: Any) -> tuple[list[Job], str | None]:
+    return _jobs(data), data.get("next_cursor")
+
+
+def _queues(data: Any) -> list[QueueStats]:
+    return [QueueStats.from_wire(q) for q in data["queues"]]
+
+
+def _count(data: Any) -> int:
+    return int(data["count"])
+
+
+def _workers(data: Any) -> list[WorkerInfo]:
+    return [WorkerInfo.from_wire(w) for w in data["workers"]]
+
+
+def _health(data: Any) -> dict[str, Any]:
+    return data if isinstance(data, dict) else {"status": data}
+
+
+def _workflows_page(data: Any) -> tuple[list[Workflow], str | None]:
+    return [Workflow.from_wire(w) for w in data["workflows"]], data.get("next_cursor")
+
+
 class Client:
     """An async client of one qftrio server.
 
@@ -299,16 +354,30 @@ class Client:
             err = json_loads(response.content)["error"]
             code, message = err.get("code"), err.get("message")
         except (ValueError, KeyError, TypeError, AttributeError):
+            # not qftrio's error shape: a proxy's short text is worth passing
+            # on; another server's page is named, not repeated
+            kind = response.headers.get("content-type", "no content type").split(";")[0].strip()
             text = response.text.strip()
-            message = text[:200] if text else None
+            if kind == "text/plain" and text and "\n" not in text:
+                message = text[:200]
+            else:
+                message = f"the answer is not qftrio's ({kind}): is the URL a qftrio server?"
         return errors.error_for_status(response.status_code, code, message)
 
-    async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def _json(self, method: str, path: str, read: Callable[[Any], T], **kwargs: Any) -> T:
+        """The answer to *method* *path*, turned into its records by *read*.
+
+        Raises:
+            UnexpectedAnswer: the answer is not JSON, or not of the shape
+                *read* expects: not a qftrio server.
+        """
         response = await self._request(method, path, **kwargs)
         try:
-            return json_loads(response.content)
-        except ValueError:
-            raise errors.TransportError(f"{method} {self.url}{path}: the answer is not JSON") from None
+            return read(json_loads(response.content))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise errors.UnexpectedAnswer(
+                f"{method} {self.url}{path}: the answer is not qftrio's ({type(exc).__name__}: {exc})"[:300]
+            ) from None
 
     # -- worker protocol ---------------------------------------------------
 
@@ -326,21 +395,24 @@ class Client:
         body = _build(
             LeaseRequest, max_jobs=max_jobs, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id
         )
-        data = await self._json(
-            "POST", f"/api/v1/queues/{_segment(queue)}/lease", json_body=body, timeout=self.timeout + wait_secs
+        return await self._json(
+            "POST",
+            f"/api/v1/queues/{_segment(queue)}/lease",
+            _leases,
+            json_body=body,
+            timeout=self.timeout + wait_secs,
         )
-        return [Lease.from_wire(item) for item in data["jobs"]]
 
     async def heartbeat(self, job_id: str, lease_token: str, extend_secs: int) -> tuple[str, float | None]:
         """Extend a lease. Returns the job's status and, when it is still
         ``running``, the new deadline. Raises :class:`~qftrio.errors.Conflict`
         when the token is stale."""
-        data = await self._json(
+        return await self._json(
             "POST",
             f"/api/v1/jobs/{_segment(job_id)}/heartbeat",
+            _heartbeat,
             json_body={"lease_token": lease_token, "extend_secs": extend_secs},
         )
-        return data["status"], parse_time(data.get("locked_until"))
 
     async def complete(self, job_id: str, lease_token: str, result: Mapping[str, Any] | None = None) -> None:
         """Record success (idempotent with the same token)."""
@@ -367,22 +439,12 @@ class Client:
                 {"id": i.job_id, "lease_token": i.lease_token, "extend_secs": int(i.extend_secs)} for i in items
             ]
         }
-        data = await self._json("POST", "/api/v1/leases/heartbeat", json_body=body)
-        return [
-            HeartbeatReply(
-                job_id=r["id"],
-                code=int(r["code"]),
-                status=r.get("status"),
-                locked_until=parse_time(r.get("locked_until")),
-            )
-            for r in data["results"]
-        ]
+        return await self._json("POST", "/api/v1/leases/heartbeat", _heartbeat_replies, json_body=body)
 
     async def complete_many(self, items: Sequence[CompleteItem]) -> list[ReportReply]:
         """Complete many jobs in one call (at most 1000)."""
         body = {"items": [{"id": i.job_id, "lease_token": i.lease_token, "result": i.result} for i in items]}
-        data = await self._json("POST", "/api/v1/leases/complete", json_body=body)
-        return [ReportReply(job_id=r["id"], code=int(r["code"])) for r in data["results"]]
+        return await self._json("POST", "/api/v1/leases/complete", _report_replies, json_body=body)
 
     async def fail_many(self, items: Sequence[FailItem]) -> list[ReportReply]:
         """Fail many jobs in one call (at most 1000)."""
@@ -392,8 +454,7 @@ class Client:
                 for i in items
             ]
         }
-        data = await self._json("POST", "/api/v1/leases/fail", json_body=body)
-        return [ReportReply(job_id=r["id"], code=int(r["code"])) for r in data["results"]]
+        return await self._json("POST", "/api/v1/leases/fail", _report_replies, json_body=body)
 
     # -- application API ---------------------------------------------------
 
@@ -423,19 +484,17 @@ class Client:
                 "idempotency_key": idempotency_key,
             }
         )
-        data = await self._json("POST", "/api/v1/jobs", json_body=_build(EnqueueRequest, **body))
-        return Job.from_wire(data)
+        return await self._json("POST", "/api/v1/jobs", Job.from_wire, json_body=_build(EnqueueRequest, **body))
 
     async def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
         """Enqueue many jobs in one transaction (at most 1000). Each item is
         ``{"kind", "payload", "config": {...}}`` or the same with the config
         keys (``queue``, ``priority``, ...) at the top level."""
         body = _build(EnqueueBatchRequest, jobs=[_job_body(j) for j in jobs])
-        data = await self._json("POST", "/api/v1/jobs/batch", json_body=body)
-        return [Job.from_wire(j) for j in data["jobs"]]
+        return await self._json("POST", "/api/v1/jobs/batch", _jobs, json_body=body)
 
     async def job_get(self, job_id: str) -> Job:
-        return Job.from_wire(await self._json("GET", f"/api/v1/jobs/{_segment(job_id)}"))
+        return await self._json("GET", f"/api/v1/jobs/{_segment(job_id)}", Job.from_wire)
 
     async def jobs_list(
         self,
@@ -455,31 +514,28 @@ class Client:
             "limit": limit,
             "cursor": cursor,
         }
-        data = await self._json("GET", "/api/v1/jobs", params=params)
-        return [Job.from_wire(j) for j in data["jobs"]], data.get("next_cursor")
+        return await self._json("GET", "/api/v1/jobs", _jobs_page, params=params)
 
     async def job_cancel(self, job_id: str) -> Job:
-        return Job.from_wire(await self._json("POST", f"/api/v1/jobs/{_segment(job_id)}/cancel"))
+        return await self._json("POST", f"/api/v1/jobs/{_segment(job_id)}/cancel", Job.from_wire)
 
     async def job_retry(self, job_id: str) -> Job:
-        return Job.from_wire(await self._json("POST", f"/api/v1/jobs/{_segment(job_id)}/retry"))
+        return await self._json("POST", f"/api/v1/jobs/{_segment(job_id)}/retry", Job.from_wire)
 
     async def queues(self) -> list[QueueStats]:
-        data = await self._json("GET", "/api/v1/queues")
-        items = data["queues"] if isinstance(data, dict) else data
-        return [QueueStats.from_wire(q) for q in items]
+        return await self._json("GET", "/api/v1/queues", _queues)
 
     async def queue_stats(self, queue: str) -> QueueStats:
-        return QueueStats.from_wire(await self._json("GET", f"/api/v1/queues/{_segment(queue)}/stats"))
+        return await self._json("GET", f"/api/v1/queues/{_segment(queue)}/stats", QueueStats.from_wire)
 
     async def queue_pause(self, queue: str) -> QueueStats:
         """Pause *queue* on every server (idempotent): leases hand out none
         of its jobs until :meth:`queue_resume`; running jobs go on and report."""
-        return QueueStats.from_wire(await self._json("POST", f"/api/v1/queues/{_segment(queue)}/pause"))
+        return await self._json("POST", f"/api/v1/queues/{_segment(queue)}/pause", QueueStats.from_wire)
 
     async def queue_resume(self, queue: str) -> QueueStats:
         """Resume a paused *queue* (idempotent)."""
-        return QueueStats.from_wire(await self._json("POST", f"/api/v1/queues/{_segment(queue)}/resume"))
+        return await self._json("POST", f"/api/v1/queues/{_segment(queue)}/resume", QueueStats.from_wire)
 
     async def jobs_bulk(
         self,
@@ -513,18 +569,15 @@ class Client:
             created_before=_time(created_before),
             **({} if limit is None else {"limit": limit}),
         )
-        data = await self._json("POST", f"/api/v1/jobs/bulk/{action}", json_body=body)
-        return int(data["count"])
+        return await self._json("POST", f"/api/v1/jobs/bulk/{action}", _count, json_body=body)
 
     async def workers(self) -> list[WorkerInfo]:
         """The worker ids holding running jobs, most jobs first."""
-        data = await self._json("GET", "/api/v1/workers")
-        return [WorkerInfo.from_wire(w) for w in data["workers"]]
+        return await self._json("GET", "/api/v1/workers", _workers)
 
     async def health(self) -> dict[str, Any]:
         """``GET /healthz`` (no credential needed)."""
-        data = await self._json("GET", "/healthz")
-        return data if isinstance(data, dict) else {"status": data}
+        return await self._json("GET", "/healthz", _health)
 
     # -- workflows ---------------------------------------------------------
 
@@ -541,11 +594,11 @@ class Client:
         cycle) raises :class:`~qftrio.errors.InvalidInput` and stores
         nothing."""
         body = _build(WorkflowCreateRequest, name=name, context=dict(context or {}), steps=[dict(s) for s in steps])
-        return Workflow.from_wire(await self._json("POST", "/api/v1/workflows", json_body=body))
+        return await self._json("POST", "/api/v1/workflows", Workflow.from_wire, json_body=body)
 
     async def workflow_get(self, workflow_id: str) -> Workflow:
         """The workflow, with every step and its job."""
-        return Workflow.from_wire(await self._json("GET", f"/api/v1/workflows/{_segment(workflow_id)}"))
+        return await self._json("GET", f"/api/v1/workflows/{_segment(workflow_id)}", Workflow.from_wire)
 
     async def workflows_list(
         self,
@@ -557,9 +610,8 @@ class Client:
         """One page of workflows, newest first (steps without their jobs),
         and the cursor of the next page (``None`` on the last)."""
         params = {"status": str(status) if status is not None else None, "limit": limit, "cursor": cursor}
-        data = await self._json("GET", "/api/v1/workflows", params=params)
-        return [Workflow.from_wire(w) for w in data["workflows"]], data.get("next_cursor")
+        return await self._json("GET", "/api/v1/workflows", _workflows_page, params=params)
 
     async def workflow_cancel(self, workflow_id: str) -> Workflow:
         """Cancel a running workflow and its unfinished steps."""
-        return Workflow.from_wire(await self._json("POST", f"/api/v1/workflows/{_segment(workflow_id)}/cancel"))
+        return await self._json("POST", f"/api/v1/workflows/{_segment(workflow_id)}/cancel", Workflow.from_wire)

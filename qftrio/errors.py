@@ -12,6 +12,7 @@
     │   ├── InvalidInput         422 body breaks the schema
     │   └── Unavailable          503 the store cannot be reached
     ├── TransportError           the server could not be reached at all
+    ├── UnexpectedAnswer         the server answered, but not as qftrio does
     ├── ConfigError              a setting that cannot work
     └── PermanentError           raised by a handler: fail the job, do not retry
 """
@@ -28,6 +29,7 @@ __all__ = [
     "Conflict",
     "PayloadTooLarge",
     "InvalidInput",
+    "UnexpectedAnswer",
     "Unavailable",
     "TransportError",
     "ConfigError",
@@ -120,6 +122,11 @@ class Unavailable(ApiError):
 
 class TransportError(QftrioError):
     """The server could not be reached, or the connection broke."""
+
+
+class UnexpectedAnswer(QftrioError):
+    """The server answered, but not as a qftrio server does: a wrong URL, or
+    something else listening there. Retrying does not help."""
 
 
 class ConfigError(QftrioError):

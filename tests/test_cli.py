@@ -385,3 +385,36 @@ async def test_stats_watch_rides_out_a_server_restart(tmp_path) -> None:
     assert all([q["queue"] for q in queues] == ["images"] for queues in polls)
     assert polls[0][0]["completed_per_sec"] is None and polls[-1][0]["completed_per_sec"] == 0
     assert "Traceback" not in err_path.read_text()
+
+
+async def test_a_server_that_is_not_qftrio_is_one_line(tmp_path) -> None:
+    """Another HTTP server at the URL: its pages are never printed, and an
+    answer of the wrong shape is named, not an unexpected KeyError."""
+    import http.server
+    import threading
+
+    class NotQftrio(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"{}" if self.path.startswith("/api/v1/jobs") else b"<html><body><h1>Welcome</h1></body></html>"
+            kind = "application/json" if body == b"{}" else "text/html"
+            self.send_response(200 if body == b"{}" else 404)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotQftrio)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        for argv, says in ((["stats", "q"], "not qftrio's (text/html)"), (["jobs", "list"], "not qftrio's (KeyError")):
+            proc = await trio.to_thread.run_sync(lambda argv=argv: run_process(*argv, "--url", url, "--token", "t"))
+            assert proc.returncode == 1
+            line = one_line_error(proc)
+            assert says in line and "<html" not in line
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

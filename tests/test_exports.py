@@ -10,7 +10,7 @@ import qftrio
 DOCUMENTED = [
     "Registry", "Job", "Lease", "QueueStats", "WorkerInfo", "Status", "Workflow", "WorkflowStatus", "HttpTransport", "Worker", "WorkerEvent", "open_worker", "Client",
     "QftrioError", "ApiError", "PermanentError", "TransportError", "NotFound", "Conflict", "Unauthorized",
-    "Forbidden", "InvalidInput", "BadRequest", "PayloadTooLarge", "Unavailable", "ConfigError",
+    "Forbidden", "InvalidInput", "BadRequest", "PayloadTooLarge", "Unavailable", "UnexpectedAnswer", "ConfigError",
 ]  # fmt: skip
 
 

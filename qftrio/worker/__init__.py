@@ -10,7 +10,8 @@ from .runtime import (
     default_worker_id as default_worker_id,
     open_worker as open_worker,
 )
-from .transport import HttpTransport as HttpTransport, Transport as Transport, UnexpectedAnswer as UnexpectedAnswer
+from ..errors import UnexpectedAnswer as UnexpectedAnswer
+from .transport import HttpTransport as HttpTransport, Transport as Transport
 
 __all__ = [
     "Registry",

@@ -22,7 +22,8 @@ from .._gc import settle_after_imports
 from ..client import Client
 from .registry import Registry, load_registry
 from .runtime import DEFAULT_LANES, Worker, validate_options
-from .transport import HttpTransport, UnexpectedAnswer
+from ..errors import UnexpectedAnswer
+from .transport import HttpTransport
 
 __all__ = ["run_worker_process"]
 

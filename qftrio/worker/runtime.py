@@ -65,7 +65,8 @@ from ..models import (
     valid_name,
 )
 from .registry import Handler, Registry
-from .transport import HeartbeatReply, ReportReply, Transport, UnexpectedAnswer
+from ..errors import UnexpectedAnswer
+from .transport import HeartbeatReply, ReportReply, Transport
 
 __all__ = ["Worker", "validate_options", "WorkerEvent", "WorkerStatistics", "open_worker", "default_worker_id"]
 

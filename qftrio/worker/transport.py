@@ -13,17 +13,16 @@ depends on this interface only.
 
 Errors follow the client's: :class:`~qftrio.errors.TransportError` when the
 server cannot be reached, an :class:`~qftrio.errors.ApiError` for an error
-answer of the whole call, and :class:`UnexpectedAnswer` for an answer that is
-not the protocol's.
+answer of the whole call, and :class:`~qftrio.errors.UnexpectedAnswer` for an
+answer that is not the protocol's (the client checks every answer's shape).
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from .. import errors
 from .._json import dumps
 from ..client import Client, HeartbeatReply, ReportReply
 from ..models import CompleteItem, FailItem, HeartbeatItem, Lease
@@ -31,7 +30,6 @@ from ..models import CompleteItem, FailItem, HeartbeatItem, Lease
 __all__ = [
     "Transport",
     "HttpTransport",
-    "UnexpectedAnswer",
     "HeartbeatItem",
     "CompleteItem",
     "FailItem",
@@ -48,11 +46,6 @@ _ITEM_OVERHEAD = 256
 
 I = TypeVar("I")
 R = TypeVar("R")
-
-
-class UnexpectedAnswer(errors.QftrioError):
-    """The server answered, but not as a qftrio server does: a wrong URL, or
-    something else listening there. Retrying does not help."""
 
 
 class Transport(abc.ABC):
@@ -106,23 +99,21 @@ class HttpTransport(Transport):
     async def lease(
         self, queue: str, *, max_jobs: int, lease_secs: int, wait_secs: float, worker_id: str | None
     ) -> list[Lease]:
-        return await _checked(
-            "lease",
-            self.client.lease(queue, max_jobs=max_jobs, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id),
+        return await self.client.lease(
+            queue, max_jobs=max_jobs, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id
         )
 
     async def heartbeat(self, items: Sequence[HeartbeatItem]) -> list[HeartbeatReply]:
-        return await _checked("heartbeat", self.client.heartbeat_many(items))
+        return await self.client.heartbeat_many(items)
 
     async def complete(self, items: Sequence[CompleteItem]) -> list[ReportReply]:
-        return await self._split("complete", self.client.complete_many, items, lambda i: len(dumps(i.result)))
+        return await self._split(self.client.complete_many, items, lambda i: len(dumps(i.result)))
 
     async def fail(self, items: Sequence[FailItem]) -> list[ReportReply]:
-        return await self._split("fail", self.client.fail_many, items, lambda i: len(i.error.encode()))
+        return await self._split(self.client.fail_many, items, lambda i: len(i.error.encode()))
 
     async def _split(
         self,
-        what: str,
         send: Callable[[Sequence[I]], Awaitable[list[R]]],
         items: Sequence[I],
         size_of: Callable[[I], int],
@@ -135,19 +126,11 @@ class HttpTransport(Transport):
         for item in items:
             size = size_of(item) + _ITEM_OVERHEAD
             if chunk and used + size > room:
-                replies += await _checked(what, send(chunk))
+                replies += await send(chunk)
                 chunk, used = [], 0
             chunk.append(item)
             used += size
         if chunk:
-            replies += await _checked(what, send(chunk))
+            replies += await send(chunk)
         return replies
 
-
-async def _checked(what: str, call: Awaitable[Any]) -> Any:
-    """*call*'s answer; one that is not the protocol's raises
-    :class:`UnexpectedAnswer`."""
-    try:
-        return await call
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise UnexpectedAnswer(f"the {what} answer is not qftrio's ({type(exc).__name__}: {exc})") from None
