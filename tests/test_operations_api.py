@@ -234,7 +234,7 @@ async def test_metrics_move_as_the_jobs_do(http, server) -> None:
     assert sample(text, "qftrio_jobs_leased_total", queue="q") == 3
     assert sample(text, "qftrio_jobs_completed_total", queue="q", kind="y") == 1
     assert sample(text, "qftrio_jobs_dead_lettered_total", queue="q", kind="x") == 1
-    assert sample(text, "qftrio_stale_token_rejections_total") == 1
+    assert sample(text, "qftrio_stale_token_rejections_total", queue="q", kind="y") == 1
     assert sample(text, "qftrio_job_run_seconds_count", queue="q") == 2
     assert sample(text, "qftrio_lease_wait_seconds_sum", queue="q") >= 3 * 30
     for status, n in (("pending", 0), ("running", 1), ("completed", 1), ("failed", 1)):

@@ -361,7 +361,7 @@ async def test_metrics_move_as_the_jobs_do(storage: Store) -> None:
     assert sample(text, "qftrio_jobs_completed_total", kind="y") == 0
     assert sample(text, "qftrio_jobs_failed_total", queue="q", kind="y") == 1
     assert sample(text, "qftrio_jobs_dead_lettered_total", queue="q", kind="y") == 1
-    assert sample(text, "qftrio_stale_token_rejections_total") == 1
+    assert sample(text, "qftrio_stale_token_rejections_total", queue="q", kind="y") == 1
     assert sample(text, "qftrio_lease_wait_seconds_sum", queue="q", kind="x") == pytest.approx(4, abs=0.01)
     assert sample(text, "qftrio_job_run_seconds_sum", queue="q", kind="x") == pytest.approx(2, abs=0.01)
     assert sample(text, "qftrio_job_run_seconds_count", queue="q") == 2

@@ -600,7 +600,7 @@ class Engine:
 
     async def heartbeat(self, items: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
         results = await self._heartbeats(items)
-        self._count_conflicts(results)
+        await self._count_conflicts(items, results)
         return results
 
     async def complete(self, items: Sequence[CompleteItem]) -> list[ReportResult]:
@@ -609,7 +609,7 @@ class Engine:
         # workflow steps these completions unblocked
         for queue in {q for r in results for q in r.ready_queues}:
             self.waker.notify(queue)
-        self._count_conflicts(results)
+        await self._count_conflicts(items, results)
         return results
 
     async def fail(self, items: Sequence[FailItem]) -> list[ReportResult]:
@@ -621,13 +621,23 @@ class Engine:
                 self.waker.notify(r.queue)
         for queue in {q for r in results for q in r.ready_queues}:
             self.waker.notify(queue)
-        self._count_conflicts(results)
+        await self._count_conflicts(items, results)
         return results
 
-    def _count_conflicts(self, results: Sequence[HeartbeatResult | ReportResult]) -> None:
-        stale = sum(1 for r in results if r.outcome is Outcome.CONFLICT)
-        if stale:
-            self.metrics.stale_token.inc(stale)
+    async def _count_conflicts(
+        self,
+        items: Sequence[HeartbeatItem | CompleteItem | FailItem],
+        results: Sequence[HeartbeatResult | ReportResult],
+    ) -> None:
+        """Count the stale-token refusals by their jobs' queue and kind. A
+        refusal's result carries neither, and refusals are rare (a worker
+        that lost its lease), so each one's job is looked up here rather
+        than the hot report statements returning them for every item."""
+        for item, result in zip(items, results):
+            if result.outcome is Outcome.CONFLICT:
+                job = await self.store.job_get(item.job_id)
+                queue, kind = (job.queue, job.kind) if job is not None else ("", "")
+                self.metrics.stale_token.labels(queue=queue, kind=kind).inc()
 
     # -- janitor -----------------------------------------------------------
 

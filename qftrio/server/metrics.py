@@ -82,6 +82,7 @@ class Metrics:
         self.stale_token = Counter(
             "qftrio_stale_token_rejections",
             "Heartbeats and reports refused for a stale lease token",
+            _LABELS,
             registry=r,
         )
         self.run_time = Histogram(
