@@ -21,8 +21,9 @@ that cost once. There is no background task: a caller runs the batch.
   items go out all the same. :meth:`close` cancels the batches in flight and
   refuses later calls.
 
-The engine batches the reports and claims of concurrent requests with it;
-the worker runtime batches its jobs' heartbeats and reports.
+The engine batches the reports and claims of concurrent requests with it,
+the embedded store its group commit, and the worker runtime its jobs'
+heartbeats and reports.
 """
 
 from __future__ import annotations

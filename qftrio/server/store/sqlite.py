@@ -46,6 +46,7 @@ from ...models import (
     WorkflowStatus,
     WorkflowStep,
 )
+from ..._batching import Batcher
 from .. import transitions
 from . import sql
 from .base import (
@@ -499,16 +500,6 @@ def _stats(
     return out
 
 
-@dataclasses.dataclass(eq=False, slots=True)
-class _Call:
-    """One store call waiting for (or done by) a group commit."""
-
-    fn: Callable[[sqlite3.Connection], Any]
-    taken: bool = False
-    value: Any = None
-    error: BaseException | None = None
-
-
 def _database_error(exc: Exception) -> Exception:
     if isinstance(exc, errors.QftrioError):
         return exc
@@ -566,7 +557,11 @@ class SqliteStore(Store):
         self.path = path
         self._threaded = threaded
         self._lock = trio.Lock()
-        self._waiting: list[_Call] = []
+        # Group commit: one batch at a time, the calls that arrive meanwhile
+        # going together in the next.
+        self._group: Batcher[Callable[[sqlite3.Connection], Any], outcome.Outcome[Any]] = Batcher(
+            self._execute_group, limit=1, split_on=lambda exc: False
+        )
         self._thread: _StoreThread | None = None
         self._conn: sqlite3.Connection | None = sqlite3.connect(
             path, isolation_level=None, check_same_thread=False
@@ -590,65 +585,58 @@ class SqliteStore(Store):
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run *fn* in a transaction of its own, atomically.
 
-        Group commit: calls that arrive while a commit is under way wait,
+        Group commit (:class:`~qftrio._batching.Batcher`, one batch at a
+        time): calls that arrive while a commit is under way wait,
         and the next of them to get the connection runs every waiting call
         in one transaction, each inside a savepoint of its own (a call that
         raises rolls back only itself). One commit, so one sync to disk, then
         serves the whole group; each call still applies fully or not at all,
         and none returns before its commit is on disk.
         """
-        call = _Call(fn)
-        self._waiting.append(call)
-        try:
-            async with self._lock:
-                if not call.taken:
-                    batch, self._waiting = self._waiting, []
-                    for taken in batch:
-                        taken.taken = True
-                    if self._threaded:
-                        # Not abandoned on cancel: a transaction that started
-                        # finishes, so no request leaves half a change behind.
-                        if self._thread is None:
-                            self._thread = _StoreThread()
-                        await self._thread.run(lambda: self._execute(batch))
-                    else:
-                        self._execute(batch)
-        except BaseException:
-            if not call.taken:
-                self._waiting.remove(call)
-            raise
-        if call.error is not None:
-            raise call.error
-        return call.value  # type: ignore[return-value]
+        (result,) = await self._group([fn])
+        return result.unwrap()  # type: ignore[no-any-return]
 
-    def _execute(self, batch: list[_Call]) -> None:
+    async def _execute_group(self, batch: list[Callable[[sqlite3.Connection], Any]]) -> list[outcome.Outcome[Any]]:
+        # The batcher runs a batch shielded, so a transaction that started
+        # finishes: no request leaves half a change behind.
+        async with self._lock:
+            if self._threaded:
+                if self._thread is None:
+                    self._thread = _StoreThread()
+                return await self._thread.run(lambda: self._execute(batch))
+            return self._execute(batch)
+
+    def _execute(self, batch: list[Callable[[sqlite3.Connection], Any]]) -> list[outcome.Outcome[Any]]:
         try:
             conn = self._require()
             conn.execute("BEGIN IMMEDIATE")
         except Exception as exc:
-            for call in batch:
-                call.error = _database_error(exc)
-            return
+            return [outcome.Error(_database_error(exc)) for _ in batch]
+        results: list[outcome.Outcome[Any]] = []
         try:
             if len(batch) == 1:
-                batch[0].value = batch[0].fn(conn)
+                results.append(outcome.Value(batch[0](conn)))
             else:
-                for call in batch:
+                for fn in batch:
                     conn.execute("SAVEPOINT call")
                     try:
-                        call.value = call.fn(conn)
+                        results.append(outcome.Value(fn(conn)))
                     except Exception as exc:
                         conn.execute("ROLLBACK TO call")
-                        call.error = exc
+                        results.append(outcome.Error(exc))
                     conn.execute("RELEASE call")
             conn.execute("COMMIT")
         except Exception as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-            for call in batch:
-                if len(batch) == 1 or call.error is None:
-                    call.error = exc if len(batch) == 1 else _database_error(exc)
-                    call.value = None
+            if len(batch) == 1:
+                return [outcome.Error(exc)]
+            # the whole group is lost: each call that had succeeded fails
+            # with the database's error, one that had raised keeps its own
+            return [r if isinstance(r, outcome.Error) else outcome.Error(_database_error(exc)) for r in results] + [
+                outcome.Error(_database_error(exc)) for _ in batch[len(results):]
+            ]
+        return results
 
     async def aclose(self) -> None:
         async with self._lock:
