@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -476,34 +476,46 @@ def sqlite_init(path: Path, procs: Procs) -> None:
     procs.stop(server.proc)
 
 
-def sqlite_bulk_pending(path: Path, queue: str, n: int, *, tenant: str = TENANT, chunk: int = 50_000) -> float:
-    """Insert *n* pending no-op jobs into the embedded store's file (the server
-    must not be running); returns seconds taken."""
+_SQLITE_COLUMNS = (
+    "id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at, "
+    "updated_at, worker_id"
+)
+
+
+def sqlite_bulk_rows(path: Path, n: int, rows: Callable[[int, int], list[tuple]], *, chunk: int = 50_000) -> float:
+    """Insert *n* job rows into the embedded store's file (migrated, the server
+    not running), ``rows(start, count)`` making each chunk's tuples in
+    ``_SQLITE_COLUMNS`` order; returns seconds taken."""
     import sqlite3
 
     t0 = time.perf_counter()
     conn = sqlite3.connect(str(path), isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
-    now = time.time()
     done = 0
     while done < n:
         k = min(chunk, n - done)
-        rows = [
-            (str(uuid.uuid4()), tenant, queue, "noop", "{}", "pending", 0, 0, 5, now - 3600 + (done + i) * 1e-6,
-             now - 3600 + (done + i) * 1e-6, now)
-            for i in range(k)
-        ]  # fmt: skip
         conn.execute("BEGIN")
-        conn.executemany(
-            """INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
-                scheduled_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-            rows,
-        )
+        conn.executemany(f"INSERT INTO jobs ({_SQLITE_COLUMNS}) VALUES ({', '.join('?' * 13)})", rows(done, k))
         conn.execute("COMMIT")
         done += k
     conn.execute("ANALYZE")
     conn.close()
     return time.perf_counter() - t0
+
+
+def sqlite_bulk_pending(path: Path, queue: str, n: int, *, tenant: str = TENANT, chunk: int = 50_000) -> float:
+    """Insert *n* pending no-op jobs into the embedded store's file (the server
+    must not be running); returns seconds taken."""
+    now = time.time()
+
+    def rows(start: int, count: int) -> list[tuple]:
+        return [
+            (str(uuid.uuid4()), tenant, queue, "noop", "{}", "pending", 0, 0, 5, now - 3600 + (start + i) * 1e-6,
+             now - 3600 + (start + i) * 1e-6, now, None)
+            for i in range(count)
+        ]  # fmt: skip
+
+    return sqlite_bulk_rows(path, n, rows, chunk=chunk)
 
 
 def pg_bulk_pending(url: str, queue: str, n: int, *, tenant: str = TENANT, chunk: int = 200_000) -> float:

@@ -82,31 +82,20 @@ def kind_of(i: int) -> str:
 
 def load_sqlite(path: Path, n: int, chunk: int = 50_000) -> float:
     """Rows straight into the embedded store's file (migrated, server stopped)."""
-    t0 = time.perf_counter()
-    conn = sqlite3.connect(str(path), isolation_level=None)
     now = time.time()
-    done = 0
-    while done < n:
-        k = min(chunk, n - done)
-        rows = []
-        for i in range(done, done + k):
+
+    def rows(start: int, count: int) -> list[tuple]:
+        out = []
+        for i in range(start, start + count):
             status = status_of(i, n)
             at = now - 86_400 + i * (80_000 / n)
-            rows.append((
+            out.append((
                 str(uuid.uuid4()), b.TENANT, f"q{i % QUEUES}", kind_of(i), "{}", status, 0,
                 0 if status == "pending" else 1, 5, at, at, at, "bench-worker" if status != "pending" else None,
             ))  # fmt: skip
-        conn.execute("BEGIN")
-        conn.executemany(
-            """INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
-                scheduled_at, created_at, updated_at, worker_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-            rows,
-        )
-        conn.execute("COMMIT")
-        done += k
-    conn.execute("ANALYZE")
-    conn.close()
-    return time.perf_counter() - t0
+        return out
+
+    return b.sqlite_bulk_rows(path, n, rows, chunk=chunk)
 
 
 def load_postgres(url: str, n: int, chunk: int = 500_000) -> float:
