@@ -185,7 +185,7 @@ def _enum(field: str, cls: type[Status] | type[WorkflowStatus], value: str | Non
 
 def _job_id(value: str) -> str:
     if not value or len(value) > MAX_JOB_ID:
-        raise errors.InvalidInput("job id: 1 to 100 characters")
+        raise errors.InvalidInput(f"job id: 1 to {MAX_JOB_ID} characters")
     return value
 
 
