@@ -244,6 +244,7 @@ def start_server(
     log_level: str = "WARNING",
     extra: Sequence[str] = (),
     timeout: float = 60.0,
+    env: dict[str, str] | None = None,
 ) -> Server:
     port = free_port()
     argv = qftrio_cmd() + [
@@ -258,7 +259,7 @@ def start_server(
     else:
         argv += ["--db", str(sqlite_path or (procs.workdir / "qftrio.db"))]
     argv += list(extra)
-    proc = procs.spawn(f"{name}-{port}", argv)
+    proc = procs.spawn(f"{name}-{port}", argv, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while True:
