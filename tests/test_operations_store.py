@@ -376,6 +376,17 @@ async def test_metrics_move_as_the_jobs_do(storage: Store) -> None:
     assert sample((await other.metrics_exposition()).decode(), "qftrio_jobs_completed_total") == 0
 
 
+def test_metrics_children_are_looked_up_once() -> None:
+    from qftrio.server.metrics import Metrics
+
+    metrics = Metrics()
+    child = metrics.of(metrics.completed, "q", "k")
+    assert child is metrics.of(metrics.completed, "q", "k") is metrics.completed.labels("q", "k")
+    assert metrics.of(metrics.failed, "q", "k") is not child
+    child.inc(3)
+    assert metrics.registry.get_sample_value("qftrio_jobs_completed_total", {"queue": "q", "kind": "k"}) == 3
+
+
 @pytest.fixture
 async def inline_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
     # Inline SQLite calls: a worker thread would let the autojump clock run ahead.

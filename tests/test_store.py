@@ -22,6 +22,7 @@ from qftrio.server.store.base import (
     NewJob,
     Outcome,
     Store,
+    new_ids,
 )
 
 T0 = 1_800_000_000.0
@@ -53,6 +54,36 @@ async def test_insert_and_get(storage: Store) -> None:
     assert job.locked_until is None and job.worker_id is None and job.result is None
     assert job.errors == ()
     uuid.UUID(job.id)
+
+
+async def test_insert_answers_each_job_as_a_read_shows_it(storage: Store) -> None:
+    # An insert reads nothing back of the jobs it creates: its answer is
+    # built from what it was given, and must be what the store then holds.
+    given = [
+        NewJob(tenant="t1", queue="q", kind="k", payload={"n": 1, "deep": {"list": [1, 2.5, "s", None]}},
+               priority=-3, max_attempts=9, scheduled_at=T0 + 30.25),
+        new(idempotency_key="key"),
+        new("again", idempotency_key="key"),
+        new(queue="r"),
+    ]  # fmt: skip
+    inserted = await storage.jobs_insert(given, now=T0)
+    inserted += await storage.jobs_insert([new("later", idempotency_key="key")], now=T0 + 5)
+    assert [i.created for i in inserted] == [True, True, False, True, False]
+    assert inserted[2].id == inserted[4].id == inserted[1].id
+    for i in inserted:
+        stored = await storage.job_get(i.id)
+        assert stored is not None
+        assert i.job == stored
+        assert i.to_wire() == stored.to_wire()
+
+
+def test_new_ids_are_distinct_canonical_version_4_uuids() -> None:
+    ids = new_ids(2000)
+    assert len(set(ids)) == 2000
+    for job_id in ids:
+        parsed = uuid.UUID(job_id)
+        assert str(parsed) == job_id and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+    assert new_ids(0) == []
 
 
 async def test_get_is_tenant_scoped(storage: Store) -> None:

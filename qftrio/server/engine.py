@@ -263,34 +263,41 @@ class Engine:
 
     def _count_leased(self, leases: Sequence[Lease]) -> None:
         m = self.metrics
-        for (queue, kind), n in Counter((lease.job.queue, lease.job.kind) for lease in leases).items():
-            m.leased.labels(queue, kind).inc(n)
+        by_pair: dict[tuple[str, str], list[Job]] = {}
         for lease in leases:
             job = lease.job
-            # claimed at updated_at; ready since it was due (or its retry was)
-            m.lease_wait.labels(job.queue, job.kind).observe(
-                max(0.0, job.updated_at - max(job.scheduled_at, job.created_at))
-            )
+            by_pair.setdefault((job.queue, job.kind), []).append(job)
+        for (queue, kind), jobs in by_pair.items():
+            m.of(m.leased, queue, kind).inc(len(jobs))
+            observe = m.of(m.lease_wait, queue, kind).observe
+            for job in jobs:
+                # claimed at updated_at; ready since it was due (or its retry was)
+                observe(max(0.0, job.updated_at - max(job.scheduled_at, job.created_at)))
 
-    def _count_enqueued(self, jobs: Iterable[Job]) -> None:
-        for (queue, kind), n in Counter((job.queue, job.kind) for job in jobs).items():
-            self.metrics.enqueued.labels(queue, kind).inc(n)
+    def _count_enqueued(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Count enqueued jobs by their ``(queue, kind)``."""
+        m = self.metrics
+        for (queue, kind), n in Counter(pairs).items():
+            m.of(m.enqueued, queue, kind).inc(n)
 
     def _count_ended(self, results: Sequence[ReportResult], now: float) -> None:
         """Count the attempts *results* ended (applied reports only)."""
         m = self.metrics
+        ended: Counter[tuple[str, str, Status]] = Counter()
         for r in results:
             if not r.applied or r.queue is None:
                 continue
             kind = r.kind or ""
-            if r.status is Status.COMPLETED:
-                m.completed.labels(r.queue, kind).inc()
-            else:
-                m.failed.labels(r.queue, kind).inc()
-                if r.status is Status.FAILED:
-                    m.dead_lettered.labels(r.queue, kind).inc()
+            ended[r.queue, kind, r.status] += 1  # type: ignore[index]
             if r.claimed_at is not None:
-                m.run_time.labels(r.queue, kind).observe(max(0.0, now - r.claimed_at))
+                m.of(m.run_time, r.queue, kind).observe(max(0.0, now - r.claimed_at))
+        for (queue, kind, status), n in ended.items():
+            if status is Status.COMPLETED:
+                m.of(m.completed, queue, kind).inc(n)
+            else:
+                m.of(m.failed, queue, kind).inc(n)
+                if status is Status.FAILED:
+                    m.of(m.dead_lettered, queue, kind).inc(n)
 
     # -- application side --------------------------------------------------
 
@@ -336,9 +343,9 @@ class Engine:
                     if k < len(claimed) and claimed[k]:
                         parked.leases = claimed[k]
                     parked.event.set()
-        created = [i.job for i in inserted if i.created]
+        created = [i.new for i in inserted if i.created]
         if created:
-            self._count_enqueued(created)
+            self._count_enqueued((job.queue, job.kind) for job in created)
             # Wake the other polls of a queue unless the hand-off took every
             # claimable job there (a poll got less than it could hold).
             full: dict[str, bool] = {}
@@ -494,7 +501,7 @@ class Engine:
         transaction."""
         workflow = await self.store.workflow_create(new_workflow(tenant, body), now=self.clock())
         started = {s.job.queue for s in workflow.steps if s.job is not None}
-        self._count_enqueued(s.job for s in workflow.steps if s.job is not None)
+        self._count_enqueued((s.job.queue, s.job.kind) for s in workflow.steps if s.job is not None)
         for queue in started:
             self.waker.notify(queue)
         return workflow
@@ -637,7 +644,7 @@ class Engine:
             if result.outcome is Outcome.CONFLICT:
                 job = await self.store.job_get(item.job_id)
                 queue, kind = (job.queue, job.kind) if job is not None else ("", "")
-                self.metrics.stale_token.labels(queue=queue, kind=kind).inc()
+                self.metrics.of(self.metrics.stale_token, queue, kind).inc()
 
     # -- janitor -----------------------------------------------------------
 
@@ -645,9 +652,9 @@ class Engine:
         reaped = await self.store.jobs_reap_expired(now=self.clock())
         for r in reaped:
             # a lost lease is a failed attempt, retried or dead-lettered
-            self.metrics.failed.labels(r.queue, r.kind).inc()
+            self.metrics.of(self.metrics.failed, r.queue, r.kind).inc()
             if r.status is Status.FAILED:
-                self.metrics.dead_lettered.labels(r.queue, r.kind).inc()
+                self.metrics.of(self.metrics.dead_lettered, r.queue, r.kind).inc()
         for queue in {r.queue for r in reaped if r.status is Status.PENDING}:
             self.waker.notify(queue)
         return len(reaped)

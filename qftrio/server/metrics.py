@@ -12,6 +12,7 @@ server reports the same, right, figure however many share the database.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -101,3 +102,15 @@ class Metrics:
         )
         self.queues = QueueGauges()
         r.register(self.queues)
+        self._children: dict[tuple[int, str, str], Any] = {}
+
+    def of(self, metric: Counter | Histogram, queue: str, kind: str) -> Any:
+        """*metric*'s child of *queue* and *kind*. prometheus-client's
+        ``labels()`` checks and locks on every call, and the hot paths count
+        every job: each child is looked up there once, then kept here (no
+        child is ever removed)."""
+        key = (id(metric), queue, kind)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(queue, kind)
+        return child

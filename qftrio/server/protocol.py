@@ -75,14 +75,14 @@ async def enqueue(engine: Engine, call: Call) -> Reply:
     """Enqueue a job (200 with the first job for a repeated idempotency key)."""
     assert call.tenant is not None
     (inserted,) = await engine.enqueue(call.tenant, [spec_from_request(call.body)])
-    return (201 if inserted.created else 200), inserted.job.to_wire()
+    return (201 if inserted.created else 200), inserted.to_wire()
 
 
 async def enqueue_batch(engine: Engine, call: Call) -> Reply:
     """Enqueue up to 1000 jobs in one transaction."""
     assert call.tenant is not None
     inserted = await engine.enqueue(call.tenant, [spec_from_request(item) for item in call.body.jobs])
-    return 201, {"jobs": [i.job.to_wire() for i in inserted]}
+    return 201, {"jobs": [i.to_wire() for i in inserted]}
 
 
 async def lease(engine: Engine, call: Call) -> Reply:

@@ -59,6 +59,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
+import functools
+import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -75,11 +77,13 @@ from ...models import (
     WorkerInfo,
     Workflow,
     WorkflowStatus,
+    format_time,
 )
 
 __all__ = [
     "NewJob",
     "Inserted",
+    "new_ids",
     "ClaimRequest",
     "Outcome",
     "HeartbeatItem",
@@ -139,13 +143,93 @@ class ClaimRequest:
     worker_id: str | None = None
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Inserted:
-    """The stored job, and whether this call created it (``False``: the
-    idempotency key matched an earlier job, which is returned unchanged)."""
+    """One job of an insert, in order. A job this call created is *new* as
+    given, pending since the insert's *now* (``at``), under the *id* the
+    store gave it: nothing of it is read back. A job whose idempotency key
+    matched an earlier one is that job, *existing*, returned unchanged."""
 
-    job: Job
-    created: bool
+    id: str
+    new: NewJob
+    at: float
+    existing: Job | None = None
+
+    @property
+    def created(self) -> bool:
+        """Whether this call created the job."""
+        return self.existing is None
+
+    @property
+    def job(self) -> Job:
+        """The job as stored."""
+        if self.existing is not None:
+            return self.existing
+        new = self.new
+        return Job(
+            id=self.id,
+            tenant=new.tenant,
+            queue=new.queue,
+            kind=new.kind,
+            payload=new.payload,
+            status=Status.PENDING,
+            priority=new.priority,
+            attempt=0,
+            max_attempts=new.max_attempts,
+            scheduled_at=new.scheduled_at,
+            created_at=self.at,
+            updated_at=self.at,
+            workflow_id=new.workflow_id,
+            step=new.step,
+            context=new.context,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """``self.job.to_wire()``, without building the job: the fields every
+        job of one insert shares come from one template, the others from
+        *new*."""
+        if self.existing is not None:
+            return self.existing.to_wire()
+        new = self.new
+        wire = dict(_pending_wire(new.tenant, self.at))
+        wire["id"] = self.id
+        wire["queue"] = new.queue
+        wire["kind"] = new.kind
+        wire["payload"] = new.payload
+        wire["priority"] = new.priority
+        wire["max_attempts"] = new.max_attempts
+        wire["scheduled_at"] = format_time(new.scheduled_at)
+        wire["workflow_id"] = new.workflow_id
+        wire["step"] = new.step
+        wire["context"] = new.context
+        wire["errors"] = []  # the template's own list is shared
+        return wire
+
+
+@functools.lru_cache(maxsize=64)
+def _pending_wire(tenant: str, at: float) -> dict[str, Any]:
+    # Never handed out: Inserted.to_wire copies it.
+    return Job(
+        id="", tenant=tenant, queue="", kind="", payload={}, status=Status.PENDING, priority=0, attempt=0,
+        max_attempts=0, scheduled_at=at, created_at=at, updated_at=at,
+    ).to_wire()  # fmt: skip
+
+
+# The version and variant bits of a version-4 UUID, as an integer of 128 bits.
+_UUID4_KEEP = ~(0xF000 << 64) & ~(0xC000 << 48)
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def new_ids(n: int) -> list[str]:
+    """*n* random version-4 UUIDs in canonical form, what ``str(uuid.uuid4())``
+    gives, at a fraction of its cost per id: one read of the system's random
+    source for all of them, and no UUID object."""
+    raw = os.urandom(16 * n)
+    out = []
+    for i in range(0, 16 * n, 16):
+        h = "%032x" % (int.from_bytes(raw[i : i + 16]) & _UUID4_KEEP | _UUID4_SET)
+        out.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+    return out
 
 
 class Outcome(enum.Enum):

@@ -91,6 +91,7 @@ from .base import (
     RetryAt,
     Store,
     bulk_changed,
+    new_ids,
     workers_of,
 )
 
@@ -679,7 +680,7 @@ class PostgresStore(Store):
         inserted claimed already. Only when nothing else in the queue is
         claimable, which is what a parked poll leaves behind; otherwise the
         jobs are inserted pending and the claim runs after, as a claim."""
-        ids = [uuid.uuid4() for _ in jobs]
+        ids = new_ids(len(jobs))
         rows = await self._db.fetch(
             Q["insert_handing_over"],
             ids,
@@ -696,8 +697,7 @@ class PostgresStore(Store):
             claim.worker_id,
             CHANNEL,
         )
-        by_id = {row["id"]: row for row in rows}
-        inserted = [Inserted(job=_job(by_id[job_id]), created=True) for job_id in ids]
+        inserted = [Inserted(job_id, new, now) for job_id, new in zip(ids, jobs)]
         if rows and rows[0]["older_found"]:
             claimed = await self._db.fetch(
                 Q["claim"], claim.queue, now, claim.limit, float(claim.lease_secs), claim.worker_id, LEASE_EXPIRED
@@ -722,7 +722,7 @@ class PostgresStore(Store):
                     continue
                 first_of[key] = i
             fresh.append(i)
-        ids = [uuid.uuid4() for _ in fresh]
+        ids = new_ids(len(fresh))
         rows = [jobs[i] for i in fresh]
         workflow_ids = []
         for new in rows:
@@ -736,26 +736,28 @@ class PostgresStore(Store):
         async def insert(conn: asyncpg.Connection) -> list[Inserted]:
             # The NOTIFY of the new jobs' queues is part of the statement
             # (delivered when it commits): no round trip of its own.
-            created_rows = await conn.fetch(
-                Q["jobs_insert"],
-                ids,
-                [n.tenant for n in rows],
-                [n.queue for n in rows],
-                [n.kind for n in rows],
-                [n.payload for n in rows],
-                [n.priority for n in rows],
-                [n.max_attempts for n in rows],
-                [n.scheduled_at for n in rows],
-                [n.idempotency_key for n in rows],
-                workflow_ids,
-                [n.step for n in rows],
-                [n.context for n in rows],
-                now,
-                CHANNEL,
-            )
-            by_id = {row["id"]: _job(row) for row in created_rows}
+            created = {
+                row[0]
+                for row in await conn.fetch(
+                    Q["jobs_insert"],
+                    ids,
+                    [n.tenant for n in rows],
+                    [n.queue for n in rows],
+                    [n.kind for n in rows],
+                    [n.payload for n in rows],
+                    [n.priority for n in rows],
+                    [n.max_attempts for n in rows],
+                    [n.scheduled_at for n in rows],
+                    [n.idempotency_key for n in rows],
+                    workflow_ids,
+                    [n.step for n in rows],
+                    [n.context for n in rows],
+                    now,
+                    CHANNEL,
+                )
+            }
             existing: dict[tuple[str, str], Job] = {}
-            missing = [n for job_id, n in zip(ids, rows) if job_id not in by_id]
+            missing = [n for job_id, n in zip(ids, rows) if job_id not in created]
             if missing:
                 # Their keys were taken (maybe by a transaction that committed
                 # while we waited on it): return those jobs.
@@ -771,15 +773,20 @@ class PostgresStore(Store):
                     raise errors.Unavailable("an idempotency key changed hands during the insert; try again")
             out_fresh: dict[int, Inserted] = {}
             for i, job_id, new in zip(fresh, ids, rows):
-                if job_id in by_id:
-                    out_fresh[i] = Inserted(job=by_id[job_id], created=True)
+                if job_id in created:
+                    out_fresh[i] = Inserted(job_id, new, now)
                 else:
                     assert new.idempotency_key is not None
-                    out_fresh[i] = Inserted(job=existing[(new.tenant, new.idempotency_key)], created=False)
-            return [
-                out_fresh[i] if i in out_fresh else Inserted(job=out_fresh[alias[i]].job, created=False)
-                for i in range(len(jobs))
-            ]
+                    job = existing[(new.tenant, new.idempotency_key)]
+                    out_fresh[i] = Inserted(job.id, new, now, job)
+            out = []
+            for i, new in enumerate(jobs):
+                if i in out_fresh:
+                    out.append(out_fresh[i])
+                else:
+                    first = out_fresh[alias[i]]
+                    out.append(Inserted(first.id, new, now, first.job))
+            return out
 
         return insert
 

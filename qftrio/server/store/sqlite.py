@@ -68,6 +68,7 @@ from .base import (
     RetryAt,
     Store,
     bulk_changed,
+    new_ids,
     workers_of,
 )
 
@@ -139,7 +140,17 @@ class _Row:
 
     def applied(self, result: ReportResult) -> ReportResult:
         """*result* (applied to this job) with what the metrics need."""
-        return dataclasses.replace(result, kind=self.kind, claimed_at=self.claimed_at)
+        # Built anew rather than through dataclasses.replace, which looks
+        # up the fields on every call: one per completed job.
+        return ReportResult(
+            outcome=result.outcome,
+            queue=result.queue,
+            status=result.status,
+            applied=result.applied,
+            kind=self.kind,
+            claimed_at=self.claimed_at,
+            ready_queues=result.ready_queues,
+        )
 
 
 def _report_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, _Row]:
@@ -164,13 +175,28 @@ def _state(rows: dict[str, _Row], job_id: str, token: str) -> tuple[_Row | None,
 
 def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[Inserted]:
     out: list[Inserted] = []
-    for new in jobs:
-        if new.idempotency_key is not None:
+    rows: list[tuple[Any, ...]] = []
+    for job_id, new in zip(new_ids(len(jobs)), jobs):
+        keyed = new.idempotency_key is not None
+        if keyed:
             row = conn.execute(Q["job_by_idempotency_key"], (new.tenant, new.idempotency_key)).fetchone()
             if row is not None:
-                out.append(Inserted(job=_row_to_job(row), created=False))
+                job = _row_to_job(row)
+                out.append(Inserted(job.id, new, now, job))
                 continue
-        out.append(Inserted(job=_insert_job(conn, new, now), created=True))
+        rows.append(
+            (
+                job_id, new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority, new.max_attempts,
+                new.scheduled_at, now, now, new.idempotency_key, new.workflow_id, new.step, _dumps(new.context),
+            )  # fmt: skip
+        )
+        out.append(Inserted(job_id, new, now))
+        if keyed:
+            # A repeat of the key later in the batch must find this job:
+            # it goes in now, after what came before it, in order.
+            conn.executemany(Q["job_insert"], rows)
+            rows = []
+    conn.executemany(Q["job_insert"], rows)
     return out
 
 
@@ -199,7 +225,7 @@ def _claim(
         return []
     candidates.sort(key=lambda c: (-c[1], c[2], c[3]))
     ids = [c[0] for c in candidates[:limit]]
-    tokens = {job_id: str(uuid.uuid4()) for job_id in ids}
+    tokens = dict(zip(ids, new_ids(len(ids))))
     rows = conn.execute(
         Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
         (
@@ -209,18 +235,6 @@ def _claim(
     ).fetchall()
     by_id = {row[0]: row for row in rows}
     return [Lease(job=_row_to_job(by_id[job_id]), lease_token=tokens[job_id]) for job_id in ids]
-
-
-def _insert_job(conn: sqlite3.Connection, new: NewJob, now: float) -> Job:
-    row = conn.execute(
-        Q["job_insert"],
-        (
-            str(uuid.uuid4()), new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority,
-            new.max_attempts, new.scheduled_at, now, now, new.idempotency_key, new.workflow_id,
-            new.step, _dumps(new.context),
-        ),  # fmt: skip
-    ).fetchone()
-    return _row_to_job(row)
 
 
 # -- workflows ------------------------------------------------------------

@@ -141,13 +141,12 @@ WITH inserted AS (
     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int[], $7::int[],
                 $8::float8[], $9::text[], $10::uuid[], $11::text[], $12::jsonb[]) AS u
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-        updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id,
-        step, context
+    RETURNING id, queue
 ), notified AS (
     SELECT count(pg_notify($14, q.queue)) FROM (SELECT DISTINCT queue FROM inserted) AS q
 )
-SELECT inserted.* FROM inserted, notified;
+-- Only which jobs went in: the server knows the rest of each.
+SELECT inserted.id::text FROM inserted, notified;
 
 -- name: jobs_by_idempotency_keys
 SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,

@@ -14,9 +14,7 @@ FROM jobs WHERE tenant = ? AND idempotency_key = ?;
 -- name: job_insert
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
     created_at, updated_at, idempotency_key, workflow_id, step, context)
-VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)
-RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
+VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: reports_of
 -- What a report batch decides on: each job's state and current token.
