@@ -13,9 +13,9 @@ import httpx
 import pytest
 import trio
 
-from qftrio.models import CompleteItem, FailItem, QueueStats, Status, WorkflowCreateRequest
+from qftrio.models import CompleteItem, EnqueueRequest, FailItem, JobConfig, QueueStats, Status, WorkflowCreateRequest
 from qftrio.server.dashboard import Throughput, csrf_token, timeline
-from qftrio.server.engine import Engine, EnqueueSpec
+from qftrio.server.engine import Engine
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import open_sqlite_store
 
@@ -37,7 +37,7 @@ async def storage(tmp_path: Path) -> AsyncIterator[Store]:
 async def enqueue(
     engine: Engine, n: int, *, queue: str = "q", payload: dict[str, Any] | None = None, **spec: Any
 ) -> list[str]:
-    inserted = await engine.enqueue("acme", [EnqueueSpec(kind="k", payload=payload or {}, queue=queue, **spec)] * n)
+    inserted = await engine.enqueue("acme", [EnqueueRequest(kind="k", payload=payload or {}, config=JobConfig(queue=queue, **spec))] * n)
     return [i.job.id for i in inserted]
 
 

@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from qftrio import errors
-from qftrio.models import Lease, Status
-from qftrio.server.engine import Engine, EnqueueSpec
+from qftrio.models import EnqueueRequest, JobConfig, Lease, Status
+from qftrio.server.engine import Engine
 from qftrio.server.store.base import ClaimRequest, Inserted, NewJob
 from qftrio.server.store.sqlite import SqliteStore
 
@@ -63,7 +63,7 @@ def make_engine(store: SlowHandOff) -> Engine:
     return Engine(store, clock=lambda: EPOCH + trio.current_time())  # type: ignore[arg-type]
 
 
-SPEC = EnqueueSpec(kind="k", payload={}, queue="q")
+SPEC = EnqueueRequest(kind="k", payload={}, config=JobConfig(queue="q"))
 
 
 async def poll(engine: Engine, got: list[list[Lease]], wait_secs: float) -> None:

@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from qftrio import errors
-from qftrio.models import CompleteItem, FailItem, HeartbeatItem, Job, Lease, Status
-from qftrio.server.engine import Engine, EnqueueSpec, RetryPolicy
+from qftrio.models import CompleteItem, EnqueueRequest, FailItem, HeartbeatItem, Job, JobConfig, Lease, Status
+from qftrio.server.engine import Engine, RetryPolicy
 from qftrio.server.store.base import Outcome, Store
 from qftrio.server.store.sqlite import open_sqlite_store
 
@@ -156,7 +156,7 @@ class Run:
             return
         now = self.clock.now
         (inserted,) = await self.engine.enqueue(
-            TENANT, [EnqueueSpec(kind="k", payload={}, queue=QUEUE, max_attempts=max_attempts, delay_secs=delay)]
+            TENANT, [EnqueueRequest(kind="k", payload={}, config=JobConfig(queue=QUEUE, max_attempts=max_attempts, delay_secs=delay))]
         )
         assert inserted.created
         job = inserted.job
@@ -410,7 +410,7 @@ async def one_running_job(backend: str) -> AsyncIterator[tuple[Engine, Clock, Jo
     clock = Clock()
     async with fresh_store(backend) as store:
         engine = Engine(store, clock=clock)
-        await engine.enqueue(TENANT, [EnqueueSpec(kind="k", payload={}, queue=QUEUE, max_attempts=1)])
+        await engine.enqueue(TENANT, [EnqueueRequest(kind="k", payload={}, config=JobConfig(queue=QUEUE, max_attempts=1))])
         (lease_,) = await engine.lease(QUEUE, lease_secs=30, worker_id="w1")
         yield engine, clock, lease_.job
 

@@ -18,8 +18,8 @@ import pytest
 import trio
 
 from qftrio import errors
-from qftrio.models import Status
-from qftrio.server.engine import Engine, EnqueueSpec, RetryPolicy
+from qftrio.models import EnqueueRequest, JobConfig, Status
+from qftrio.server.engine import Engine, RetryPolicy
 from qftrio.server.store.base import (
     ClaimRequest,
     CompleteItem,
@@ -345,7 +345,7 @@ async def test_metrics_move_as_the_jobs_do(storage: Store) -> None:
     now = [T0]
     clock = lambda: now[0]  # noqa: E731
     engine, other = Engine(storage, clock=clock), Engine(storage, clock=clock)
-    await engine.enqueue("t1", [EnqueueSpec(kind="x", payload={}, queue="q"), EnqueueSpec(kind="y", payload={}, queue="q")])
+    await engine.enqueue("t1", [EnqueueRequest(kind="x", payload={}, config=JobConfig(queue="q")), EnqueueRequest(kind="y", payload={}, config=JobConfig(queue="q"))])
     now[0] += 4
     leases = await engine.lease("q", max_jobs=2, lease_secs=30, worker_id="w")
     now[0] += 2
@@ -366,7 +366,7 @@ async def test_metrics_move_as_the_jobs_do(storage: Store) -> None:
     assert sample(text, "qftrio_job_run_seconds_sum", queue="q", kind="x") == pytest.approx(2, abs=0.01)
     assert sample(text, "qftrio_job_run_seconds_count", queue="q") == 2
     # the gauges come from the store: every server on it shows the same
-    await engine.enqueue("t1", [EnqueueSpec(kind="x", payload={}, queue="q")])
+    await engine.enqueue("t1", [EnqueueRequest(kind="x", payload={}, config=JobConfig(queue="q"))])
     now[0] += 7
     for text in [(await e.metrics_exposition()).decode() for e in (engine, other)]:
         assert sample(text, "qftrio_queue_jobs", tenant="t1", queue="q", status="completed") == 1
@@ -399,7 +399,7 @@ async def inline_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
 
 async def test_a_long_poll_on_a_paused_queue_waits(inline_store: SqliteStore, autojump_clock: trio.abc.Clock) -> None:
     engine = Engine(inline_store, clock=lambda: T0 + trio.current_time(), safety_poll_secs=1)
-    await engine.enqueue("t1", [EnqueueSpec(kind="x", payload={}, queue="q")])
+    await engine.enqueue("t1", [EnqueueRequest(kind="x", payload={}, config=JobConfig(queue="q"))])
     await engine.queue_pause("t1", "q")
     started = trio.current_time()
     assert await engine.lease("q", wait_secs=5) == []
@@ -412,7 +412,7 @@ async def test_a_long_poll_on_a_paused_queue_waits(inline_store: SqliteStore, au
     async with trio.open_nursery() as nursery:
         nursery.start_soon(poll)
         await trio.sleep(3)
-        await engine.enqueue("t1", [EnqueueSpec(kind="y", payload={}, queue="q")])  # still paused: the poll waits
+        await engine.enqueue("t1", [EnqueueRequest(kind="y", payload={}, config=JobConfig(queue="q"))])  # still paused: the poll waits
         await trio.sleep(3)
         assert got == []
         stats = await engine.queue_resume("t1", "q")
@@ -428,7 +428,7 @@ async def test_a_pause_holds_on_every_server(storage: Store) -> None:
 
     async with open_postgres_store(pg_url() or "", timeout=None) as second:
         one, two = Engine(storage, clock=lambda: T0), Engine(second, clock=lambda: T0)
-        await one.enqueue("t1", [EnqueueSpec(kind="x", payload={}, queue="q") for _ in range(3)])
+        await one.enqueue("t1", [EnqueueRequest(kind="x", payload={}, config=JobConfig(queue="q")) for _ in range(3)])
         assert (await two.queue_pause("t1", "q")).paused
         assert await one.lease("q", max_jobs=5) == [] and await two.lease("q", max_jobs=5) == []
         assert (await one.queues_stats("t1", "q"))[0].paused

@@ -28,8 +28,8 @@ import trio
 import trio_asyncio
 
 from qftrio import errors
-from qftrio.models import Status
-from qftrio.server.engine import EnqueueSpec, Engine, RetryPolicy
+from qftrio.models import EnqueueRequest, JobConfig, Status
+from qftrio.server.engine import Engine, RetryPolicy
 from qftrio.server.store.base import CompleteItem, FailItem, HeartbeatItem, NewJob, NewStep, NewWorkflow, Outcome
 from qftrio.server.store.postgres import (
     ALL_QUEUES,
@@ -195,7 +195,7 @@ async def test_long_poll_wakes_after_the_listener_backend_is_killed(asyncio_loop
                 await wait_for_new_listener(store_a, first_pid)
                 assert "leases" not in woke
                 enqueued_at = trio.current_time()
-                (inserted,) = await server_b.enqueue("t", [EnqueueSpec(kind="k", payload={}, queue="q")])
+                (inserted,) = await server_b.enqueue("t", [EnqueueRequest(kind="k", payload={}, config=JobConfig(queue="q"))])
                 with trio.fail_after(5):
                     while "leases" not in woke:
                         await trio.sleep(0.01)
@@ -254,7 +254,7 @@ async def test_jobs_a_hand_off_leaves_wake_the_other_servers(asyncio_loop: Any) 
                 nursery.start_soon(long_poll, "a", server_a)
                 nursery.start_soon(long_poll, "b", server_b)
                 await trio.sleep(0.3)  # both parked
-                inserted = await server_a.enqueue("t", [EnqueueSpec(kind="k", payload={}, queue="q")] * 2)
+                inserted = await server_a.enqueue("t", [EnqueueRequest(kind="k", payload={}, config=JobConfig(queue="q"))] * 2)
                 with trio.fail_after(5):
                     while len(got) < 2:
                         await trio.sleep(0.01)
@@ -273,7 +273,7 @@ async def test_many_servers_never_share_a_job(asyncio_loop: Any) -> None:
                 stores.append(await stack.enter_async_context(other_store(pool_size=4)))
             instant_retry = RetryPolicy(base_secs=0.0, cap_secs=0.0, jitter=0.0)
             engines = [Engine(s, policy=instant_retry, safety_poll_secs=0.5) for s in stores]
-            specs = [EnqueueSpec(kind="k", payload={"i": i}, queue="q", max_attempts=20) for i in range(n_jobs)]
+            specs = [EnqueueRequest(kind="k", payload={"i": i}, config=JobConfig(queue="q", max_attempts=20)) for i in range(n_jobs)]
             ids = {i.job.id for i in await engines[0].enqueue("t", specs)}
             live: dict[str, str] = {}  # job id -> token of the lease that holds it
             overlaps: list[str] = []

@@ -15,8 +15,8 @@ import trio
 
 import qftrio.worker.runtime as runtime_mod
 from qftrio import errors
-from qftrio.models import CompleteItem, FailItem, HeartbeatItem, Job, Lease, Status
-from qftrio.server.engine import Engine, EnqueueSpec
+from qftrio.models import CompleteItem, EnqueueRequest, FailItem, HeartbeatItem, Job, JobConfig, Lease, Status
+from qftrio.server.engine import Engine
 from qftrio.server.inprocess import EngineTransport
 from qftrio.server.store.sqlite import open_sqlite_store
 from qftrio.worker import Registry, Worker, WorkerEvent, open_worker
@@ -59,7 +59,7 @@ class Faults(Transport):
     ) -> str:
         """Enqueue a job on queue ``q``; jobs enqueued at one instant are
         leased in an order only *priority* sets."""
-        spec = EnqueueSpec(kind=kind, payload=payload or {}, queue="q", max_attempts=max_attempts, priority=priority)
+        spec = EnqueueRequest(kind=kind, payload=payload or {}, config=JobConfig(queue="q", max_attempts=max_attempts, priority=priority))
         (inserted,) = await self.engine.enqueue(TENANT, [spec])
         return inserted.job.id
 

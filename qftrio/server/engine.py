@@ -38,7 +38,6 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
@@ -46,6 +45,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from .. import errors
 from .._batching import Batcher
 from ..models import (
+    EnqueueRequest,
     Job,
     Lease,
     QueueStats,
@@ -75,7 +75,7 @@ from .store.base import (
 )
 from .workflows import new_workflow
 
-__all__ = ["Engine", "RetryPolicy", "Waker", "EnqueueSpec"]
+__all__ = ["Engine", "RetryPolicy", "Waker"]
 
 log = logging.getLogger("qftrio.engine")
 
@@ -101,20 +101,6 @@ class RetryPolicy:
         if not retryable or attempt >= max_attempts:
             return None
         return now + self.delay(attempt)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class EnqueueSpec:
-    """A validated enqueue request (times resolved by the engine)."""
-
-    kind: str
-    payload: dict[str, Any]
-    queue: str = "default"
-    priority: int = 0
-    max_attempts: int = 5
-    delay_secs: float | None = None
-    scheduled_at: float | None = None
-    idempotency_key: str | None = None
 
 
 class Parked:
@@ -301,21 +287,32 @@ class Engine:
 
     # -- application side --------------------------------------------------
 
-    async def enqueue(self, tenant: str, specs: Sequence[EnqueueSpec]) -> list[Inserted]:
+    async def enqueue(self, tenant: str, jobs: Sequence[EnqueueRequest]) -> list[Inserted]:
+        """Enqueue *jobs* (validated requests, as routes parse them) for
+        *tenant* in one transaction: a job whose idempotency key the tenant
+        used before is not enqueued, its first job is returned."""
         now = self.clock()
-        new = [
-            NewJob(
-                tenant=tenant,
-                queue=s.queue,
-                kind=s.kind,
-                payload=s.payload,
-                priority=s.priority,
-                max_attempts=s.max_attempts,
-                scheduled_at=self._schedule(s, now),
-                idempotency_key=s.idempotency_key,
+        new = []
+        for job in jobs:
+            cfg = job.config
+            if cfg.scheduled_at is not None:
+                scheduled_at = parse_time(cfg.scheduled_at) or 0.0
+            elif cfg.delay_secs:
+                scheduled_at = now + cfg.delay_secs
+            else:
+                scheduled_at = now
+            new.append(
+                NewJob(
+                    tenant=tenant,
+                    queue=cfg.queue,
+                    kind=job.kind,
+                    payload=job.payload,
+                    priority=cfg.priority,
+                    max_attempts=cfg.max_attempts,
+                    scheduled_at=scheduled_at,
+                    idempotency_key=cfg.idempotency_key,
+                )
             )
-            for s in specs
-        ]
         # Jobs due now go straight to the long-polls parked on their queue:
         # claimed for them in the insert's own transaction.
         handed: list[Parked] = []
@@ -362,14 +359,6 @@ class Engine:
             await trio.lowlevel.cancel_shielded_checkpoint()
             await trio.lowlevel.cancel_shielded_checkpoint()
         return inserted
-
-    @staticmethod
-    def _schedule(spec: EnqueueSpec, now: float) -> float:
-        if spec.scheduled_at is not None:
-            return spec.scheduled_at
-        if spec.delay_secs:
-            return now + spec.delay_secs
-        return now
 
     async def job_get(self, tenant: str, job_id: str) -> Job:
         job = await self.store.job_get(job_id, tenant=tenant)
@@ -693,18 +682,3 @@ class Engine:
                 self.waker.notify(queue)
 
         await self.store.run_listener(on_notify, task_status=task_status)
-
-
-def spec_from_request(body: Any) -> EnqueueSpec:
-    """An :class:`EnqueueSpec` from a validated :class:`~qftrio.models.EnqueueRequest`."""
-    cfg = body.config
-    return EnqueueSpec(
-        kind=body.kind,
-        payload=body.payload,
-        queue=cfg.queue,
-        priority=cfg.priority,
-        max_attempts=cfg.max_attempts,
-        delay_secs=cfg.delay_secs,
-        scheduled_at=parse_time(cfg.scheduled_at),
-        idempotency_key=cfg.idempotency_key,
-    )

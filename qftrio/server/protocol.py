@@ -42,7 +42,7 @@ from ..models import (
     format_time,
 )
 from .auth import Credentials
-from .engine import Engine, spec_from_request
+from .engine import Engine
 from .envelope import Call, Caller, Disconnected, Envelope, Handler, Reply, Route, Router
 from .store.base import HeartbeatResult, Outcome, ReportResult
 
@@ -74,14 +74,14 @@ def _report_reply(result: ReportResult) -> Reply:
 async def enqueue(engine: Engine, call: Call) -> Reply:
     """Enqueue a job (200 with the first job for a repeated idempotency key)."""
     assert call.tenant is not None
-    (inserted,) = await engine.enqueue(call.tenant, [spec_from_request(call.body)])
+    (inserted,) = await engine.enqueue(call.tenant, [call.body])
     return (201 if inserted.created else 200), inserted.to_wire()
 
 
 async def enqueue_batch(engine: Engine, call: Call) -> Reply:
     """Enqueue up to 1000 jobs in one transaction."""
     assert call.tenant is not None
-    inserted = await engine.enqueue(call.tenant, [spec_from_request(item) for item in call.body.jobs])
+    inserted = await engine.enqueue(call.tenant, call.body.jobs)
     return 201, {"jobs": [i.to_wire() for i in inserted]}
 
 
