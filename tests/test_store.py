@@ -60,7 +60,7 @@ async def test_insert_answers_each_job_as_a_read_shows_it(storage: Store) -> Non
     # An insert reads nothing back of the jobs it creates: its answer is
     # built from what it was given, and must be what the store then holds.
     given = [
-        NewJob(tenant="t1", queue="q", kind="k", payload={"n": 1, "deep": {"list": [1, 2.5, "s", None]}},
+        NewJob(tenant="t1", queue="q", kind="k", payload={"n": 1, "big": 2**70, "deep": {"list": [0.1, "é\u2028", None]}},
                priority=-3, max_attempts=9, scheduled_at=T0 + 30.25),
         new(idempotency_key="key"),
         new("again", idempotency_key="key"),

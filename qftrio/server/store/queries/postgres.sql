@@ -131,19 +131,21 @@ WITH older AS (
 SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notified;
 
 -- name: jobs_insert
+-- $1 is the batch as JSON, one array per job (PostgresStore._insert_batch).
 -- The NOTIFY of the new jobs' queues is part of the statement (delivered
 -- when it commits): no round trip of its own.
 WITH inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
         scheduled_at, idempotency_key, workflow_id, step, context,
         status, attempt, created_at, updated_at)
-    SELECT u.*, 'pending', 0, $13::float8, $13::float8
-    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int[], $7::int[],
-                $8::float8[], $9::text[], $10::uuid[], $11::text[], $12::jsonb[]) AS u
+    SELECT (j->>0)::uuid, j->>1, j->>2, j->>3, j->4, (j->>5)::int, (j->>6)::int,
+        (j->>7)::float8, j->>8, (j->>9)::uuid, j->>10, CASE WHEN j->>11 IS NOT NULL THEN j->11 END,
+        'pending', 0, $2::float8, $2::float8
+    FROM jsonb_array_elements($1::text::jsonb) AS j
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue
 ), notified AS (
-    SELECT count(pg_notify($14, q.queue)) FROM (SELECT DISTINCT queue FROM inserted) AS q
+    SELECT count(pg_notify($3, q.queue)) FROM (SELECT DISTINCT queue FROM inserted) AS q
 )
 -- Only which jobs went in: the server knows the rest of each.
 SELECT inserted.id::text FROM inserted, notified;
