@@ -10,8 +10,9 @@
   processed job, without a worker's own costs in the way.
 
 For each phase it prints jobs/s as this one client sees them and the
-server's CPU (user + system, from ``/proc/PID/stat``) per job; that figure
-is what matters on a machine whose cores are shared.
+server's CPU (user + system, from ``/proc/PID/stat``) per job, and on
+PostgreSQL the database's too; those figures are what matters on a machine
+whose cores are shared.
 
 ``--ab DIR`` runs a second server whose ``qftrio`` comes from DIR (a copy of
 another version, e.g. ``git archive main qftrio | tar -x -C DIR``), on the
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     b.arm_timeout(args.timeout)
     b.sigterm_as_exit()
     b.print_settings("enqueue", args)
-    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     # The database goes last, once the servers on it have stopped.
     with contextlib.ExitStack() as stack, b.workdir(args.keep) as wd, b.Procs(wd) as procs:
         url = None
@@ -128,19 +129,25 @@ def main(argv: list[str] | None = None) -> int:
                     if args.profile and rnd == 1 and side == "A":
                         spy = b.start_pyspy(procs, f"{args.profile}-{phase}.txt", server.pid, gil=True)
                         time.sleep(0.5)  # py-spy attaching
+                    pg0 = b.postgres_cpu_seconds() if url else 0.0
                     cpu0, t0 = b.cpu_seconds(server.pid), time.perf_counter()
                     n = PHASES[phase](server, queue, args)
                     wall, cpu = time.perf_counter() - t0, b.cpu_seconds(server.pid) - cpu0
+                    pg = b.postgres_cpu_seconds() - pg0 if url else 0.0
                     if spy is not None:
                         b.stop_pyspy(procs, spy)
-                    results.setdefault((side, phase), []).append((n / wall, cpu / n * 1e6))
-                    line.append(f"{phase} {n / wall:,.0f} jobs/s, server {cpu / n * 1e6:,.1f} µs/job")
+                    results.setdefault((side, phase), []).append((n / wall, cpu / n * 1e6, pg / n * 1e6))
+                    line.append(
+                        f"{phase} {n / wall:,.0f} jobs/s, server {cpu / n * 1e6:,.1f} µs/job"
+                        + (f", postgres {pg / n * 1e6:,.1f} µs/job" if url else "")
+                    )
                 b.say(f"{side} round {rnd}: " + "; ".join(line))
         procs.stop_all()
     for (side, phase), figures in results.items():
         rate = b.median([f[0] for f in figures])
         cpu = b.median([f[1] for f in figures])
-        b.say(f"RESULT {side} {phase} store={args.store} rounds={args.rounds}: {rate:,.0f} jobs/s, server CPU {cpu:,.1f} µs/job (median)")
+        pg = f", postgres CPU {b.median([f[2] for f in figures]):,.1f} µs/job" if args.store == "postgres" else ""
+        b.say(f"RESULT {side} {phase} store={args.store} rounds={args.rounds}: {rate:,.0f} jobs/s, server CPU {cpu:,.1f} µs/job{pg} (medians)")
     return 0
 
 
