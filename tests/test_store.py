@@ -177,6 +177,10 @@ async def test_insert_claiming_for_one_poll(storage: Store) -> None:
     low, later, high, mid = (i.job for i in inserted)
     assert all(i.created for i in inserted)
     assert [lease.job.id for lease in leases] == [high.id, mid.id]
+    # The insert answers each job as enqueued, the claimed ones too.
+    for i in inserted:
+        assert i.job.status is Status.PENDING and i.job.attempt == 0 and i.job.locked_until is None
+        assert i.to_wire()["status"] == "pending"
     for lease in leases:
         assert lease.job.status is Status.RUNNING and lease.job.attempt == 1 and lease.job.worker_id == "w1"
         assert lease.job.locked_until == T0 + 30
