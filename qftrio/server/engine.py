@@ -340,7 +340,7 @@ class Engine:
                     if k < len(claimed) and claimed[k]:
                         parked.leases = claimed[k]
                     parked.event.set()
-        created = [i.new for i in inserted if i.created]
+        created = [i.new for i in inserted if i.existing is None]
         if created:
             self._count_enqueued((job.queue, job.kind) for job in created)
             # Wake the other polls of a queue unless the hand-off took every

@@ -215,21 +215,21 @@ def _pending_wire(tenant: str, at: float) -> dict[str, Any]:
     ).to_wire()  # fmt: skip
 
 
-# The version and variant bits of a version-4 UUID, as an integer of 128 bits.
-_UUID4_KEEP = ~(0xF000 << 64) & ~(0xC000 << 48)
-_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+# A version-4 UUID's variant digit, from the random digit in its place: its
+# top two bits are 10.
+_VARIANT_DIGIT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
 def new_ids(n: int) -> list[str]:
     """*n* random version-4 UUIDs in canonical form, what ``str(uuid.uuid4())``
     gives, at a fraction of its cost per id: one read of the system's random
-    source for all of them, and no UUID object."""
-    raw = os.urandom(16 * n)
-    out = []
-    for i in range(0, 16 * n, 16):
-        h = "%032x" % (int.from_bytes(raw[i : i + 16]) & _UUID4_KEEP | _UUID4_SET)
-        out.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
-    return out
+    source for all of them, cut into ids as hex digits, with the version and
+    variant digits set; no UUID object."""
+    h = os.urandom(16 * n).hex()
+    return [
+        f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-4{h[i + 13 : i + 16]}-{_VARIANT_DIGIT[h[i + 16]]}{h[i + 17 : i + 20]}-{h[i + 20 : i + 32]}"
+        for i in range(0, 32 * n, 32)
+    ]
 
 
 class Outcome(enum.Enum):
