@@ -374,12 +374,9 @@ def _migrate(args: argparse.Namespace) -> int:
         raise errors.ConfigError("no database: pass --database-url or set QUEUEFLOW_DATABASE_URL")
 
     async def run() -> list[str]:
-        import trio_asyncio
-
         from .server.store.postgres import migrate
 
-        async with trio_asyncio.open_loop():
-            return await migrate(url)
+        return await migrate(url)
 
     applied = trio.run(run)
     print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
