@@ -6,7 +6,7 @@ Opens the store directly and makes ``--calls`` sequential calls of
 PostgreSQL one pooled round trip), after ``--warmup`` calls not counted. What
 is measured is the cost of getting a call to the database and its answer
 back: on SQLite the hand-off to the store's thread, on PostgreSQL the trip
-through trio-asyncio and asyncpg's pool. Prints µs of CPU (this process's,
+to asyncpg's thread and pool. Prints µs of CPU (this process's,
 all threads) and of wall time per call, for each of ``--runs`` runs, and
 their medians.
 
@@ -69,13 +69,10 @@ async def on_sqlite(args: argparse.Namespace) -> list[tuple[float, float]]:
 
 
 async def on_postgres(args: argparse.Namespace, url: str) -> list[tuple[float, float]]:
-    import trio_asyncio
-
     from qftrio.server.store.postgres import open_postgres_store
 
-    async with trio_asyncio.open_loop():
-        async with open_postgres_store(url, pool_size=2) as store:
-            return await measure(store, args)
+    async with open_postgres_store(url, pool_size=2) as store:
+        return await measure(store, args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -374,12 +374,9 @@ def _migrate(args: argparse.Namespace) -> int:
         raise errors.ConfigError("no database: pass --database-url or set QUEUEFLOW_DATABASE_URL")
 
     async def run() -> list[str]:
-        import trio_asyncio
-
         from .server.store.postgres import migrate
 
-        async with trio_asyncio.open_loop():
-            return await migrate(url)
+        return await migrate(url)
 
     applied = trio.run(run)
     print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
@@ -444,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["api", "worker", "all"], help="what to run (default all)")
     p.add_argument("--handlers", metavar="MODULE:REGISTRY", help="run this registry's handlers in-process")
     p.add_argument("--queue", action="append", help="queue the in-process handlers lease from (repeatable; default 'default')")
-    p.add_argument("--lanes", type=_positive_int, help="in-process jobs at a time per queue (default 4)")
+    p.add_argument("--lanes", type=_positive_int, help="in-process jobs at a time per queue (default: as qftrio worker)")
     p.add_argument("--worker-token", help="the worker credential (QUEUEFLOW_WORKER_TOKEN)")
     p.add_argument("--tenant", action="append", metavar="NAME=TOKEN", help="a tenant credential (repeatable; QUEUEFLOW_TENANTS)")
     p.add_argument("--dev", action="store_true", help="development mode (QUEUEFLOW_DEV=1): never on an open network")

@@ -5,24 +5,29 @@ a throwaway cluster and sets it). The schema is migrated once per process;
 each store then starts from emptied tables (``TRUNCATE``), which takes a few
 milliseconds. Tests using this must not run in parallel on one database.
 
-Client-side timeouts are off (``timeout=None``): trio-asyncio's loop reads
-Trio's clock, and under ``autojump_clock`` any such timeout would fire while
-PostgreSQL is still answering (see :mod:`qftrio.server.store.pgasync`).
+Client-side timeouts are off (``timeout=None``): they run in real time on
+the store's asyncio thread, and a test that stops PostgreSQL on purpose
+should wait on its own bound (see :mod:`qftrio.server.store.pgasync`).
+
+:func:`on_asyncio` runs a test's own asyncpg code on an asyncio loop of its
+own thread, as the store runs its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import asyncpg
-import trio_asyncio
 
+from qftrio.server.store.pgasync import open_loop_thread
 from qftrio.server.store.postgres import PostgresStore, migrate, open_postgres_store
 
-__all__ = ["pg_url", "open_test_postgres_store", "maybe_asyncio_loop", "reset_database"]
+__all__ = ["pg_url", "open_test_postgres_store", "on_asyncio", "reset_database"]
+
+T = TypeVar("T")
 
 _migrated: set[str] = set()
 
@@ -32,19 +37,16 @@ def pg_url() -> str | None:
     return os.environ.get("QFTRIO_TEST_DATABASE_URL") or None
 
 
-@contextlib.asynccontextmanager
-async def maybe_asyncio_loop() -> AsyncIterator[None]:
-    """Open a trio-asyncio loop unless the current context already has one."""
-    if trio_asyncio.current_loop.get() is not None:
-        yield
-        return
-    async with trio_asyncio.open_loop():
-        yield
+async def on_asyncio(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``await fn(*args)`` on an asyncio loop of its own thread, for the
+    duration of the call."""
+    async with open_loop_thread("test-asyncio") as loop:
+        return await loop.run(fn, *args)
 
 
 async def reset_database(url: str) -> None:
     """Migrate *url* (once per process) and empty every qftrio table except
-    the migrations ledger. Must run inside a trio-asyncio loop."""
+    the migrations ledger."""
     if url not in _migrated:
         await migrate(url, timeout=None)
         _migrated.add(url)
@@ -63,15 +65,14 @@ async def reset_database(url: str) -> None:
         finally:
             await conn.close()
 
-    await trio_asyncio.aio_as_trio(truncate)()
+    await on_asyncio(truncate)
 
 
 @contextlib.asynccontextmanager
 async def open_test_postgres_store(**options: Any) -> AsyncIterator[PostgresStore]:
     """A fresh, empty, migrated :class:`PostgresStore` on the test database.
 
-    Opens a trio-asyncio loop around itself if none is running. *options* go
-    to :func:`open_postgres_store` (e.g. ``pool_size``).
+    *options* go to :func:`open_postgres_store` (e.g. ``pool_size``).
     """
     url = pg_url()
     if url is None:
@@ -80,7 +81,6 @@ async def open_test_postgres_store(**options: Any) -> AsyncIterator[PostgresStor
         pytest.skip("QFTRIO_TEST_DATABASE_URL is not set")
     options.setdefault("pool_size", 5)
     options.setdefault("timeout", None)
-    async with maybe_asyncio_loop():
-        await reset_database(url)
-        async with open_postgres_store(url, migrate=False, **options) as store:
-            yield store
+    await reset_database(url)
+    async with open_postgres_store(url, migrate=False, **options) as store:
+        yield store

@@ -25,12 +25,12 @@ from typing import Any
 import asyncpg
 import pytest
 import trio
-import trio_asyncio
 
 from qftrio import errors
 from qftrio.models import EnqueueRequest, JobConfig, Status
 from qftrio.server.engine import Engine, RetryPolicy
 from qftrio.server.store.base import CompleteItem, FailItem, HeartbeatItem, NewJob, NewStep, NewWorkflow, Outcome
+from qftrio.server.store.pgasync import open_loop_thread
 from qftrio.server.store.postgres import (
     ALL_QUEUES,
     Q,
@@ -39,7 +39,7 @@ from qftrio.server.store.postgres import (
     open_postgres_store,
 )
 
-from .pg import open_test_postgres_store, pg_url
+from .pg import on_asyncio, open_test_postgres_store, pg_url
 
 pytestmark = [
     pytest.mark.postgres,
@@ -48,14 +48,6 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_800_000_000.0
-
-
-@pytest.fixture
-async def asyncio_loop() -> AsyncIterator[trio_asyncio.TrioEventLoop]:
-    # pytest-trio runs fixtures and the test in one contextvars context, so
-    # the loop opened here is the test's loop too.
-    async with trio_asyncio.open_loop() as loop:
-        yield loop
 
 
 async def sql(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
@@ -68,7 +60,7 @@ async def sql(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
         finally:
             await conn.close()
 
-    return await trio_asyncio.aio_as_trio(run)()
+    return await on_asyncio(run)
 
 
 def other_store(**options: Any) -> contextlib.AbstractAsyncContextManager[PostgresStore]:
@@ -90,7 +82,7 @@ def with_payload(payload: dict[str, Any]) -> NewJob:
 # -- the claim query stays on its indexes ------------------------------------------
 
 
-async def test_claim_uses_the_partial_indexes(asyncio_loop: Any) -> None:
+async def test_claim_uses_the_partial_indexes() -> None:
     async with open_test_postgres_store() as store:
         url = pg_url()
         assert url is not None
@@ -121,7 +113,7 @@ async def test_claim_uses_the_partial_indexes(asyncio_loop: Any) -> None:
         assert len(leases) == 10
 
 
-async def test_claim_stays_on_its_index_before_the_table_is_analyzed(asyncio_loop: Any) -> None:
+async def test_claim_stays_on_its_index_before_the_table_is_analyzed() -> None:
     # A new table and a burst of enqueues, before autovacuum's first ANALYZE:
     # the claim must not sort the whole backlog.
     async with open_test_postgres_store() as store:
@@ -171,7 +163,7 @@ async def wait_for_new_listener(store: PostgresStore, old_pid: int | None) -> in
     return store.listener_pid
 
 
-async def test_long_poll_wakes_after_the_listener_backend_is_killed(asyncio_loop: Any) -> None:
+async def test_long_poll_wakes_after_the_listener_backend_is_killed() -> None:
     url = pg_url()
     assert url is not None
     with trio.fail_after(30):
@@ -204,7 +196,7 @@ async def test_long_poll_wakes_after_the_listener_backend_is_killed(asyncio_loop
                 nursery.cancel_scope.cancel()
 
 
-async def test_listener_signals_all_queues_after_reconnecting(asyncio_loop: Any) -> None:
+async def test_listener_signals_all_queues_after_reconnecting() -> None:
     url = pg_url()
     assert url is not None
     calls: list[str] = []
@@ -234,10 +226,31 @@ async def test_listener_signals_all_queues_after_reconnecting(asyncio_loop: Any)
                 nursery.cancel_scope.cancel()
 
 
+async def test_the_listener_passes_on_only_other_servers_notifications() -> None:
+    # what a store changes itself, its engine has woken already
+    calls: list[str] = []
+    with trio.fail_after(30):
+        async with open_test_postgres_store() as store, other_store() as other:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(store.run_listener, calls.append)
+                await store.jobs_insert([new("own")], now=T0)
+                await other.jobs_insert([new("other")], now=T0)
+                with trio.fail_after(5):
+                    while not calls:
+                        await trio.sleep(0.01)
+                await store.jobs_insert([new("own")], now=T0)
+                await other.jobs_insert([new("later")], now=T0)
+                with trio.fail_after(5):
+                    while calls[-1:] != ["later"]:
+                        await trio.sleep(0.01)
+                assert calls == ["other", "later"]
+                nursery.cancel_scope.cancel()
+
+
 # -- several servers on one database --------------------------------------------------
 
 
-async def test_jobs_a_hand_off_leaves_wake_the_other_servers(asyncio_loop: Any) -> None:
+async def test_jobs_a_hand_off_leaves_wake_the_other_servers() -> None:
     with trio.fail_after(30):
         async with open_test_postgres_store() as store_a, other_store() as store_b:
             # Safety polls out of reach: only the hand-off and NOTIFY deliver.
@@ -264,7 +277,7 @@ async def test_jobs_a_hand_off_leaves_wake_the_other_servers(asyncio_loop: Any) 
             assert len(got["a"]) == len(got["b"]) == 1
 
 
-async def test_many_servers_never_share_a_job(asyncio_loop: Any) -> None:
+async def test_many_servers_never_share_a_job() -> None:
     n_jobs, n_servers, n_workers = 300, 3, 6
     with trio.fail_after(45):
         async with contextlib.AsyncExitStack() as stack:
@@ -328,7 +341,7 @@ async def test_many_servers_never_share_a_job(asyncio_loop: Any) -> None:
             assert stats.counts["completed"] == n_jobs
 
 
-async def test_janitors_of_many_servers_do_not_collide(asyncio_loop: Any) -> None:
+async def test_janitors_of_many_servers_do_not_collide() -> None:
     with trio.fail_after(20):
         async with open_test_postgres_store() as first, other_store() as second, other_store() as third:
             await first.jobs_insert([new(max_attempts=1 + i % 2) for i in range(200)], now=T0)
@@ -346,7 +359,7 @@ async def test_janitors_of_many_servers_do_not_collide(asyncio_loop: Any) -> Non
             assert collections.Counter(r.status for r in reaped) == {Status.PENDING: 100, Status.FAILED: 100}
 
 
-async def test_prune_goes_in_bounded_batches(asyncio_loop: Any) -> None:
+async def test_prune_goes_in_bounded_batches() -> None:
     async with open_test_postgres_store() as store:
         jobs = await store.jobs_insert([new() for _ in range(25)], now=T0)
         leases = await store.jobs_claim("q", limit=25, lease_secs=10, worker_id="w", now=T0)
@@ -355,7 +368,7 @@ async def test_prune_goes_in_bounded_batches(asyncio_loop: Any) -> None:
         assert all([await store.job_get(i.job.id) is None for i in jobs])
 
 
-async def test_cancelled_calls_leave_the_pool_usable(asyncio_loop: Any) -> None:
+async def test_cancelled_calls_leave_the_pool_usable() -> None:
     # A client that disconnects cancels its request mid-query. The statement
     # finishes (interrupting asyncpg mid-query can hang under trio-asyncio,
     # see pgasync.Database.run), then the call raises Cancelled; the pool
@@ -379,7 +392,7 @@ async def test_cancelled_calls_leave_the_pool_usable(asyncio_loop: Any) -> None:
 # -- values PostgreSQL cannot store are the caller's error, not a 500 --------------
 
 
-async def test_unstorable_values_are_invalid_input(asyncio_loop: Any) -> None:
+async def test_unstorable_values_are_invalid_input() -> None:
     async with open_test_postgres_store() as store:
         with pytest.raises(errors.InvalidInput):
             await store.jobs_insert([with_payload({"s": "a\x00b"})], now=T0)
@@ -410,7 +423,7 @@ async def scratch_database() -> AsyncIterator[str]:
             await sql(url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-async def test_concurrent_migrations_apply_once(asyncio_loop: Any) -> None:
+async def test_concurrent_migrations_apply_once() -> None:
     with trio.fail_after(30):
         async with scratch_database() as url:
             with pytest.raises(errors.ConfigError, match="qftrio migrate"):
@@ -442,7 +455,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def test_unreachable_database_is_unavailable(asyncio_loop: Any) -> None:
+async def test_unreachable_database_is_unavailable() -> None:
     with trio.fail_after(10), pytest.raises(errors.Unavailable):
         async with open_postgres_store(f"postgresql://postgres@127.0.0.1:{free_port()}/x", timeout=5):
             pass
@@ -467,7 +480,7 @@ async def own_cluster() -> AsyncIterator[tuple[str, str, int]]:
             os.remove(f"{data}.initdb.log")
 
 
-async def test_database_restart_under_an_open_store(asyncio_loop: Any, own_cluster: tuple[str, str, int]) -> None:
+async def test_database_restart_under_an_open_store(own_cluster: tuple[str, str, int]) -> None:
     url, data, port = own_cluster
     script = str(ROOT / "scripts" / "pg-cluster")
     calls: list[str] = []
@@ -511,11 +524,11 @@ async def test_database_restart_under_an_open_store(asyncio_loop: Any, own_clust
 # -- one transaction per batch ----------------------------------------------------------
 
 
-async def test_a_complete_batch_with_a_workflow_step_commits_as_one(asyncio_loop: Any) -> None:
+async def test_a_complete_batch_with_a_workflow_step_commits_as_one() -> None:
     url = pg_url()
     assert url is not None
     with trio.fail_after(30):
-        async with open_test_postgres_store() as store:
+        async with open_test_postgres_store() as store, open_loop_thread() as on_loop:
             step = NewStep(name="s", kind="k", payload={})
             wf = await store.workflow_create(NewWorkflow(tenant="t", name="w", context={}, steps=(step,)), now=T0)
             (plain_id,) = [i.job.id for i in await store.jobs_insert([new("default")], now=T0)]
@@ -523,10 +536,10 @@ async def test_a_complete_batch_with_a_workflow_step_commits_as_one(asyncio_loop
             assert len(leases) == 2
             # another transaction holds the step's workflow, so the batch
             # waits for it halfway
-            holder = await trio_asyncio.aio_as_trio(asyncpg.connect)(url, timeout=10)
+            holder = await on_loop.run(asyncpg.connect, url)
             hold = holder.transaction()
-            await trio_asyncio.aio_as_trio(hold.start)()
-            await trio_asyncio.aio_as_trio(holder.execute)(
+            await on_loop.run(hold.start)
+            await on_loop.run(holder.execute,
                 "SELECT 1 FROM qftrio_workflows WHERE id = $1 FOR UPDATE", uuid.UUID(wf.id)
             )
             results = []
@@ -545,9 +558,9 @@ async def test_a_complete_batch_with_a_workflow_step_commits_as_one(asyncio_loop
                         (row,) = await sql(url, "SELECT status FROM qftrio_jobs WHERE id = $1", uuid.UUID(plain_id))
                         assert row["status"] == "running"
                     finally:
-                        await trio_asyncio.aio_as_trio(hold.rollback)()
+                        await on_loop.run(hold.rollback)
             finally:
-                await trio_asyncio.aio_as_trio(holder.close)()
+                await on_loop.run(holder.close)
             assert [(r.outcome, r.applied) for r in results] == [(Outcome.OK, True)] * 2
             assert (await store.job_get(plain_id)).status is Status.COMPLETED
             assert (await store.workflow_get(wf.id)).status.value == "completed"

@@ -26,7 +26,6 @@ from typing import Any
 import asyncpg
 import pytest
 import trio
-import trio_asyncio
 
 import qftrio
 from qftrio import errors
@@ -34,9 +33,10 @@ from qftrio.cli import main
 from qftrio.server.config import Config
 from qftrio.server.serve import serve
 from qftrio.server.store import pgasync, sql
+from qftrio.server.store.pgasync import open_loop_thread
 from qftrio.server.store.postgres import MIGRATION_LOCK_KEY, _migrate_on, migrate
 
-from .pg import pg_url
+from .pg import on_asyncio, pg_url
 from .processes import ROOT, free_port
 
 pytestmark = [
@@ -80,14 +80,7 @@ async def sql(url: str, *statements: str) -> list[asyncpg.Record]:
         finally:
             await conn.close()
 
-    try:
-        async with trio_asyncio.open_loop():
-            return await trio_asyncio.aio_as_trio(run)()
-    except BaseExceptionGroup as group:  # the loop's nurseries wrap what its body raised
-        exc: BaseException = group
-        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-            exc = exc.exceptions[0]
-        raise exc from None
+    return await on_asyncio(run)
 
 
 async def qftrio_process(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -262,8 +255,7 @@ async def database_with_data_role() -> AsyncIterator[tuple[str, str, str]]:
 
 
 async def migrate_as(url: str) -> list[str]:
-    async with trio_asyncio.open_loop():
-        return await migrate(url, timeout=None)
+    return await migrate(url, timeout=None)
 
 
 async def run_a_job(database_url: str) -> qftrio.Job:
@@ -317,12 +309,12 @@ async def test_a_role_that_waited_while_the_owner_migrated_runs_no_ddl() -> None
     # a rolling upgrade: the data-only role saw the schema behind and queued
     # for the migration lock, which the owner held while migrating
     with trio.fail_after(60):
-        async with database_with_data_role() as (owner, data, _), trio_asyncio.open_loop():
-            conn = await trio_asyncio.aio_as_trio(asyncpg.connect)(owner)
+        async with database_with_data_role() as (owner, data, _), open_loop_thread() as on_loop:
+            conn = await on_loop.run(asyncpg.connect, owner)
             try:
 
                 async def run(statement: str) -> Any:
-                    return await trio_asyncio.aio_as_trio(conn.fetchval)(statement, MIGRATION_LOCK_KEY)
+                    return await on_loop.run(conn.fetchval, statement, MIGRATION_LOCK_KEY)
 
                 await run("SELECT pg_advisory_lock($1)")
                 applied: list[list[str]] = []
@@ -338,11 +330,11 @@ async def test_a_role_that_waited_while_the_owner_migrated_runs_no_ddl() -> None
                     while not await run(waiting):
                         pass
                     # the lock is the session's, so the owner migrates under it
-                    assert await trio_asyncio.aio_as_trio(_migrate_on)(conn) == ALL_MIGRATIONS
+                    assert await on_loop.run(_migrate_on, conn) == ALL_MIGRATIONS
                     await run("SELECT pg_advisory_unlock($1)")
                 assert applied == [[]]
             finally:
-                await trio_asyncio.aio_as_trio(conn.close)()
+                await on_loop.run(conn.close)
 
 
 async def test_credentials_refused_while_serving_are_unavailable(password_role: tuple[str, str]) -> None:
@@ -351,18 +343,17 @@ async def test_credentials_refused_while_serving_are_unavailable(password_role: 
     name, password = password_role
     url = database_url()
     with trio.fail_after(30):
-        async with trio_asyncio.open_loop():
-            async with pgasync.open_database(as_role(url, name, password), max_size=1, timeout=None) as db:
-                assert await db.fetchval("SELECT 1") == 1
-                await sql(url, f"ALTER ROLE {name} PASSWORD 'rotated'")
-                await sql(url, f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'")
-                while await sql(url, f"SELECT 1 FROM pg_stat_activity WHERE usename = '{name}'"):
-                    pass
-                refused = False
-                for _ in range(3):  # the first call may still find the terminated connection
-                    with pytest.raises(errors.Unavailable) as raised:
-                        await db.fetchval("SELECT 1")
-                    if "InvalidPasswordError" in raised.value.message:
-                        refused = True
-                        break
-                assert refused
+        async with pgasync.open_database(as_role(url, name, password), max_size=1, timeout=None) as db:
+            assert await db.fetchval("SELECT 1") == 1
+            await sql(url, f"ALTER ROLE {name} PASSWORD 'rotated'")
+            await sql(url, f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'")
+            while await sql(url, f"SELECT 1 FROM pg_stat_activity WHERE usename = '{name}'"):
+                pass
+            refused = False
+            for _ in range(3):  # the first call may still find the terminated connection
+                with pytest.raises(errors.Unavailable) as raised:
+                    await db.fetchval("SELECT 1")
+                if "InvalidPasswordError" in raised.value.message:
+                    refused = True
+                    break
+            assert refused

@@ -45,13 +45,12 @@ async def database(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
     """``qftrio serve`` options naming an empty database of each backend."""
     if request.param == "sqlite":
         return ["--db", str(tmp_path / "wf.db")]
-    from .pg import maybe_asyncio_loop, pg_url, reset_database
+    from .pg import pg_url, reset_database
 
     url = pg_url()
     if url is None:
         pytest.skip("QFTRIO_TEST_DATABASE_URL is not set")
-    async with maybe_asyncio_loop():
-        await reset_database(url)
+    await reset_database(url)
     return ["--database-url", url]
 
 

@@ -47,7 +47,9 @@ class Config:
     handlers: str | None = None
     #: Queues the in-process handlers lease from.
     handler_queues: tuple[str, ...] = ("default",)
-    handler_lanes: int = 4
+    #: Jobs the in-process handlers run at a time per queue; None: the
+    #: worker runtime's default, as for ``qftrio worker``.
+    handler_lanes: int | None = None
     worker_token: str | None = None
     tenants: dict[str, str] = dataclasses.field(default_factory=dict)
     dev: bool = False

@@ -32,8 +32,7 @@ log = logging.getLogger("qftrio.server")
 
 @contextlib.asynccontextmanager
 async def open_engine(config: Config, *, clock: Callable[[], float] | None = None) -> AsyncIterator[Engine]:
-    """An engine on the store *config* names. PostgreSQL needs the caller to
-    run inside ``trio_asyncio.open_loop()`` (:func:`serve` does)."""
+    """An engine on the store *config* names."""
     extra = {} if clock is None else {"clock": clock}
     if config.database_url:
         from .store.postgres import open_postgres_store
@@ -99,15 +98,8 @@ async def serve(
             "DEVELOPMENT MODE: any valid credential acts as a worker%s. Never expose this server.",
             "; tenant 'default' has the token 'dev'" if not config.tenants else "",
         )
-    if config.database_url:
-        import trio_asyncio
-
-        async with trio_asyncio.open_loop():
-            async with open_engine(config) as engine:
-                await run_server(engine, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
-    else:
-        async with open_engine(config) as engine:
-            await run_server(engine, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    async with open_engine(config) as engine:
+        await run_server(engine, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
 
 
 async def run_server(
@@ -185,9 +177,10 @@ async def _start_handlers(nursery: trio.Nursery, engine: Engine, config: Config)
     from .inprocess import EngineTransport
 
     registry = load_registry(config.handlers or "")
+    lanes = {} if config.handler_lanes is None else {"lanes": config.handler_lanes}
     stoppers = []
     for queue in config.handler_queues:
-        worker = Worker(EngineTransport(engine), queue, registry, lanes=config.handler_lanes)
+        worker = Worker(EngineTransport(engine), queue, registry, **lanes)
         handle = await nursery.start(worker.run)
         stoppers.append(handle.stop)
     return stoppers

@@ -1,19 +1,21 @@
-"""asyncpg on Trio, through trio-asyncio.
+"""asyncpg on Trio: an asyncio loop on a thread of its own.
 
 API is not stable. DO NOT USE outside :mod:`qftrio.server.store.postgres`.
 
-asyncpg is an asyncio library; trio-asyncio runs an asyncio loop on top of
-Trio, and :func:`trio_asyncio.aio_as_trio` runs an asyncio coroutine from a
-Trio task. Everything here must therefore run inside
-``async with trio_asyncio.open_loop():``. The loop is looked up once, when a
-:class:`Database` or :class:`Listener` is opened, and used explicitly from
-then on, so calls work from any Trio task of the program, whatever its
-contextvars say.
+asyncpg is an asyncio library. Each :class:`Database` and :class:`Listener`
+runs its connections on a :class:`LoopThread`: an asyncio event loop (uvloop's
+where it is installed) on a thread of its own, to which Trio tasks hand
+coroutines and from which results come back through Trio's token. A call
+costs two wake-ups between the threads; running the loop inside Trio
+(trio-asyncio) cost a Trio scheduling round for every step of every asyncpg
+coroutine, several times the CPU per call (docs/performance.md).
 
 Each database operation is one asyncio coroutine that acquires a pooled
 connection, optionally opens a transaction, runs an asyncio-flavoured
 function ``fn(conn, *args)`` and releases the connection: one hop between the
-two worlds per operation, not one per query.
+two threads per operation, not one per query. ``fn`` runs on the loop's
+thread: it must not call Trio, and it shares nothing with Trio tasks but its
+arguments and its result.
 
 Failures of the database itself (refused or broken connections, a server
 shutting down or starting up, a read-only standby after a failover, a
@@ -26,29 +28,29 @@ password, role or database the server refuses, is a
 :class:`~qftrio.errors.Unavailable`; either says where it connected, never
 with the password.
 
-Timeouts and Trio's clock: trio-asyncio's loop reads Trio's clock, so asyncio
-timeouts are *Trio* timeouts. Under a virtual clock (``MockClock`` with
-autojump, as tests use) a client-side timeout around network I/O fires at
-once, because every task is blocked while PostgreSQL answers. Client-side
-timeouts are therefore one option, ``timeout``, which tests set to ``None``;
-statements are bounded on the server (``statement_timeout``), which keeps
-real time whatever clock the client runs on.
+Timeouts: asyncio's timers run on the loop's thread, in real time, whatever
+clock Trio runs on (tests run Trio on a virtual clock). ``timeout`` bounds
+connecting, waiting for a pooled connection and closing, and with
+asyncpg's ``command_timeout`` each query; statements are also bounded on the
+server (``statement_timeout``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import logging
 import random
+import threading
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import asyncpg
+import outcome
 import trio
-import trio_asyncio
 from asyncpg import connect_utils
 
 from ... import errors
@@ -57,12 +59,13 @@ from ..._json import dumps_strict, loads
 __all__ = [
     "Database",
     "Listener",
+    "LoopThread",
     "Target",
     "open_database",
     "open_listener",
+    "open_loop_thread",
     "read_url",
     "translate_error",
-    "running_loop",
 ]
 
 log = logging.getLogger("qftrio.store.postgres")
@@ -227,14 +230,89 @@ def _connect_errors(target: Target, url: str) -> Iterator[None]:
             raise errors.Unavailable(f"cannot connect to PostgreSQL at {target.where}: {message}") from None
 
 
-def running_loop() -> trio_asyncio.TrioEventLoop:
-    """The trio-asyncio loop of the current context; raise if there is none."""
-    loop = trio_asyncio.current_loop.get()
-    if loop is None:
-        raise errors.ConfigError(
-            "the PostgreSQL store needs an asyncio loop: run it inside `async with trio_asyncio.open_loop():`"
-        )
-    return loop
+class LoopThread:
+    """An asyncio event loop running on a thread of its own. Open with
+    :func:`open_loop_thread`; Trio tasks run coroutines on it with
+    :meth:`run`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken) -> None:
+        self._loop = loop
+        self._token = token
+
+    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await fn(*args)`` on the loop; its result or its exception.
+
+        Not interrupted by cancellation: the coroutine runs to its end, and
+        then :class:`trio.Cancelled` is raised instead of its result (asyncpg
+        cancelled mid-query opens a connection to cancel it with, which is
+        not worth having for statements the server bounds anyway).
+        """
+        task = trio.lowlevel.current_task()
+        token = self._token
+
+        def done(future: asyncio.Future[T]) -> None:
+            # on the loop's thread
+            result = outcome.capture(future.result)
+            token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+
+        def start() -> None:
+            # on the loop's thread
+            asyncio.ensure_future(fn(*args), loop=self._loop).add_done_callback(done)
+
+        self._loop.call_soon_threadsafe(start)
+        result: T = await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return result
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run the plain function ``fn(*args)`` on the loop's thread, soon."""
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    def in_trio(self, fn: Callable[..., Any], *args: Any) -> None:
+        """From the loop's thread: run the plain function ``fn(*args)`` in Trio, soon."""
+        self._token.run_sync_soon(fn, *args)
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    # the thread's body: run until stopped, then close what is left
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+        leftover = asyncio.all_tasks(loop)
+        for task in leftover:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
+
+
+#: How long closing waits for the loop's thread to end.
+_STOP_SECS = 10.0
+
+
+@asynccontextmanager
+async def open_loop_thread(name: str = "qftrio-asyncio") -> AsyncIterator[LoopThread]:
+    """Start an asyncio loop on a thread of its own; stop it, and wait for
+    the thread (shielded, at most ten seconds), on the way out."""
+    loop = _new_event_loop()
+    thread = threading.Thread(target=_run_loop, args=(loop,), name=name, daemon=True)
+    thread.start()
+    try:
+        yield LoopThread(loop, trio.lowlevel.current_trio_token())
+    finally:
+        with trio.CancelScope(shield=True):
+            loop.call_soon_threadsafe(loop.stop)
+            # bounded in real time: a virtual clock would not wait at all
+            await trio.to_thread.run_sync(thread.join, _STOP_SECS)
 
 
 def _dumps(value: Any) -> str:
@@ -251,10 +329,19 @@ def _defaults_unless_in_url(url: str, settings: dict[str, str]) -> dict[str, str
     return {k: v for k, v in settings.items() if k not in given}
 
 
-async def _init_connection(conn: asyncpg.Connection) -> None:
-    # asyncio-flavoured: runs on every new pooled connection, reconnects included
-    await conn.set_type_codec("jsonb", encoder=_dumps, decoder=loads, schema="pg_catalog")
-    await conn.set_type_codec("json", encoder=_dumps, decoder=loads, schema="pg_catalog")
+def _connection_setup(backends: set[int]) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    """The pool's ``init``: JSON codecs, and the connection's backend in
+    *backends* for as long as it is open."""
+
+    async def init(conn: asyncpg.Connection) -> None:
+        # on the loop's thread, for every new pooled connection, reconnects included
+        await conn.set_type_codec("jsonb", encoder=_dumps, decoder=loads, schema="pg_catalog")
+        await conn.set_type_codec("json", encoder=_dumps, decoder=loads, schema="pg_catalog")
+        pid = conn.get_server_pid()
+        backends.add(pid)
+        conn.add_termination_listener(lambda _: backends.discard(pid))
+
+    return init
 
 
 async def _run_on_pool(
@@ -264,7 +351,7 @@ async def _run_on_pool(
     fn: Callable[..., Awaitable[T]],
     args: tuple[Any, ...],
 ) -> T:
-    # asyncio-flavoured
+    # on the loop's thread
     async with pool.acquire(timeout=acquire_timeout) as conn:
         if transaction:
             async with conn.transaction():
@@ -273,7 +360,7 @@ async def _run_on_pool(
 
 
 async def _connect_once(pool: asyncpg.Pool, timeout: float | None) -> None:
-    # asyncio-flavoured
+    # on the loop's thread
     async with pool.acquire(timeout=timeout):
         pass
 
@@ -290,15 +377,27 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     their settings and release their lock."""
 
 
+async def _close_pool(pool: asyncpg.Pool, timeout: float | None) -> None:
+    # on the loop's thread
+    try:
+        await asyncio.wait_for(pool.close(), timeout)
+    except Exception as exc:  # closing a broken pool is not worth a traceback
+        log.debug("closing the pool: %r", exc)
+        # timed out or failed: cut the connections still open
+        pool.terminate()
+
+
 class Database:
     """A pool of asyncpg connections used from Trio. Open with
     :func:`open_database`."""
 
-    def __init__(self, pool: asyncpg.Pool, loop: trio_asyncio.TrioEventLoop, *, timeout: float | None) -> None:
+    def __init__(self, pool: asyncpg.Pool, loop: LoopThread, backends: set[int], *, timeout: float | None) -> None:
         self._pool = pool
         self._loop = loop
         self._timeout = timeout
         self._closed = False
+        #: The server process ids of the pool's open connections.
+        self.backends: Collection[int] = backends
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any, transaction: bool = True) -> T:
         """Run the asyncio-flavoured ``fn(conn, *args)`` on a pooled connection,
@@ -308,15 +407,12 @@ class Database:
         again (up to three tries); database failures raise
         :class:`~qftrio.errors.Unavailable`.
 
-        Cancellation waits for the operation to finish: a transaction that
-        started commits or rolls back as it would have, and the caller sees
-        :class:`trio.Cancelled` afterwards. Interrupting asyncpg mid-query
-        makes it send a CancelRequest over an extra connection, and under
-        trio-asyncio that path can wait forever for its socket (seen with
-        trio-asyncio 0.16 and asyncpg 0.32 when queries are cancelled in
-        quick succession; compare python-trio/trio-asyncio#153). The wait is
-        bounded by ``statement_timeout`` on the server and, with a client
-        timeout set, by asyncpg's ``command_timeout``.
+        Cancellation waits for the operation to finish (see
+        :meth:`LoopThread.run`): a transaction that started commits or rolls
+        back as it would have, and the caller sees :class:`trio.Cancelled`
+        afterwards. The wait is bounded by ``statement_timeout`` on the
+        server and, with a client timeout set, by asyncpg's
+        ``command_timeout``.
         """
         if self._closed:
             raise errors.Unavailable("the database pool is closed")
@@ -331,9 +427,7 @@ class Database:
         with database_errors():
             for attempt in range(_RETRIES):
                 try:
-                    return await trio_asyncio.aio_as_trio(_run_on_pool, loop=self._loop)(
-                        self._pool, self._timeout, transaction, fn, args
-                    )
+                    return await self._loop.run(_run_on_pool, self._pool, self._timeout, transaction, fn, args)
                 except _RETRY as exc:
                     if attempt + 1 == _RETRIES:
                         raise errors.Unavailable("the database is too busy (transaction conflicts)") from exc
@@ -361,16 +455,8 @@ class Database:
         if self._closed:
             return
         self._closed = True
-        with trio.CancelScope(shield=True) as scope:
-            if self._timeout is not None:
-                scope.deadline = trio.current_time() + self._timeout
-            try:
-                await trio_asyncio.aio_as_trio(self._pool.close, loop=self._loop)()
-                return
-            except Exception as exc:  # closing a broken pool is not worth a traceback
-                log.debug("closing the pool: %r", exc)
-        # timed out or failed: cut the connections still open
-        self._pool.terminate()
+        with trio.CancelScope(shield=True):
+            await self._loop.run(_close_pool, self._pool, self._timeout)
 
 
 @asynccontextmanager
@@ -399,7 +485,6 @@ async def open_database(
             password, role or database.
         Unavailable: the database cannot be reached.
     """
-    loop = running_loop()
     target = read_url(url)
     # Client-side bound on each query: past the server's own, so that it only
     # fires when the server cannot answer at all (a dead network path).
@@ -414,48 +499,67 @@ async def open_database(
             "idle_in_transaction_session_timeout": str(int(statement_timeout * 2000)),
         },
     )
-    with database_errors():
-        pool = await trio_asyncio.aio_as_trio(asyncpg.create_pool, loop=loop)(
-            dsn=url,
-            # No floor: asyncpg (>= 0.32) would restore it from a background
-            # task of its own that logs a traceback per attempt while the
-            # database is down. Idle connections are kept all the same.
-            min_size=min(min_size, max_size),
-            max_size=max_size,
-            timeout=timeout,
-            command_timeout=command_timeout,
-            init=_init_connection,
-            reset=_keep_session,
-            server_settings=settings,
-            # asyncio timers run on Trio's clock; keep them out of the I/O path
-            max_inactive_connection_lifetime=0,
-        )
-    db = Database(pool, loop, timeout=timeout)
-    try:
-        # a first connection now, so that settings the server refuses are
-        # told at once, and as such; the pool keeps it for the first caller
-        with _connect_errors(target, url):
-            await trio_asyncio.aio_as_trio(_connect_once, loop=loop)(pool, timeout)
-        yield db
-    finally:
-        await db.aclose()
+    backends: set[int] = set()
+    async with open_loop_thread("qftrio-postgres") as loop:
+        with database_errors():
+            pool = await loop.run(_create_pool, url, min_size, max_size, timeout, command_timeout, settings, backends)
+        db = Database(pool, loop, backends, timeout=timeout)
+        try:
+            # a first connection now, so that settings the server refuses are
+            # told at once, and as such; the pool keeps it for the first caller
+            with _connect_errors(target, url):
+                await loop.run(_connect_once, pool, timeout)
+            yield db
+        finally:
+            await db.aclose()
+
+
+async def _create_pool(
+    url: str,
+    min_size: int,
+    max_size: int,
+    timeout: float | None,
+    command_timeout: float | None,
+    settings: dict[str, str],
+    backends: set[int],
+) -> asyncpg.Pool:
+    # on the loop's thread
+    return await asyncpg.create_pool(
+        dsn=url,
+        # No floor: asyncpg (>= 0.32) would restore it from a background
+        # task of its own that logs a traceback per attempt while the
+        # database is down. Idle connections are kept all the same: a burst
+        # after a quiet spell finds them open.
+        min_size=min(min_size, max_size),
+        max_size=max_size,
+        timeout=timeout,
+        command_timeout=command_timeout,
+        init=_connection_setup(backends),
+        reset=_keep_session,
+        server_settings=settings,
+        max_inactive_connection_lifetime=0,
+    )
 
 
 class Listener:
     """A dedicated connection that LISTENs on one channel. Open with
     :func:`open_listener`.
 
-    asyncpg calls back from the asyncio loop, which runs inside Trio on the
-    same thread, so its callbacks may set Trio events directly.
+    asyncpg calls back on the loop's thread; the callbacks hand what they
+    got to Trio, where it is kept until :meth:`receive`. Notifications sent
+    by the backends in *ignore* are dropped there, without waking Trio.
     """
 
     #: More distinct payloads than this between two receives collapse to "*".
     MAX_PENDING = 1000
 
-    def __init__(self, conn: asyncpg.Connection, loop: trio_asyncio.TrioEventLoop, *, timeout: float | None) -> None:
+    def __init__(
+        self, conn: asyncpg.Connection, loop: LoopThread, *, timeout: float | None, ignore: Collection[int] = ()
+    ) -> None:
         self._conn = conn
         self._loop = loop
         self._timeout = timeout
+        self._ignore = ignore
         self._pending: set[str] = set()
         self._lost = False
         self._wakeup = trio.Event()
@@ -464,20 +568,27 @@ class Listener:
     def backend_pid(self) -> int:
         return self._conn.get_server_pid()
 
-    # asyncio callbacks ------------------------------------------------------
+    # asyncpg's callbacks, on the loop's thread ---------------------------------
 
     def _on_notification(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        if pid not in self._ignore:
+            self._loop.in_trio(self._notified, payload)
+
+    def _on_termination(self, conn: Any) -> None:
+        self._loop.in_trio(self._terminated)
+
+    # trio side ----------------------------------------------------------------
+
+    def _notified(self, payload: str) -> None:
         if len(self._pending) >= self.MAX_PENDING:
             self._pending = {"*"}
         else:
             self._pending.add(payload)
         self._wakeup.set()
 
-    def _on_termination(self, conn: Any) -> None:
+    def _terminated(self) -> None:
         self._lost = True
         self._wakeup.set()
-
-    # trio side ----------------------------------------------------------------
 
     async def receive(self, *, keepalive_secs: float = 30.0) -> set[str]:
         """Wait for notifications and return their payloads (deduplicated).
@@ -500,44 +611,66 @@ class Listener:
         return pending
 
     async def _ping(self) -> None:
-        # shielded, as Database.run explains
-        with database_errors(), trio.CancelScope(shield=True):
-            await trio_asyncio.aio_as_trio(self._conn.fetchval, loop=self._loop)("SELECT 1", timeout=self._timeout)
+        with database_errors():
+            await self._loop.run(_ping, self._conn, self._timeout)
 
     async def aclose(self) -> None:
-        with trio.CancelScope(shield=True) as scope:
-            if self._timeout is not None:
-                scope.deadline = trio.current_time() + self._timeout
-            if not self._conn.is_closed():
-                try:
-                    await trio_asyncio.aio_as_trio(self._conn.close, loop=self._loop)()
-                except Exception as exc:
-                    log.debug("closing the LISTEN connection: %r", exc)
-        if not self._conn.is_closed():
-            self._conn.terminate()
+        with trio.CancelScope(shield=True):
+            await self._loop.run(_close_connection, self._conn, self._timeout)
+
+
+async def _close_connection(conn: asyncpg.Connection, timeout: float | None) -> None:
+    # on the loop's thread
+    if conn.is_closed():
+        return
+    try:
+        await conn.close(timeout=timeout)
+    except Exception as exc:
+        log.debug("closing the LISTEN connection: %r", exc)
+    if not conn.is_closed():
+        conn.terminate()
 
 
 @asynccontextmanager
 async def open_listener(
-    url: str, channel: str, *, timeout: float | None = 10.0, application_name: str = "qftrio-listener"
+    url: str,
+    channel: str,
+    *,
+    timeout: float | None = 10.0,
+    application_name: str = "qftrio-listener",
+    ignore: Collection[int] = (),
 ) -> AsyncIterator[Listener]:
-    """Connect to *url* and LISTEN on *channel*.
+    """Connect to *url* and LISTEN on *channel*, ignoring what the backends
+    *ignore* (a live collection of process ids, such as
+    :attr:`Database.backends`) send.
 
     Raises:
         Unavailable: the database cannot be reached.
     """
-    loop = running_loop()
-    with database_errors():
-        conn = await trio_asyncio.aio_as_trio(asyncpg.connect, loop=loop)(
-            dsn=url,
-            timeout=timeout,
-            server_settings=_defaults_unless_in_url(url, {"application_name": application_name}),
-        )
-    listener = Listener(conn, loop, timeout=timeout)
-    try:
-        conn.add_termination_listener(listener._on_termination)
+    settings = _defaults_unless_in_url(url, {"application_name": application_name})
+    async with open_loop_thread("qftrio-listen") as loop:
         with database_errors():
-            await trio_asyncio.aio_as_trio(conn.add_listener, loop=loop)(channel, listener._on_notification)
-        yield listener
-    finally:
-        await listener.aclose()
+            conn = await loop.run(_connect, url, timeout, settings)
+        listener = Listener(conn, loop, timeout=timeout, ignore=ignore)
+        try:
+            with database_errors():
+                await loop.run(_subscribe, conn, channel, listener)
+            yield listener
+        finally:
+            await listener.aclose()
+
+
+async def _subscribe(conn: asyncpg.Connection, channel: str, listener: Listener) -> None:
+    # on the loop's thread
+    conn.add_termination_listener(listener._on_termination)
+    await conn.add_listener(channel, listener._on_notification)
+
+
+async def _ping(conn: asyncpg.Connection, timeout: float | None) -> None:
+    # on the loop's thread
+    await conn.fetchval("SELECT 1", timeout=timeout)
+
+
+async def _connect(url: str, timeout: float | None, settings: dict[str, str]) -> asyncpg.Connection:
+    # on the loop's thread
+    return await asyncpg.connect(dsn=url, timeout=timeout, server_settings=settings)

@@ -1,8 +1,7 @@
 """The PostgreSQL store: several ``qftrio serve`` processes on one database.
 
-asyncpg runs through trio-asyncio (see :mod:`.pgasync`), so the whole program
-must run inside ``async with trio_asyncio.open_loop():``. Open the store with
-:func:`open_postgres_store`; apply the schema with :func:`migrate` (which
+asyncpg runs on an asyncio loop of its own thread (see :mod:`.pgasync`).
+Open the store with :func:`open_postgres_store`; apply the schema with :func:`migrate` (which
 ``open_postgres_store`` does by default).
 
 How the rules of :mod:`.base` are kept with many servers at once:
@@ -627,6 +626,9 @@ class PostgresStore(Store):
     ) -> None:
         """Call ``on_notify(queue)`` for the queues other servers make work
         ready on, through one dedicated LISTEN connection; runs until cancelled.
+        What this store's own connections notify is not passed on: the engine
+        wakes its own long-polls for what it changes, as on a store with no
+        other servers.
 
         When the connection is lost (a restart, a failover,
         ``pg_terminate_backend``) it reconnects by itself, with exponential
@@ -645,7 +647,9 @@ class PostgresStore(Store):
         backoff = min_backoff_secs
         while True:
             try:
-                async with pgasync.open_listener(self._url, CHANNEL, timeout=self._timeout) as listener:
+                async with pgasync.open_listener(
+                    self._url, CHANNEL, timeout=self._timeout, ignore=self._db.backends
+                ) as listener:
                     self.listener_pid = listener.backend_pid
                     log.debug("listening on %s (backend %s)", CHANNEL, self.listener_pid)
                     if not started:
@@ -1327,8 +1331,7 @@ async def open_postgres_store(
     timeout: float | None = 10.0,
     statement_timeout: float | None = 30.0,
 ) -> AsyncIterator[PostgresStore]:
-    """Open the PostgreSQL store on *url*; must run inside
-    ``trio_asyncio.open_loop()``.
+    """Open the PostgreSQL store on *url*.
 
     Args:
         url: ``postgresql://user:password@host:port/database``.
@@ -1338,18 +1341,16 @@ async def open_postgres_store(
             servers starting together are safe); a current schema is only
             read, so a role without DDL privileges can open it. With False, a
             schema that is not current is a :class:`~qftrio.errors.ConfigError`.
-        timeout: client-side network timeout in seconds (connect, wait for a
-            pooled connection, close); None disables it, as tests on Trio's
-            virtual clock must (see :mod:`.pgasync`).
+        timeout: client-side network timeout in real seconds (connect,
+            wait for a pooled connection, each query, close); None disables it
+            (see :mod:`.pgasync`).
         statement_timeout: server-side bound on each statement.
 
     Raises:
         Unavailable: the database cannot be reached.
-        ConfigError: no trio-asyncio loop, a URL or credentials that cannot
-            work, or an outdated schema with ``migrate=False`` or a role that
-            may not migrate it.
+        ConfigError: a URL or credentials that cannot work, or an outdated
+            schema with ``migrate=False`` or a role that may not migrate it.
     """
-    pgasync.running_loop()
     async with pgasync.open_database(
         url, max_size=pool_size, timeout=timeout, statement_timeout=statement_timeout
     ) as db:
