@@ -3,17 +3,23 @@
 Task tree of one :meth:`Worker.run` (DESIGN §7)::
 
     run                               cancel scope: Worker.cancel()
-    └── jobs nursery
-        ├── lease loop                cancel scope: Worker.stop()
-        └── one task per held job
-            ├── the job's nursery     its cancel scope is the job's: a 409 or
-            │   ├── heartbeat loop      a status other than ``running``
-            │   └── wait for a lane,    cancels it
-            │       then the handler
-            └── the report, bounded by the lease
+    └── worker nursery
+        ├── heartbeat scheduler       renews every held job that is due, in
+        │   └── one task per call       one batch call; cancels the scopes of
+        │                               jobs lost or about to run out of lease
+        └── jobs nursery
+            ├── lease loop            cancel scope: Worker.stop()
+            └── one task per held job
+                ├── the job's scope   cancelled by the scheduler on a 409 or
+                │   └── wait for a      a status other than ``running``
+                │       lane, then
+                │       the handler
+                └── the report, bounded by the lease
 
-Heartbeats and reports of all jobs go out in batches (:mod:`qftrio._batching`):
-no task of their own, the jobs' tasks run the batches.
+A job needs no heartbeat task of its own: the scheduler keeps, for each held
+job, when its next renewal falls due, and sleeps until the first one does.
+Reports of all jobs go out in batches (:mod:`qftrio._batching`): no task of
+their own, the jobs' tasks run the batches.
 
 Rules (DESIGN §7, and the protocol's "rules that keep at-least-once honest"):
 
@@ -185,6 +191,13 @@ class _Held:
 
     lease: Lease
     deadline: float  # Trio time at which our lease ends, by our own reckoning
+    next_beat: float  # Trio time at which its next renewal falls due
+    #: The job's cancel scope: its handler runs in it, and the heartbeat
+    #: scheduler cancels it when the job is lost or its lease about to end.
+    scope: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
+    beating: bool = True  # renewed until its handler is done, or it is given up
+    in_call: bool = False  # a renewal of it is in flight
+    failures: int = 0  # renewals failed in a row
     lane: int | None = None  # the lane it was given (kept after it left it)
     lane_ready: trio.Event | None = None  # made only when the job must wait for a lane
     lost: str | None = None  # why the server took it back: nothing is reported
@@ -368,6 +381,7 @@ class Worker:
         self._held: dict[str, _Held] = {}
         self._lanes = _Lanes(lanes)
         self._changed: trio.Event | None = None  # set up by the lease loop when it waits
+        self._beat_wake: trio.CancelScope | None = None  # the heartbeat scheduler's sleep
         t = transport
         batching = dict(limit=t.max_inflight, linger=t.coalesce_secs, max_items=MAX_BATCH, split_on=_is_refusal)
         self._heartbeats: Batcher[HeartbeatItem, HeartbeatReply] = Batcher(t.heartbeat, **batching)
@@ -437,9 +451,13 @@ class Worker:
         with trio.CancelScope() as self._root_scope:
             if self._cancelled:
                 self._root_scope.cancel()
-            async with trio.open_nursery() as jobs:
-                jobs.start_soon(self._lease_loop, jobs)
-                task_status.started(self)
+            async with trio.open_nursery() as worker:
+                worker.start_soon(self._heartbeat_loop)
+                async with trio.open_nursery() as jobs:
+                    jobs.start_soon(self._lease_loop, jobs)
+                    task_status.started(self)
+                # Every job has been reported: nothing is left to renew.
+                worker.cancel_scope.cancel()
         if self._fatal is not None:
             raise self._fatal
 
@@ -527,35 +545,118 @@ class Worker:
                 # it answered, allowing CLAIM_SLACK for the answer's way back
                 # (never before we asked).
                 deadline = max(sent_at, trio.current_time() - CLAIM_SLACK) + self.lease_secs
+                next_beat = deadline - self.heartbeat_secs
                 for lease in leases:
-                    held = _Held(lease=lease, deadline=deadline)
+                    held = _Held(lease=lease, deadline=deadline, next_beat=next_beat)
                     self._held[lease.lease_token] = held
                     self._lanes.enqueue(held)
                     self._job_event("claimed", held)
                     jobs.start_soon(self._hold, held, name=f"qftrio job {lease.job.id}")
+                if leases:
+                    self._wake_heartbeats_by(next_beat)
+
+    # -- heartbeats --------------------------------------------------------
+
+    def _wake_heartbeats_by(self, when: float) -> None:
+        """Have the heartbeat scheduler look again at *when* at the latest."""
+        wake = self._beat_wake
+        if wake is not None and when < wake.deadline:
+            wake.deadline = when
+
+    async def _heartbeat_loop(self) -> None:
+        """Renew the lease of every held job whose handler is not done, every
+        ``heartbeat_secs`` from its claim; give up a job (cancel its scope)
+        shortly before its lease ends when renewals keep failing.
+
+        One task for all jobs: it sleeps until the first renewal or give-up
+        falls due, and renews every job due by then (or within the
+        transport's ``coalesce_secs``) in one batch call, run in a task of
+        its own so that a slow call delays no give-up.
+        """
+        async with trio.open_nursery() as calls:
+            while True:
+                now = trio.current_time()
+                soon = now + self.transport.coalesce_secs
+                due: list[_Held] = []
+                wake = math.inf
+                for held in self._held.values():
+                    if not held.beating:
+                        continue
+                    abort_at = held.deadline - self.abort_margin_secs
+                    if now >= abort_at:
+                        # Renewals kept failing and the lease is about to
+                        # end: stop the handler while there is still time
+                        # to say so.
+                        held.beating = False
+                        held.scope.cancel()
+                        continue
+                    wake = min(wake, abort_at)
+                    if held.in_call:
+                        continue
+                    if held.next_beat <= soon:
+                        held.in_call = True
+                        due.append(held)
+                    else:
+                        wake = min(wake, held.next_beat)
+                for start in range(0, len(due), MAX_BATCH):
+                    calls.start_soon(self._renew, due[start : start + MAX_BATCH])
+                with trio.move_on_at(wake) as self._beat_wake:
+                    await trio.sleep_forever()
+
+    async def _renew(self, due: list[_Held]) -> None:
+        """One batch renewal of *due*: extend the leases that are still ours,
+        cancel the scopes of the jobs that are not."""
+        sent_at = trio.current_time()
+        items = [HeartbeatItem(held.job.id, held.lease.lease_token, self.lease_secs) for held in due]
+        try:
+            replies = await self._heartbeats(items)
+        except (errors.QftrioError, BatcherClosed) as exc:
+            if _is_fatal(exc):
+                self._die(exc)
+                return
+            error = _one_line(str(exc))
+            log.debug("heartbeat of %d job(s) failed (%s); retrying", len(due), error)
+            now = trio.current_time()
+            for held in due:
+                held.failures += 1
+                held.last_error = error
+                held.next_beat = now + backoff(held.failures, *REPORT_BACKOFF)
+        else:
+            for held, reply in zip(due, replies):
+                if reply.code == 200 and reply.status == "running":
+                    held.deadline = sent_at + self.lease_secs
+                    held.failures = 0
+                    held.next_beat = sent_at + self.heartbeat_secs
+                    continue
+                if not held.beating:
+                    continue  # its handler is done: its report learns the same
+                if reply.code == 200:
+                    held.lost = f"the job is {reply.status}"
+                elif reply.code == 409:
+                    held.lost = "lease lost (409): the job was taken back"
+                else:
+                    held.lost = f"heartbeat answered {reply.code}"
+                held.beating = False
+                held.scope.cancel()
+        finally:
+            for held in due:
+                held.in_call = False
+            self._wake_heartbeats_by(min(held.next_beat for held in due))
 
     # -- one job -----------------------------------------------------------
 
     async def _hold(self, held: _Held) -> None:
         outcome: _Outcome | None = None
         try:
-            async with trio.open_nursery() as job:
-                # The job's cancel scope holds its heartbeat loop and its
-                # handler; the loop cancels it when the job is lost or its
-                # lease is about to run out.
-                handled = trio.Event()
-                job.start_soon(self._heartbeat_loop, held, job.cancel_scope, handled)
+            with held.scope:
                 outcome = await self._execute(held)
-                # Ends the heartbeat loop by waking it, not by cancelling it:
-                # most jobs end before their first heartbeat, and a Cancelled
-                # raised through the loop costs more than the rest of the job.
-                handled.set()
+            held.beating = False
             if held.lost is not None:
                 self._job_event("lost", held, error=held.lost)
                 return
             if outcome is None:
-                # The heartbeat loop cancelled the handler: renewals failed
-                # and the lease is about to end. Say so while it lasts.
+                # The heartbeat scheduler cancelled the handler: renewals
+                # failed and the lease is about to end. Say so while it lasts.
                 reason = f": {held.last_error}" if held.last_error else ""
                 outcome = _Outcome(error=f"lease about to expire: heartbeats failed{reason}", retryable=True)
             # Retried until the lease ends (a call in flight then is let
@@ -565,55 +666,9 @@ class Worker:
             elif held.lost is not None:
                 self._job_event("lost", held, error=held.lost)
         finally:
+            held.beating = False
             del self._held[held.lease.lease_token]
             self._notify_changed()
-
-    async def _heartbeat_loop(self, held: _Held, job_scope: trio.CancelScope, handled: trio.Event) -> None:
-        """Renew *held*'s lease every ``heartbeat_secs`` until *handled* is
-        set; cancel *job_scope* when the job is lost or its lease is about
-        to run out."""
-        job = held.job
-        failures = 0
-        next_at = held.deadline - self.heartbeat_secs
-        while True:
-            abort_at = held.deadline - self.abort_margin_secs
-            with trio.move_on_at(min(next_at, abort_at)):
-                await handled.wait()
-            if handled.is_set():
-                return
-            if trio.current_time() >= abort_at:
-                # Renewals kept failing and the lease is about to end: stop
-                # the handler while there is still time to say so.
-                job_scope.cancel()
-                return
-            sent_at = trio.current_time()
-            with trio.move_on_at(abort_at) as call_scope:
-                try:
-                    (reply,) = await self._heartbeats([HeartbeatItem(job.id, held.lease.lease_token, self.lease_secs)])
-                except (errors.QftrioError, BatcherClosed) as exc:
-                    if _is_fatal(exc):
-                        self._die(exc)
-                        return
-                    failures += 1
-                    held.last_error = _one_line(str(exc))
-                    log.debug("heartbeat of job %s failed (%s); retrying", job.id, held.last_error)
-                    next_at = trio.current_time() + backoff(failures, *REPORT_BACKOFF)
-                    continue
-            if call_scope.cancelled_caught:
-                continue  # the abort point passed during the call: handled above
-            if reply.code == 200 and reply.status == "running":
-                held.deadline = sent_at + self.lease_secs
-                failures = 0
-                next_at = sent_at + self.heartbeat_secs
-                continue
-            if reply.code == 200:
-                held.lost = f"the job is {reply.status}"
-            elif reply.code == 409:
-                held.lost = "lease lost (409): the job was taken back"
-            else:
-                held.lost = f"heartbeat answered {reply.code}"
-            job_scope.cancel()
-            return
 
     async def _execute(self, held: _Held) -> _Outcome:
         job = held.job
