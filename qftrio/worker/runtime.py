@@ -197,7 +197,9 @@ class _Held:
     scope: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
     beating: bool = True  # renewed until its handler is done, or it is given up
     in_call: bool = False  # a renewal of it is in flight
-    failures: int = 0  # renewals failed in a row
+    failures: int = 0  # renewals, then reports, failed in a row
+    outcome: _Outcome | None = None  # what its handler came to
+    report: CompleteItem | FailItem | None = None  # the report of it to send
     lane: int | None = None  # the lane it was given (kept after it left it)
     lane_ready: trio.Event | None = None  # made only when the job must wait for a lane
     lost: str | None = None  # why the server took it back: nothing is reported
@@ -382,11 +384,17 @@ class Worker:
         self._lanes = _Lanes(lanes)
         self._changed: trio.Event | None = None  # set up by the lease loop when it waits
         self._beat_wake: trio.CancelScope | None = None  # the heartbeat scheduler's sleep
+        # Reports to send, by kind, in the order the handlers finished, and
+        # those that failed and go again later (a heap by retry time).
+        self._to_complete: list[_Held] = []
+        self._to_fail: list[_Held] = []
+        self._retries: list[tuple[float, int, _Held]] = []
+        self._retry_seq = 0
+        self._report_wake: trio.Event | None = None  # set up by the reporter when it waits
+        self._report_linger: trio.CancelScope | None = None
         t = transport
         batching = dict(limit=t.max_inflight, linger=t.coalesce_secs, max_items=MAX_BATCH, split_on=_is_refusal)
         self._heartbeats: Batcher[HeartbeatItem, HeartbeatReply] = Batcher(t.heartbeat, **batching)
-        self._completes: Batcher[CompleteItem, ReportReply] = Batcher(t.complete, **batching)
-        self._fails: Batcher[FailItem, ReportReply] = Batcher(t.fail, **batching)
 
     def __repr__(self) -> str:
         return f"<Worker {self.worker_id} queue={self.queue!r} lanes={self.lanes}>"
@@ -413,8 +421,7 @@ class Worker:
             self._emit(WorkerEvent(type="stopping", error=f"cancelling {len(self._held)} held job(s)"))
         self._stopping = self._cancelled = True
         self._lease_scope.cancel()
-        for batcher in (self._heartbeats, self._completes, self._fails):
-            batcher.close()
+        self._heartbeats.close()
         if self._root_scope is not None:
             self._root_scope.cancel()
 
@@ -451,13 +458,20 @@ class Worker:
         with trio.CancelScope() as self._root_scope:
             if self._cancelled:
                 self._root_scope.cancel()
-            async with trio.open_nursery() as worker:
-                worker.start_soon(self._heartbeat_loop)
-                async with trio.open_nursery() as jobs:
-                    jobs.start_soon(self._lease_loop, jobs)
-                    task_status.started(self)
-                # Every job has been reported: nothing is left to renew.
-                worker.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as worker:
+                    worker.start_soon(self._heartbeat_loop)
+                    worker.start_soon(self._report_loop)
+                    async with trio.open_nursery() as jobs:
+                        jobs.start_soon(self._lease_loop, jobs)
+                        task_status.started(self)
+                    # Leasing has stopped and every handler is done: wait
+                    # for the last reports.
+                    while self._held:
+                        await self._wait_changed()
+                    worker.cancel_scope.cancel()
+            finally:
+                self._held.clear()  # after a hard stop: abandoned, their leases run out
         if self._fatal is not None:
             raise self._fatal
 
@@ -486,9 +500,15 @@ class Worker:
         job = held.job
         self._emit(WorkerEvent(type=type, job_id=job.id, kind=job.kind, attempt=job.attempt, lane=held.lane, **kw))
 
+    async def _wait_changed(self) -> None:
+        """Until a lane is freed or a held job is gone."""
+        self._changed = changed = trio.Event()
+        await changed.wait()
+
     def _notify_changed(self) -> None:
-        # Only the lease loop waits for a change, and only when every lane
-        # is taken: no Event is made (and none set) while nobody waits.
+        # Only the lease loop waits for a change, when every lane is taken,
+        # and run() for the last reports: no Event is made (and none set)
+        # while nobody waits.
         changed = self._changed
         if changed is not None:
             self._changed = None
@@ -507,8 +527,7 @@ class Worker:
                 # lanes for a round trip per batch. The second bound keeps
                 # reports that lag from piling up without end.
                 while self._lanes.occupied >= self.lanes or len(self._held) >= self.lanes + 2 * most:
-                    self._changed = changed = trio.Event()
-                    await changed.wait()
+                    await self._wait_changed()
                 max_jobs = self.batch or min(MAX_LEASE_JOBS, self.lanes - self._lanes.occupied)
                 sent_at = trio.current_time()
                 try:
@@ -646,29 +665,33 @@ class Worker:
     # -- one job -----------------------------------------------------------
 
     async def _hold(self, held: _Held) -> None:
+        """Run *held*'s handler in the job's scope, then hand its outcome to
+        the reporter (or, the job lost, say so and forget it)."""
         outcome: _Outcome | None = None
         try:
             with held.scope:
                 outcome = await self._execute(held)
+        except BaseException:
+            # Cancelled from outside (a hard stop): nothing is reported.
             held.beating = False
-            if held.lost is not None:
-                self._job_event("lost", held, error=held.lost)
-                return
-            if outcome is None:
-                # The heartbeat scheduler cancelled the handler: renewals
-                # failed and the lease is about to end. Say so while it lasts.
-                reason = f": {held.last_error}" if held.last_error else ""
-                outcome = _Outcome(error=f"lease about to expire: heartbeats failed{reason}", retryable=True)
-            # Retried until the lease ends (a call in flight then is let
-            # finish, within the transport's timeout).
-            if not await self._report(held, outcome):
-                self._job_event("unreported", held, error=held.last_error or "the lease ran out before the report landed")
-            elif held.lost is not None:
-                self._job_event("lost", held, error=held.lost)
-        finally:
-            held.beating = False
-            del self._held[held.lease.lease_token]
-            self._notify_changed()
+            self._forget(held)
+            raise
+        held.beating = False
+        if held.lost is not None:
+            self._job_event("lost", held, error=held.lost)
+            self._forget(held)
+            return
+        if outcome is None:
+            # The heartbeat scheduler cancelled the handler: renewals
+            # failed and the lease is about to end. Say so while it lasts.
+            reason = f": {held.last_error}" if held.last_error else ""
+            outcome = _Outcome(error=f"lease about to expire: heartbeats failed{reason}", retryable=True)
+        held.failures = 0
+        self._queue_report(held, outcome)
+
+    def _forget(self, held: _Held) -> None:
+        del self._held[held.lease.lease_token]
+        self._notify_changed()
 
     async def _execute(self, held: _Held) -> _Outcome:
         job = held.job
@@ -736,46 +759,142 @@ class Worker:
             )
         return _Outcome(result=result)
 
-    async def _report(self, held: _Held, outcome: _Outcome) -> bool:
-        """Report *outcome*, retrying until it lands or the lease ends (a
-        call in flight then is given the transport's timeout). Returns
-        whether an answer came."""
+    # -- reports -----------------------------------------------------------
+
+    def _queue_report(self, held: _Held, outcome: _Outcome) -> None:
+        """Have the reporter send *outcome*, the lease permitting."""
+        held.outcome = outcome
         job, token = held.job, held.lease.lease_token
-        failures = 0
-        while trio.current_time() < held.deadline:
-            try:
-                if outcome.ok:
-                    (reply,) = await self._completes([CompleteItem(job.id, token, outcome.result or {})])
-                else:
-                    error = truncate_error(outcome.error or "failed")
-                    (reply,) = await self._fails([FailItem(job.id, token, error, outcome.retryable)])
-            except (errors.QftrioError, BatcherClosed) as exc:
-                if _is_fatal(exc):
-                    self._die(exc)
-                    return True
-                held.last_error = _one_line(str(exc))
-                if _is_refusal(exc):
-                    if not outcome.ok:
-                        return False  # the server refuses this fail; nothing else to say
-                    # The server refuses this result (a smaller body cap than
-                    # ours, say): fail the job, saying why, rather than run it again.
-                    outcome = _Outcome(error=f"the server refused the result: {held.last_error}", retryable=False)
+        if outcome.ok:
+            held.report = CompleteItem(job.id, token, outcome.result or {})
+            queue = self._to_complete
+        else:
+            held.report = FailItem(job.id, token, truncate_error(outcome.error or "failed"), outcome.retryable)
+            queue = self._to_fail
+        if trio.current_time() >= held.deadline:
+            self._give_up(held)
+            return
+        queue.append(held)
+        if len(queue) >= MAX_BATCH and self._report_linger is not None:
+            self._report_linger.cancel()  # a full batch need not linger
+        self._wake_reporter()
+
+    def _wake_reporter(self) -> None:
+        # The reporter waits on an Event only when it has nothing to send:
+        # none is made (and none set) for each report.
+        wake = self._report_wake
+        if wake is not None:
+            self._report_wake = None
+            wake.set()
+
+    def _give_up(self, held: _Held) -> None:
+        self._job_event("unreported", held, error=held.last_error or "the lease ran out before the report landed")
+        self._forget(held)
+
+    def _take_due_retries(self) -> None:
+        now = trio.current_time()
+        while self._retries and self._retries[0][0] <= now:
+            _, _, held = heapq.heappop(self._retries)
+            if now >= held.deadline:
+                self._give_up(held)
+            else:
+                (self._to_complete if isinstance(held.report, CompleteItem) else self._to_fail).append(held)
+
+    async def _report_loop(self) -> None:
+        """Send the reports of finished jobs: those made within the
+        transport's ``coalesce_secs`` go as one batch call (up to
+        :data:`MAX_BATCH`), at most ``max_inflight`` calls at once, each run
+        in a task of its own. Reports are retried with backoff until their
+        lease ends (a call in flight then is let finish, within the
+        transport's timeout), then given up.
+        """
+        turns = trio.Semaphore(self.transport.max_inflight)
+        async with trio.open_nursery() as calls:
+            while True:
+                self._take_due_retries()
+                if not (self._to_complete or self._to_fail):
+                    self._report_wake = wake = trio.Event()
+                    with trio.move_on_at(self._retries[0][0] if self._retries else math.inf):
+                        await wake.wait()
+                    self._report_wake = None
                     continue
-                failures += 1
-                log.debug("report of job %s failed (%s); retrying", job.id, held.last_error)
-                await trio.sleep_until(min(trio.current_time() + backoff(failures, *REPORT_BACKOFF), held.deadline))
-                continue
+                if max(len(self._to_complete), len(self._to_fail)) < MAX_BATCH:
+                    # Let the reports of jobs finishing about now join in.
+                    with trio.move_on_after(self.transport.coalesce_secs) as self._report_linger:
+                        await trio.sleep_forever()
+                    self._report_linger = None
+                # While it waits for a turn in flight, a batch keeps growing.
+                for queue in (self._to_complete, self._to_fail):
+                    while queue:
+                        await turns.acquire()
+                        batch = queue[:MAX_BATCH]
+                        del queue[:MAX_BATCH]
+                        calls.start_soon(self._send_reports, batch, turns)
+
+    async def _send_reports(self, batch: list[_Held], turns: trio.Semaphore) -> None:
+        try:
+            await self._send_batch(batch)
+        finally:
+            turns.release()
+
+    async def _send_batch(self, batch: list[_Held]) -> None:
+        """One report call for *batch* (all completions or all failures)."""
+        items = [held.report for held in batch]
+        try:
+            if isinstance(items[0], CompleteItem):
+                replies = await self.transport.complete(items)  # type: ignore[arg-type]
+            else:
+                replies = await self.transport.fail(items)  # type: ignore[arg-type]
+        except errors.QftrioError as exc:
+            if _is_fatal(exc):
+                self._die(exc)
+            elif _is_refusal(exc) and len(batch) > 1:
+                # One report's result, say, is too large for the server:
+                # send them one by one, so that it fails alone.
+                for held in batch:
+                    await self._send_batch([held])
+            else:
+                self._report_failed(batch, exc)
+            return
+        for held, reply in zip(batch, replies):
+            outcome = held.outcome
+            assert outcome is not None
             if reply.code == 204:
                 if outcome.ok:
                     self._job_event("completed", held)
                 else:
                     self._job_event("failed", held, error=outcome.error, retryable=outcome.retryable)
-            elif reply.code == 409:
-                held.lost = "lease lost (409): the report was refused"
             else:
-                held.lost = f"report answered {reply.code}"
-            return True
-        return False
+                if reply.code == 409:
+                    held.lost = "lease lost (409): the report was refused"
+                else:
+                    held.lost = f"report answered {reply.code}"
+                self._job_event("lost", held, error=held.lost)
+            self._forget(held)
+
+    def _report_failed(self, batch: list[_Held], exc: errors.QftrioError) -> None:
+        """The report call of *batch* failed: send each again later, until
+        its lease ends."""
+        error = _one_line(str(exc))
+        now = trio.current_time()
+        for held in batch:
+            held.last_error = error
+            if _is_refusal(exc):
+                if isinstance(held.report, FailItem):
+                    self._give_up(held)  # the server refuses this fail; nothing else to say
+                else:
+                    # The server refuses this result (a smaller body cap than
+                    # ours, say): fail the job, saying why, rather than run it again.
+                    self._queue_report(held, _Outcome(error=f"the server refused the result: {error}", retryable=False))
+            elif now >= held.deadline:
+                self._give_up(held)
+            else:
+                held.failures += 1
+                log.debug("report of job %s failed (%s); retrying", held.job.id, error)
+                self._retry_seq += 1
+                retry_at = min(now + backoff(held.failures, *REPORT_BACKOFF), held.deadline)
+                heapq.heappush(self._retries, (retry_at, self._retry_seq, held))
+        self._wake_reporter()
 
 
 @contextlib.asynccontextmanager
