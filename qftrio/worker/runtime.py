@@ -7,19 +7,23 @@ Task tree of one :meth:`Worker.run` (DESIGN §7)::
         ├── heartbeat scheduler       renews every held job that is due, in
         │   └── one task per call       one batch call; cancels the scopes of
         │                               jobs lost or about to run out of lease
+        ├── reporter                  sends the reports of finished jobs in
+        │   └── one task per call       batch calls, retried until each
+        │                               job's lease ends
         └── jobs nursery
             ├── lease loop            cancel scope: Worker.stop()
-            └── one task per held job
-                ├── the job's scope   cancelled by the scheduler on a 409 or
-                │   └── wait for a      a status other than ``running``
-                │       lane, then
-                │       the handler
-                └── the report, bounded by the lease
+            └── one task per job      until its handler is done
+                └── the job's scope   cancelled by the scheduler on a 409 or
+                    └── wait for a      a status other than ``running``
+                        lane, then
+                        the handler
 
-A job needs no heartbeat task of its own: the scheduler keeps, for each held
-job, when its next renewal falls due, and sleeps until the first one does.
-Reports of all jobs go out in batches (:mod:`qftrio._batching`): no task of
-their own, the jobs' tasks run the batches.
+A job has one task, and one cancel scope, for its handler; its heartbeats and
+its report need none of their own. The scheduler keeps, for each held job,
+when its next renewal falls due and sleeps until the first one does; the
+reporter gathers the reports made within a few milliseconds into one call.
+Most jobs end before their first heartbeat falls due: their whole cost is
+one task, one scope, and their share of a lease call and of a report call.
 
 Rules (DESIGN §7, and the protocol's "rules that keep at-least-once honest"):
 
@@ -72,7 +76,7 @@ from ..models import (
 )
 from .registry import Handler, Registry
 from ..errors import UnexpectedAnswer
-from .transport import HeartbeatReply, ReportReply, Transport
+from .transport import HeartbeatReply, Transport
 
 __all__ = ["Worker", "validate_options", "WorkerEvent", "WorkerStatistics", "open_worker", "default_worker_id"]
 
@@ -392,9 +396,10 @@ class Worker:
         self._retry_seq = 0
         self._report_wake: trio.Event | None = None  # set up by the reporter when it waits
         self._report_linger: trio.CancelScope | None = None
-        t = transport
-        batching = dict(limit=t.max_inflight, linger=t.coalesce_secs, max_items=MAX_BATCH, split_on=_is_refusal)
-        self._heartbeats: Batcher[HeartbeatItem, HeartbeatReply] = Batcher(t.heartbeat, **batching)
+        # No linger: the heartbeat scheduler gathers the jobs due together.
+        self._heartbeats: Batcher[HeartbeatItem, HeartbeatReply] = Batcher(
+            transport.heartbeat, limit=transport.max_inflight, max_items=MAX_BATCH, split_on=_is_refusal
+        )
 
     def __repr__(self) -> str:
         return f"<Worker {self.worker_id} queue={self.queue!r} lanes={self.lanes}>"
