@@ -474,6 +474,9 @@ class Worker:
                     # for the last reports.
                     while self._held:
                         await self._wait_changed()
+                    # Nothing is left to renew: a renewal still in flight
+                    # (of a job that finished during it) is not waited for.
+                    self._heartbeats.close()
                     worker.cancel_scope.cancel()
             finally:
                 self._held.clear()  # after a hard stop: abandoned, their leases run out
