@@ -6,20 +6,27 @@ acknowledged at once, so what is measured is the runtime's own machinery:
 task spawns, cancel scopes, the batching, events.
 
 Prints jobs/s (wall) and CPU microseconds per job (``time.process_time()``).
-The machine may be noisy: run it several times and take the median.
+The machine may be noisy: run it several times and take the median, or
+compare two versions with ``--ab DIR``: every run alternates with one of the
+qftrio in DIR (a copy of another version, e.g. ``git archive main qftrio |
+tar -x -C DIR``), each in a process of its own, and both medians are printed.
 
 Example::
 
     .venv/bin/python benchmarks/worker_overhead.py --lanes 32 --batch 25 --jobs 20000
     .venv/bin/python benchmarks/worker_overhead.py --profile
+    .venv/bin/python benchmarks/worker_overhead.py --lanes 200 --runs 8 --ab /tmp/main
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import re
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -27,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# ``--qftrio-from DIR`` (what --ab runs) imports the qftrio in DIR instead.
+_FROM = sys.argv[sys.argv.index("--qftrio-from") + 1] if "--qftrio-from" in sys.argv else str(ROOT)
+if _FROM not in sys.path:
+    sys.path.insert(0, _FROM)
 
 import trio
 
@@ -154,8 +163,13 @@ def main() -> None:
     p.add_argument("--coalesce", type=float, default=Transport.coalesce_secs, help="the transport's coalesce_secs")
     p.add_argument("--on-event", action="store_true", help="pass an on_event callback (a list's append)")
     p.add_argument("--profile", action="store_true", help="cProfile one run, print the top 25 by own time")
+    p.add_argument("--ab", metavar="DIR", help="alternate every run with one of the qftrio in DIR; print both medians")
+    p.add_argument("--qftrio-from", metavar="DIR", help=argparse.SUPPRESS)
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()
+    if args.ab:
+        ab(args)
+        return
 
     print(
         f"worker_overhead: lanes={args.lanes} batch={args.batch or 'free lanes'} jobs={args.jobs} runs={args.runs} "
@@ -189,6 +203,32 @@ def main() -> None:
         f"median: {statistics.median(rates):,.0f} jobs/s  {statistics.median(costs):.1f} us CPU/job"
         f"  (best {max(rates):,.0f} jobs/s, {min(costs):.1f} us CPU/job)"
     )
+
+
+def ab(args: argparse.Namespace) -> None:
+    """Alternate runs of this tree's qftrio (A) and DIR's (B), one process
+    per run, and print the CPU per job of each side."""
+    passed = ["--lanes", str(args.lanes), "--jobs", str(args.jobs), "--coalesce", str(args.coalesce)]
+    passed += ["--timeout", str(args.timeout), *(["--batch", str(args.batch)] if args.batch else [])]
+    passed += ["--on-event"] if args.on_event else []
+    sides = {"A": str(ROOT), "B": os.path.abspath(args.ab)}
+    costs: dict[str, list[float]] = {side: [] for side in sides}
+    print(f"worker_overhead --ab: A={sides['A']} B={sides['B']} runs={args.runs} args={' '.join(passed) or '-'}")
+    for n in range(1, args.runs + 1):
+        for side, where in sides.items():
+            out = subprocess.run(
+                [sys.executable, __file__, *passed, "--runs", "1", "--qftrio-from", where],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            found = re.search(r"^run 1: .*?([0-9.]+) us CPU/job", out, re.M)
+            if found is None:
+                raise SystemExit(f"no figure in the output of side {side}:\n{out}")
+            costs[side].append(float(found.group(1)))
+            print(f"run {n} {side}: {costs[side][-1]:6.1f} us CPU/job")
+    a, b = statistics.median(costs["A"]), statistics.median(costs["B"])
+    print(f"median: A {a:.1f} us CPU/job, B {b:.1f} us CPU/job (A/B {a / b:.2f})")
 
 
 if __name__ == "__main__":

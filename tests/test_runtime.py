@@ -444,6 +444,24 @@ async def test_heartbeats_every_half_lease_keep_a_long_job(server: Faults, autoj
     assert not rec.of("lost")
 
 
+async def test_a_slow_heartbeat_does_not_hold_back_a_finished_jobs_report(server: Faults, autojump_clock: Any) -> None:
+    # The renewal at 5 s takes 3 s; the handler is done at 6 s, while it is
+    # still on its way: the completion goes at once all the same.
+    server.slow["heartbeat"] = 3
+    job_id = await server.add("echo", {"secs": 6})
+    worker, rec = make_worker(server, echo_registry(), lease_secs=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await server.wait_status(Status.COMPLETED, job_id)
+        worker.stop()
+    claimed = server.times("lease")[0]
+    (beat,) = server.times("heartbeat", job_id)
+    (report,) = server.times("complete", job_id)
+    assert beat < claimed + 6 < report < claimed + 6 + 2 * LATENCY < beat + 3
+    assert trio.current_time() < beat + 3  # nor does the stop wait for that renewal
+    assert len(rec.of("completed")) == 1 and not rec.of("lost")
+
+
 async def test_conflict_aborts_the_handler_and_reports_nothing(server: Faults, autojump_clock: Any) -> None:
     reg, cancelled_at = forever_registry()
     job_id = await server.add("forever")

@@ -3,17 +3,27 @@
 Task tree of one :meth:`Worker.run` (DESIGN §7)::
 
     run                               cancel scope: Worker.cancel()
-    └── jobs nursery
-        ├── lease loop                cancel scope: Worker.stop()
-        └── one task per held job
-            ├── the job's nursery     its cancel scope is the job's: a 409 or
-            │   ├── heartbeat loop      a status other than ``running``
-            │   └── wait for a lane,    cancels it
-            │       then the handler
-            └── the report, bounded by the lease
+    └── worker nursery
+        ├── heartbeat scheduler       renews every held job that is due, in
+        │   └── one task per call       one batch call; cancels the scopes of
+        │                               jobs lost or about to run out of lease
+        ├── reporter                  sends the reports of finished jobs in
+        │   └── one task per call       batch calls, retried until each
+        │                               job's lease ends
+        └── jobs nursery
+            ├── lease loop            cancel scope: Worker.stop()
+            └── one task per job      until its handler is done
+                └── the job's scope   cancelled by the scheduler on a 409 or
+                    └── wait for a      a status other than ``running``
+                        lane, then
+                        the handler
 
-Heartbeats and reports of all jobs go out in batches (:mod:`qftrio._batching`):
-no task of their own, the jobs' tasks run the batches.
+A job has one task, and one cancel scope, for its handler; its heartbeats and
+its report need none of their own. The scheduler keeps, for each held job,
+when its next renewal falls due and sleeps until the first one does; the
+reporter gathers the reports made within a few milliseconds into one call.
+Most jobs end before their first heartbeat falls due: their whole cost is
+one task, one scope, and their share of a lease call and of a report call.
 
 Rules (DESIGN §7, and the protocol's "rules that keep at-least-once honest"):
 
@@ -66,7 +76,7 @@ from ..models import (
 )
 from .registry import Handler, Registry
 from ..errors import UnexpectedAnswer
-from .transport import HeartbeatReply, ReportReply, Transport
+from .transport import HeartbeatReply, Transport
 
 __all__ = ["Worker", "validate_options", "WorkerEvent", "WorkerStatistics", "open_worker", "default_worker_id"]
 
@@ -185,6 +195,15 @@ class _Held:
 
     lease: Lease
     deadline: float  # Trio time at which our lease ends, by our own reckoning
+    next_beat: float  # Trio time at which its next renewal falls due
+    #: The job's cancel scope: its handler runs in it, and the heartbeat
+    #: scheduler cancels it when the job is lost or its lease about to end.
+    scope: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
+    beating: bool = True  # renewed until its handler is done, or it is given up
+    in_call: bool = False  # a renewal of it is in flight
+    failures: int = 0  # renewals, then reports, failed in a row
+    outcome: _Outcome | None = None  # what its handler came to
+    report: CompleteItem | FailItem | None = None  # the report of it to send
     lane: int | None = None  # the lane it was given (kept after it left it)
     lane_ready: trio.Event | None = None  # made only when the job must wait for a lane
     lost: str | None = None  # why the server took it back: nothing is reported
@@ -368,11 +387,19 @@ class Worker:
         self._held: dict[str, _Held] = {}
         self._lanes = _Lanes(lanes)
         self._changed: trio.Event | None = None  # set up by the lease loop when it waits
-        t = transport
-        batching = dict(limit=t.max_inflight, linger=t.coalesce_secs, max_items=MAX_BATCH, split_on=_is_refusal)
-        self._heartbeats: Batcher[HeartbeatItem, HeartbeatReply] = Batcher(t.heartbeat, **batching)
-        self._completes: Batcher[CompleteItem, ReportReply] = Batcher(t.complete, **batching)
-        self._fails: Batcher[FailItem, ReportReply] = Batcher(t.fail, **batching)
+        self._beat_wake: trio.CancelScope | None = None  # the heartbeat scheduler's sleep
+        # Reports to send, by kind, in the order the handlers finished, and
+        # those that failed and go again later (a heap by retry time).
+        self._to_complete: list[_Held] = []
+        self._to_fail: list[_Held] = []
+        self._retries: list[tuple[float, int, _Held]] = []
+        self._retry_seq = 0
+        self._report_wake: trio.Event | None = None  # set up by the reporter when it waits
+        self._report_linger: trio.CancelScope | None = None
+        # No linger: the heartbeat scheduler gathers the jobs due together.
+        self._heartbeats: Batcher[HeartbeatItem, HeartbeatReply] = Batcher(
+            transport.heartbeat, limit=transport.max_inflight, max_items=MAX_BATCH, split_on=_is_refusal
+        )
 
     def __repr__(self) -> str:
         return f"<Worker {self.worker_id} queue={self.queue!r} lanes={self.lanes}>"
@@ -399,8 +426,7 @@ class Worker:
             self._emit(WorkerEvent(type="stopping", error=f"cancelling {len(self._held)} held job(s)"))
         self._stopping = self._cancelled = True
         self._lease_scope.cancel()
-        for batcher in (self._heartbeats, self._completes, self._fails):
-            batcher.close()
+        self._heartbeats.close()
         if self._root_scope is not None:
             self._root_scope.cancel()
 
@@ -437,9 +463,23 @@ class Worker:
         with trio.CancelScope() as self._root_scope:
             if self._cancelled:
                 self._root_scope.cancel()
-            async with trio.open_nursery() as jobs:
-                jobs.start_soon(self._lease_loop, jobs)
-                task_status.started(self)
+            try:
+                async with trio.open_nursery() as worker:
+                    worker.start_soon(self._heartbeat_loop)
+                    worker.start_soon(self._report_loop)
+                    async with trio.open_nursery() as jobs:
+                        jobs.start_soon(self._lease_loop, jobs)
+                        task_status.started(self)
+                    # Leasing has stopped and every handler is done: wait
+                    # for the last reports.
+                    while self._held:
+                        await self._wait_changed()
+                    # Nothing is left to renew: a renewal still in flight
+                    # (of a job that finished during it) is not waited for.
+                    self._heartbeats.close()
+                    worker.cancel_scope.cancel()
+            finally:
+                self._held.clear()  # after a hard stop: abandoned, their leases run out
         if self._fatal is not None:
             raise self._fatal
 
@@ -468,9 +508,15 @@ class Worker:
         job = held.job
         self._emit(WorkerEvent(type=type, job_id=job.id, kind=job.kind, attempt=job.attempt, lane=held.lane, **kw))
 
+    async def _wait_changed(self) -> None:
+        """Until a lane is freed or a held job is gone."""
+        self._changed = changed = trio.Event()
+        await changed.wait()
+
     def _notify_changed(self) -> None:
-        # Only the lease loop waits for a change, and only when every lane
-        # is taken: no Event is made (and none set) while nobody waits.
+        # Only the lease loop waits for a change, when every lane is taken,
+        # and run() for the last reports: no Event is made (and none set)
+        # while nobody waits.
         changed = self._changed
         if changed is not None:
             self._changed = None
@@ -489,8 +535,7 @@ class Worker:
                 # lanes for a round trip per batch. The second bound keeps
                 # reports that lag from piling up without end.
                 while self._lanes.occupied >= self.lanes or len(self._held) >= self.lanes + 2 * most:
-                    self._changed = changed = trio.Event()
-                    await changed.wait()
+                    await self._wait_changed()
                 max_jobs = self.batch or min(MAX_LEASE_JOBS, self.lanes - self._lanes.occupied)
                 sent_at = trio.current_time()
                 try:
@@ -527,93 +572,134 @@ class Worker:
                 # it answered, allowing CLAIM_SLACK for the answer's way back
                 # (never before we asked).
                 deadline = max(sent_at, trio.current_time() - CLAIM_SLACK) + self.lease_secs
+                next_beat = deadline - self.heartbeat_secs
                 for lease in leases:
-                    held = _Held(lease=lease, deadline=deadline)
+                    held = _Held(lease=lease, deadline=deadline, next_beat=next_beat)
                     self._held[lease.lease_token] = held
                     self._lanes.enqueue(held)
                     self._job_event("claimed", held)
                     jobs.start_soon(self._hold, held, name=f"qftrio job {lease.job.id}")
+                if leases:
+                    self._wake_heartbeats_by(next_beat)
+
+    # -- heartbeats --------------------------------------------------------
+
+    def _wake_heartbeats_by(self, when: float) -> None:
+        """Have the heartbeat scheduler look again at *when* at the latest."""
+        wake = self._beat_wake
+        if wake is not None and when < wake.deadline:
+            wake.deadline = when
+
+    async def _heartbeat_loop(self) -> None:
+        """Renew the lease of every held job whose handler is not done, every
+        ``heartbeat_secs`` from its claim; give up a job (cancel its scope)
+        shortly before its lease ends when renewals keep failing.
+
+        One task for all jobs: it sleeps until the first renewal or give-up
+        falls due, and renews every job due by then (or within the
+        transport's ``coalesce_secs``) in one batch call, run in a task of
+        its own so that a slow call delays no give-up.
+        """
+        async with trio.open_nursery() as calls:
+            while True:
+                now = trio.current_time()
+                soon = now + self.transport.coalesce_secs
+                due: list[_Held] = []
+                wake = math.inf
+                for held in self._held.values():
+                    if not held.beating:
+                        continue
+                    abort_at = held.deadline - self.abort_margin_secs
+                    if now >= abort_at:
+                        # Renewals kept failing and the lease is about to
+                        # end: stop the handler while there is still time
+                        # to say so.
+                        held.beating = False
+                        held.scope.cancel()
+                        continue
+                    wake = min(wake, abort_at)
+                    if held.in_call:
+                        continue
+                    if held.next_beat <= soon:
+                        held.in_call = True
+                        due.append(held)
+                    else:
+                        wake = min(wake, held.next_beat)
+                for start in range(0, len(due), MAX_BATCH):
+                    calls.start_soon(self._renew, due[start : start + MAX_BATCH])
+                with trio.move_on_at(wake) as self._beat_wake:
+                    await trio.sleep_forever()
+
+    async def _renew(self, due: list[_Held]) -> None:
+        """One batch renewal of *due*: extend the leases that are still ours,
+        cancel the scopes of the jobs that are not."""
+        sent_at = trio.current_time()
+        items = [HeartbeatItem(held.job.id, held.lease.lease_token, self.lease_secs) for held in due]
+        try:
+            replies = await self._heartbeats(items)
+        except (errors.QftrioError, BatcherClosed) as exc:
+            if _is_fatal(exc):
+                self._die(exc)
+                return
+            error = _one_line(str(exc))
+            log.debug("heartbeat of %d job(s) failed (%s); retrying", len(due), error)
+            now = trio.current_time()
+            for held in due:
+                held.failures += 1
+                held.last_error = error
+                held.next_beat = now + backoff(held.failures, *REPORT_BACKOFF)
+        else:
+            for held, reply in zip(due, replies):
+                if reply.code == 200 and reply.status == "running":
+                    held.deadline = sent_at + self.lease_secs
+                    held.failures = 0
+                    held.next_beat = sent_at + self.heartbeat_secs
+                    continue
+                if not held.beating:
+                    continue  # its handler is done: its report learns the same
+                if reply.code == 200:
+                    held.lost = f"the job is {reply.status}"
+                elif reply.code == 409:
+                    held.lost = "lease lost (409): the job was taken back"
+                else:
+                    held.lost = f"heartbeat answered {reply.code}"
+                held.beating = False
+                held.scope.cancel()
+        finally:
+            for held in due:
+                held.in_call = False
+            self._wake_heartbeats_by(min(held.next_beat for held in due))
 
     # -- one job -----------------------------------------------------------
 
     async def _hold(self, held: _Held) -> None:
+        """Run *held*'s handler in the job's scope, then hand its outcome to
+        the reporter (or, the job lost, say so and forget it)."""
         outcome: _Outcome | None = None
         try:
-            async with trio.open_nursery() as job:
-                # The job's cancel scope holds its heartbeat loop and its
-                # handler; the loop cancels it when the job is lost or its
-                # lease is about to run out.
-                handled = trio.Event()
-                job.start_soon(self._heartbeat_loop, held, job.cancel_scope, handled)
+            with held.scope:
                 outcome = await self._execute(held)
-                # Ends the heartbeat loop by waking it, not by cancelling it:
-                # most jobs end before their first heartbeat, and a Cancelled
-                # raised through the loop costs more than the rest of the job.
-                handled.set()
-            if held.lost is not None:
-                self._job_event("lost", held, error=held.lost)
-                return
-            if outcome is None:
-                # The heartbeat loop cancelled the handler: renewals failed
-                # and the lease is about to end. Say so while it lasts.
-                reason = f": {held.last_error}" if held.last_error else ""
-                outcome = _Outcome(error=f"lease about to expire: heartbeats failed{reason}", retryable=True)
-            # Retried until the lease ends (a call in flight then is let
-            # finish, within the transport's timeout).
-            if not await self._report(held, outcome):
-                self._job_event("unreported", held, error=held.last_error or "the lease ran out before the report landed")
-            elif held.lost is not None:
-                self._job_event("lost", held, error=held.lost)
-        finally:
-            del self._held[held.lease.lease_token]
-            self._notify_changed()
-
-    async def _heartbeat_loop(self, held: _Held, job_scope: trio.CancelScope, handled: trio.Event) -> None:
-        """Renew *held*'s lease every ``heartbeat_secs`` until *handled* is
-        set; cancel *job_scope* when the job is lost or its lease is about
-        to run out."""
-        job = held.job
-        failures = 0
-        next_at = held.deadline - self.heartbeat_secs
-        while True:
-            abort_at = held.deadline - self.abort_margin_secs
-            with trio.move_on_at(min(next_at, abort_at)):
-                await handled.wait()
-            if handled.is_set():
-                return
-            if trio.current_time() >= abort_at:
-                # Renewals kept failing and the lease is about to end: stop
-                # the handler while there is still time to say so.
-                job_scope.cancel()
-                return
-            sent_at = trio.current_time()
-            with trio.move_on_at(abort_at) as call_scope:
-                try:
-                    (reply,) = await self._heartbeats([HeartbeatItem(job.id, held.lease.lease_token, self.lease_secs)])
-                except (errors.QftrioError, BatcherClosed) as exc:
-                    if _is_fatal(exc):
-                        self._die(exc)
-                        return
-                    failures += 1
-                    held.last_error = _one_line(str(exc))
-                    log.debug("heartbeat of job %s failed (%s); retrying", job.id, held.last_error)
-                    next_at = trio.current_time() + backoff(failures, *REPORT_BACKOFF)
-                    continue
-            if call_scope.cancelled_caught:
-                continue  # the abort point passed during the call: handled above
-            if reply.code == 200 and reply.status == "running":
-                held.deadline = sent_at + self.lease_secs
-                failures = 0
-                next_at = sent_at + self.heartbeat_secs
-                continue
-            if reply.code == 200:
-                held.lost = f"the job is {reply.status}"
-            elif reply.code == 409:
-                held.lost = "lease lost (409): the job was taken back"
-            else:
-                held.lost = f"heartbeat answered {reply.code}"
-            job_scope.cancel()
+        except BaseException:
+            # Cancelled from outside (a hard stop): nothing is reported.
+            held.beating = False
+            self._forget(held)
+            raise
+        held.beating = False
+        if held.lost is not None:
+            self._job_event("lost", held, error=held.lost)
+            self._forget(held)
             return
+        if outcome is None:
+            # The heartbeat scheduler cancelled the handler: renewals
+            # failed and the lease is about to end. Say so while it lasts.
+            reason = f": {held.last_error}" if held.last_error else ""
+            outcome = _Outcome(error=f"lease about to expire: heartbeats failed{reason}", retryable=True)
+        held.failures = 0
+        self._queue_report(held, outcome)
+
+    def _forget(self, held: _Held) -> None:
+        del self._held[held.lease.lease_token]
+        self._notify_changed()
 
     async def _execute(self, held: _Held) -> _Outcome:
         job = held.job
@@ -681,46 +767,142 @@ class Worker:
             )
         return _Outcome(result=result)
 
-    async def _report(self, held: _Held, outcome: _Outcome) -> bool:
-        """Report *outcome*, retrying until it lands or the lease ends (a
-        call in flight then is given the transport's timeout). Returns
-        whether an answer came."""
+    # -- reports -----------------------------------------------------------
+
+    def _queue_report(self, held: _Held, outcome: _Outcome) -> None:
+        """Have the reporter send *outcome*, the lease permitting."""
+        held.outcome = outcome
         job, token = held.job, held.lease.lease_token
-        failures = 0
-        while trio.current_time() < held.deadline:
-            try:
-                if outcome.ok:
-                    (reply,) = await self._completes([CompleteItem(job.id, token, outcome.result or {})])
-                else:
-                    error = truncate_error(outcome.error or "failed")
-                    (reply,) = await self._fails([FailItem(job.id, token, error, outcome.retryable)])
-            except (errors.QftrioError, BatcherClosed) as exc:
-                if _is_fatal(exc):
-                    self._die(exc)
-                    return True
-                held.last_error = _one_line(str(exc))
-                if _is_refusal(exc):
-                    if not outcome.ok:
-                        return False  # the server refuses this fail; nothing else to say
-                    # The server refuses this result (a smaller body cap than
-                    # ours, say): fail the job, saying why, rather than run it again.
-                    outcome = _Outcome(error=f"the server refused the result: {held.last_error}", retryable=False)
+        if outcome.ok:
+            held.report = CompleteItem(job.id, token, outcome.result or {})
+            queue = self._to_complete
+        else:
+            held.report = FailItem(job.id, token, truncate_error(outcome.error or "failed"), outcome.retryable)
+            queue = self._to_fail
+        if trio.current_time() >= held.deadline:
+            self._give_up(held)
+            return
+        queue.append(held)
+        if len(queue) >= MAX_BATCH and self._report_linger is not None:
+            self._report_linger.cancel()  # a full batch need not linger
+        self._wake_reporter()
+
+    def _wake_reporter(self) -> None:
+        # The reporter waits on an Event only when it has nothing to send:
+        # none is made (and none set) for each report.
+        wake = self._report_wake
+        if wake is not None:
+            self._report_wake = None
+            wake.set()
+
+    def _give_up(self, held: _Held) -> None:
+        self._job_event("unreported", held, error=held.last_error or "the lease ran out before the report landed")
+        self._forget(held)
+
+    def _take_due_retries(self) -> None:
+        now = trio.current_time()
+        while self._retries and self._retries[0][0] <= now:
+            _, _, held = heapq.heappop(self._retries)
+            if now >= held.deadline:
+                self._give_up(held)
+            else:
+                (self._to_complete if isinstance(held.report, CompleteItem) else self._to_fail).append(held)
+
+    async def _report_loop(self) -> None:
+        """Send the reports of finished jobs: those made within the
+        transport's ``coalesce_secs`` go as one batch call (up to
+        :data:`MAX_BATCH`), at most ``max_inflight`` calls at once, each run
+        in a task of its own. Reports are retried with backoff until their
+        lease ends (a call in flight then is let finish, within the
+        transport's timeout), then given up.
+        """
+        turns = trio.Semaphore(self.transport.max_inflight)
+        async with trio.open_nursery() as calls:
+            while True:
+                self._take_due_retries()
+                if not (self._to_complete or self._to_fail):
+                    self._report_wake = wake = trio.Event()
+                    with trio.move_on_at(self._retries[0][0] if self._retries else math.inf):
+                        await wake.wait()
+                    self._report_wake = None
                     continue
-                failures += 1
-                log.debug("report of job %s failed (%s); retrying", job.id, held.last_error)
-                await trio.sleep_until(min(trio.current_time() + backoff(failures, *REPORT_BACKOFF), held.deadline))
-                continue
+                if max(len(self._to_complete), len(self._to_fail)) < MAX_BATCH:
+                    # Let the reports of jobs finishing about now join in.
+                    with trio.move_on_after(self.transport.coalesce_secs) as self._report_linger:
+                        await trio.sleep_forever()
+                    self._report_linger = None
+                # While it waits for a turn in flight, a batch keeps growing.
+                for queue in (self._to_complete, self._to_fail):
+                    while queue:
+                        await turns.acquire()
+                        batch = queue[:MAX_BATCH]
+                        del queue[:MAX_BATCH]
+                        calls.start_soon(self._send_reports, batch, turns)
+
+    async def _send_reports(self, batch: list[_Held], turns: trio.Semaphore) -> None:
+        try:
+            await self._send_batch(batch)
+        finally:
+            turns.release()
+
+    async def _send_batch(self, batch: list[_Held]) -> None:
+        """One report call for *batch* (all completions or all failures)."""
+        items = [held.report for held in batch]
+        try:
+            if isinstance(items[0], CompleteItem):
+                replies = await self.transport.complete(items)  # type: ignore[arg-type]
+            else:
+                replies = await self.transport.fail(items)  # type: ignore[arg-type]
+        except errors.QftrioError as exc:
+            if _is_fatal(exc):
+                self._die(exc)
+            elif _is_refusal(exc) and len(batch) > 1:
+                # One report's result, say, is too large for the server:
+                # send them one by one, so that it fails alone.
+                for held in batch:
+                    await self._send_batch([held])
+            else:
+                self._report_failed(batch, exc)
+            return
+        for held, reply in zip(batch, replies):
+            outcome = held.outcome
+            assert outcome is not None
             if reply.code == 204:
                 if outcome.ok:
                     self._job_event("completed", held)
                 else:
                     self._job_event("failed", held, error=outcome.error, retryable=outcome.retryable)
-            elif reply.code == 409:
-                held.lost = "lease lost (409): the report was refused"
             else:
-                held.lost = f"report answered {reply.code}"
-            return True
-        return False
+                if reply.code == 409:
+                    held.lost = "lease lost (409): the report was refused"
+                else:
+                    held.lost = f"report answered {reply.code}"
+                self._job_event("lost", held, error=held.lost)
+            self._forget(held)
+
+    def _report_failed(self, batch: list[_Held], exc: errors.QftrioError) -> None:
+        """The report call of *batch* failed: send each again later, until
+        its lease ends."""
+        error = _one_line(str(exc))
+        now = trio.current_time()
+        for held in batch:
+            held.last_error = error
+            if _is_refusal(exc):
+                if isinstance(held.report, FailItem):
+                    self._give_up(held)  # the server refuses this fail; nothing else to say
+                else:
+                    # The server refuses this result (a smaller body cap than
+                    # ours, say): fail the job, saying why, rather than run it again.
+                    self._queue_report(held, _Outcome(error=f"the server refused the result: {error}", retryable=False))
+            elif now >= held.deadline:
+                self._give_up(held)
+            else:
+                held.failures += 1
+                log.debug("report of job %s failed (%s); retrying", held.job.id, error)
+                self._retry_seq += 1
+                retry_at = min(now + backoff(held.failures, *REPORT_BACKOFF), held.deadline)
+                heapq.heappush(self._retries, (retry_at, self._retry_seq, held))
+        self._wake_reporter()
 
 
 @contextlib.asynccontextmanager
