@@ -109,13 +109,18 @@ def pgq_enqueue(url: str, n: int, *, batch: int) -> float:
 
 
 def pgq_install(url: str) -> None:
+    """pgqueuer's schema, installed afresh: no run inherits the rows, dead
+    tuples and log of the one before (which made its database's CPU per job
+    grow from round to round, three- to sixfold)."""
     import asyncpg
     from pgqueuer.db import AsyncpgDriver
     from pgqueuer.queries import Queries
 
     async def main() -> None:
         conn = await asyncpg.connect(url)
-        await Queries(AsyncpgDriver(conn)).install()
+        queries = Queries(AsyncpgDriver(conn))
+        await queries.uninstall()
+        await queries.install()
         await conn.close()
 
     asyncio.run(main())
@@ -147,6 +152,7 @@ def pgq_child(url: str, batch: int, no_uvloop: bool) -> int:
 
 
 def run_pgqueuer(url: str, workers: int, args: argparse.Namespace, wd: Any) -> dict[str, float]:
+    pgq_install(url)
     enqueue_secs = pgq_enqueue(url, args.jobs, batch=1000)
     argv = [sys.executable, os.path.abspath(__file__), "--pgq-child", url, "--pgq-batch", str(args.pgq_batch)]
     if args.no_uvloop:
@@ -221,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     with b.workdir(args.keep) as wd, b.Procs(wd) as procs:
         with b.pg_cluster(args.database_url) as base, b.fresh_database(base) as url:
             b.say("postgresql:", b.pg_version(url))
-            pgq_install(url)
             server = b.start_server(procs, store="postgres", database_url=url)
             run = 0
             for rnd in range(1, args.runs + 1):
@@ -237,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{r['enqueue_jobs_per_s']:,.0f} jobs/s, PostgreSQL CPU {r['postgres_cpu_us_per_job']:,.0f} µs/job"
                     )
             if args.single:
+                pgq_install(url)
                 single["pgqueuer"] = args.single / pgq_enqueue(url, args.single, batch=1)
                 single["qftrio"] = args.single / qftrio_single_enqueue(server.url, args.single)
                 b.say(f"one job per call: pgqueuer {single['pgqueuer']:,.0f} jobs/s, qftrio {single['qftrio']:,.0f} jobs/s")
