@@ -140,17 +140,7 @@ class _Row:
 
     def applied(self, result: ReportResult) -> ReportResult:
         """*result* (applied to this job) with what the metrics need."""
-        # Built anew rather than through dataclasses.replace, which looks
-        # up the fields on every call: one per completed job.
-        return ReportResult(
-            outcome=result.outcome,
-            queue=result.queue,
-            status=result.status,
-            applied=result.applied,
-            kind=self.kind,
-            claimed_at=self.claimed_at,
-            ready_queues=result.ready_queues,
-        )
+        return dataclasses.replace(result, kind=self.kind, claimed_at=self.claimed_at)
 
 
 def _report_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, _Row]:
