@@ -88,9 +88,12 @@ async def test_the_thread_ends_with_its_context_and_tasks_left_are_cancelled() -
             cancelled.set()
             raise
 
+    async def leave_a_task() -> None:
+        asyncio.ensure_future(forever())
+        await asyncio.sleep(0)
+
     async with open_loop_thread("test-ends") as loop:
-        loop.call_soon(lambda: asyncio.ensure_future(forever()))
-        await loop.run(asyncio.sleep, 0)
+        await loop.run(leave_a_task)
     assert cancelled.is_set()
     assert "test-ends" not in {t.name for t in threading.enumerate()}
 
@@ -104,7 +107,11 @@ async def test_callbacks_reach_trio_from_the_loop_thread() -> None:
         got.set()
 
     async with open_loop_thread() as loop:
-        loop.call_soon(loop.in_trio, in_trio, "hello")
+
+        async def call_back() -> None:
+            loop.in_trio(in_trio, "hello")
+
+        await loop.run(call_back)
         with trio.fail_after(10):
             await got.wait()
     assert seen == ["hello"]

@@ -264,10 +264,6 @@ class LoopThread:
         await trio.lowlevel.checkpoint_if_cancelled()
         return result
 
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run the plain function ``fn(*args)`` on the loop's thread, soon."""
-        self._loop.call_soon_threadsafe(fn, *args)
-
     def in_trio(self, fn: Callable[..., Any], *args: Any) -> None:
         """From the loop's thread: run the plain function ``fn(*args)`` in Trio, soon."""
         self._token.run_sync_soon(fn, *args)
