@@ -25,7 +25,7 @@ from qftrio.client import Client
 from qftrio.models import Job, Status
 from qftrio.server.engine import Engine
 from qftrio.server.inprocess import EngineTransport
-from qftrio.server.serve import run_server
+from qftrio.server.serve import run_server, serve
 from qftrio.server.store.sqlite import open_sqlite_store
 from qftrio.worker import HttpTransport, Registry, WorkerEvent, open_worker
 from qftrio.worker.transport import ReportReply
@@ -119,6 +119,40 @@ async def _status_is(client: Client, job_id: str, status: Status) -> bool:
 
 async def _has_event(events: list[WorkerEvent], type: str) -> bool:
     return any(e.type == type for e in events)
+
+
+#: Jobs of the "together" registry, each waiting until TOGETHER of them run at once.
+TOGETHER = 10
+_together_started = {"n": 0}
+together_registry = Registry()
+
+
+@together_registry.handler("together")
+async def _together(job: Job) -> dict[str, Any]:
+    _together_started["n"] += 1
+    with trio.fail_after(5):
+        while _together_started["n"] < TOGETHER:
+            await trio.sleep(0.01)
+    return {}
+
+
+async def test_in_process_handlers_run_as_many_jobs_at_once_as_a_worker(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    # serve --handlers with no --lanes: more than the four at once it once ran
+    _together_started["n"] = 0
+    stop_serving = trio.Event()
+    config = server_config(
+        sqlite_path=str(tmp_path / "together.db"),
+        handlers=f"{__name__}:together_registry",
+        handler_queues=("together",),
+    )
+    (url,) = await nursery.start(functools.partial(serve, config, shutdown_trigger=stop_serving.wait))
+    async with Client(url, "acme-secret") as tenant:
+        jobs = await tenant.enqueue_many([{"kind": "together", "queue": "together"}] * TOGETHER)
+        ended = await wait_until(lambda: _all_ended(tenant, [j.id for j in jobs]))
+    stop_serving.set()
+    assert [(j.status, j.attempt) for j in ended] == [(Status.COMPLETED, 1)] * TOGETHER
 
 
 def big_registry() -> Registry:
