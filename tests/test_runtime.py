@@ -291,6 +291,44 @@ async def test_by_default_a_worker_leases_again_while_a_full_lease_runs(server: 
     assert asked[:2] == [100, 100]
 
 
+async def test_with_a_backlog_a_worker_leases_ahead_within_its_free_lanes(
+    server: Faults, autojump_clock: Any
+) -> None:
+    # Leases take a second: with one call at a time the lanes would idle
+    # for a round trip per batch. Once an answer comes full, a second call
+    # goes while the first is on its way; the calls never ask for more jobs
+    # than there are free lanes, and once the queue is drained a single
+    # long poll waits.
+    server.slow["lease"] = 1
+    ids = [await server.add("echo") for _ in range(450)]
+    worker = Worker(server, "q", echo_registry(), lease_secs=10, wait_secs=5)
+    in_flight: list[int] = []  # max_jobs of the calls on their way
+    most_in_flight = 0
+    lease = server.lease
+
+    async def watched_lease(queue: str, *, max_jobs: int, **kw: Any) -> list[Lease]:
+        nonlocal most_in_flight
+        assert sum(in_flight) + max_jobs + worker.statistics().running <= worker.lanes
+        in_flight.append(max_jobs)
+        most_in_flight = max(most_in_flight, len(in_flight))
+        try:
+            return await lease(queue, max_jobs=max_jobs, **kw)
+        finally:
+            in_flight.remove(max_jobs)
+
+    server.lease = watched_lease  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await server.wait_status(Status.COMPLETED, *ids)
+        assert most_in_flight == 2
+        await trio.sleep(3)
+        assert len(in_flight) == 1  # the long poll
+        worker.stop()
+    first = server.times("lease")[:3]
+    # The first answer (100 jobs, full) comes at 1 s; the next two go then.
+    assert first[1] == first[2] and first[1] - first[0] >= 1
+
+
 async def test_none_result_completes_with_empty_object(server: Faults, autojump_clock: Any) -> None:
     reg = Registry()
 

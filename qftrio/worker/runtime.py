@@ -109,6 +109,9 @@ MAX_WORKER_ID = 200
 #: Bytes of a report body besides the result (id, token, keys).
 RESULT_ROOM = 1024
 
+#: Lease calls in flight at once while the queue has a backlog.
+LEASES_IN_FLIGHT = 2
+
 #: Seconds allowed between the server claiming a job and the worker getting
 #: the answer; the worker reckons its lease from then.
 CLAIM_SLACK = 0.1
@@ -384,6 +387,11 @@ class Worker:
         self._fatal: BaseException | None = None
         self._root_scope: trio.CancelScope | None = None
         self._lease_scope = trio.CancelScope()
+        self._leasing = 0  # lease calls in flight
+        self._asked = 0  # jobs they asked for
+        self._backlog = False  # the last answer came full: lease ahead
+        self._lease_failures = 0  # lease calls failed in a row
+        self._lease_retry_at = -math.inf  # no lease call before then (backing off)
         self._held: dict[str, _Held] = {}
         self._lanes = _Lanes(lanes)
         self._changed: trio.Event | None = None  # set up by the lease loop when it waits
@@ -525,62 +533,88 @@ class Worker:
     # -- leasing -----------------------------------------------------------
 
     async def _lease_loop(self, jobs: trio.Nursery) -> None:
-        failures = 0
+        """Lease while lanes are free, each call in a task of its own.
+
+        One call at a time, the long poll, while the queue keeps up with the
+        worker. Once an answer came full (the queue has a backlog), a second
+        call goes out while the first is on its way, so that the lanes do
+        not idle for a round trip per batch; together the calls never ask
+        for more jobs than there are free lanes.
+        """
         most = min(MAX_LEASE_JOBS, self.batch or self.lanes)
         with self._lease_scope:
-            while not self._stopping:
-                # Lease when a lane is free (a batch may overfill), counting
-                # jobs whose handler finished as gone: their reports travel
-                # in the background, and waiting for them would idle the
-                # lanes for a round trip per batch. The second bound keeps
-                # reports that lag from piling up without end.
-                while self._lanes.occupied >= self.lanes or len(self._held) >= self.lanes + 2 * most:
-                    await self._wait_changed()
-                max_jobs = self.batch or min(MAX_LEASE_JOBS, self.lanes - self._lanes.occupied)
-                sent_at = trio.current_time()
-                try:
-                    leases = await self.transport.lease(
-                        self.queue,
-                        max_jobs=max_jobs,
-                        lease_secs=self.lease_secs,
-                        wait_secs=self.wait_secs,
-                        worker_id=self.worker_id,
-                    )
-                except errors.QftrioError as exc:
-                    if _is_fatal(exc) or _is_refusal(exc) or isinstance(exc, errors.NotFound):
-                        # A 404 here means no qftrio worker route at this URL.
-                        self._die(exc)
-                        return
-                    failures += 1
-                    delay = backoff(failures, *LEASE_BACKOFF)
-                    self._emit(WorkerEvent(type="waiting", error=_one_line(str(exc)), delay=delay))
-                    await trio.sleep(delay)
-                    continue
-                if failures:
-                    log.info("worker %s: the server answers again", self.worker_id)
-                    failures = 0
-                if not leases and self.wait_secs > 0 and trio.current_time() - sent_at < min(self.wait_secs, 1.0) / 2:
-                    # An empty answer that did not wait: a server shutting
-                    # down answers long polls at once. Do not spin on it.
-                    await trio.sleep(backoff(1, *LEASE_BACKOFF))
-                    continue
-                # No checkpoint from the lease's answer to here: a stop()
-                # cannot drop jobs we were handed.
-                #
-                # When did the server claim them? A long poll may have waited
-                # long before anything came, so not when we asked; just before
-                # it answered, allowing CLAIM_SLACK for the answer's way back
-                # (never before we asked).
-                deadline = max(sent_at, trio.current_time() - CLAIM_SLACK) + self.lease_secs
-                next_beat = deadline - self.heartbeat_secs
-                for lease in leases:
-                    held = _Held(lease=lease, deadline=deadline, next_beat=next_beat)
-                    self._held[lease.lease_token] = held
-                    self._lanes.enqueue(held)
-                    self._job_event("claimed", held)
-                    jobs.start_soon(self._hold, held, name=f"qftrio job {lease.job.id}")
-                if leases:
-                    self._wake_heartbeats_by(next_beat)
+            async with trio.open_nursery() as calls:
+                while not self._stopping:
+                    # Count jobs whose handler finished as gone: their reports
+                    # travel in the background, and waiting for them would
+                    # idle the lanes. The second bound keeps reports that lag
+                    # from piling up without end.
+                    while (
+                        self._leasing >= (LEASES_IN_FLIGHT if self._backlog else 1)
+                        or self._lanes.occupied + self._asked >= self.lanes
+                        or len(self._held) + self._asked >= self.lanes + 2 * most
+                    ):
+                        await self._wait_changed()
+                    if self._lease_retry_at > trio.current_time():
+                        await trio.sleep_until(self._lease_retry_at)
+                        continue
+                    max_jobs = self.batch or min(MAX_LEASE_JOBS, self.lanes - self._lanes.occupied - self._asked)
+                    self._leasing += 1
+                    self._asked += max_jobs
+                    calls.start_soon(self._lease, jobs, max_jobs)
+
+    async def _lease(self, jobs: trio.Nursery, max_jobs: int) -> None:
+        """One lease call: start the jobs it brings, or back off."""
+        sent_at = trio.current_time()
+        try:
+            leases = await self.transport.lease(
+                self.queue,
+                max_jobs=max_jobs,
+                lease_secs=self.lease_secs,
+                wait_secs=self.wait_secs,
+                worker_id=self.worker_id,
+            )
+        except errors.QftrioError as exc:
+            if _is_fatal(exc) or _is_refusal(exc) or isinstance(exc, errors.NotFound):
+                # A 404 here means no qftrio worker route at this URL.
+                self._die(exc)
+                return
+            self._lease_failures += 1
+            self._backlog = False
+            delay = backoff(self._lease_failures, *LEASE_BACKOFF)
+            self._lease_retry_at = max(self._lease_retry_at, trio.current_time() + delay)
+            self._emit(WorkerEvent(type="waiting", error=_one_line(str(exc)), delay=delay))
+            return
+        finally:
+            self._leasing -= 1
+            self._asked -= max_jobs
+            self._notify_changed()
+        if self._lease_failures:
+            log.info("worker %s: the server answers again", self.worker_id)
+            self._lease_failures = 0
+        self._backlog = len(leases) >= max_jobs
+        if not leases and self.wait_secs > 0 and trio.current_time() - sent_at < min(self.wait_secs, 1.0) / 2:
+            # An empty answer that did not wait: a server shutting down
+            # answers long polls at once. Do not spin on it.
+            self._lease_retry_at = max(self._lease_retry_at, trio.current_time() + backoff(1, *LEASE_BACKOFF))
+            return
+        # No checkpoint from the lease's answer to here: a stop() cannot
+        # drop jobs we were handed.
+        #
+        # When did the server claim them? A long poll may have waited long
+        # before anything came, so not when we asked; just before it
+        # answered, allowing CLAIM_SLACK for the answer's way back (never
+        # before we asked).
+        deadline = max(sent_at, trio.current_time() - CLAIM_SLACK) + self.lease_secs
+        next_beat = deadline - self.heartbeat_secs
+        for lease in leases:
+            held = _Held(lease=lease, deadline=deadline, next_beat=next_beat)
+            self._held[lease.lease_token] = held
+            self._lanes.enqueue(held)
+            self._job_event("claimed", held)
+            jobs.start_soon(self._hold, held, name=f"qftrio job {lease.job.id}")
+        if leases:
+            self._wake_heartbeats_by(next_beat)
 
     # -- heartbeats --------------------------------------------------------
 
