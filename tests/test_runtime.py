@@ -35,7 +35,9 @@ class Faults(Transport):
     ``down`` holds the names of calls ("lease", "heartbeat", "complete",
     "fail") that fail with a TransportError before reaching the server;
     ``lose`` those that reach it and whose answer is lost on the way back;
-    ``slow`` maps names to seconds each such call takes on top; ``refuse``
+    ``slow`` maps names to seconds each such call takes on top (before it
+    reaches the server), ``slow_answer`` to seconds its answer takes on the
+    way back (after the server acted); ``refuse``
     makes every call answer 401. ``calls`` records every call made.
     """
 
@@ -47,6 +49,7 @@ class Faults(Transport):
         self.down: set[str] = set()
         self.lose: set[str] = set()
         self.slow: dict[str, float] = {}
+        self.slow_answer: dict[str, float] = {}
         self.refuse = False
         self.calls: list[tuple[float, str, Sequence[Any]]] = []
         self.leased: list[Lease] = []  # every lease answered, in order
@@ -135,6 +138,7 @@ class Faults(Transport):
             if name in self.down:
                 raise errors.TransportError(f"{name}: connection refused")
             answer = await call()
+            await trio.sleep(self.slow_answer.get(name, 0))
             if name in self.lose:
                 raise errors.TransportError(f"{name}: connection reset; the answer was lost")
             return answer
@@ -327,6 +331,24 @@ async def test_with_a_backlog_a_worker_leases_ahead_within_its_free_lanes(
     first = server.times("lease")[:3]
     # The first answer (100 jobs, full) comes at 1 s; the next two go then.
     assert first[1] == first[2] and first[1] - first[0] >= 1
+
+
+async def test_stop_lets_a_lease_call_made_ahead_land_and_runs_its_jobs(
+    server: Faults, autojump_clock: Any
+) -> None:
+    # Calls made while the queue has a backlog do not long-poll: the server
+    # claims their jobs at once. Abandoning them at stop would leave those
+    # jobs stranded until their leases ran out.
+    server.slow_answer["lease"] = 1
+    ids = [await server.add("echo") for _ in range(250)]
+    worker = Worker(server, "q", echo_registry(), lease_secs=10, wait_secs=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await server.wait_for(lambda: len(server.times("lease")) == 3)  # two made ahead
+        worker.stop()
+    statuses = [await server.status(i) for i in ids]
+    assert statuses.count(Status.RUNNING) == 0
+    assert statuses.count(Status.COMPLETED) == 250
 
 
 async def test_none_result_completes_with_empty_object(server: Faults, autojump_clock: Any) -> None:

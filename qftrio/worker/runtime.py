@@ -390,6 +390,7 @@ class Worker:
         self._leasing = 0  # lease calls in flight
         self._asked = 0  # jobs they asked for
         self._backlog = False  # the last answer came full: lease ahead
+        self._polls: set[trio.CancelScope] = set()  # long polls in flight
         self._lease_failures = 0  # lease calls failed in a row
         self._lease_retry_at = -math.inf  # no lease call before then (backing off)
         self._held: dict[str, _Held] = {}
@@ -418,12 +419,15 @@ class Worker:
         """Graceful stop: lease nothing more, finish the jobs held, then let
         :meth:`run` return. An in-flight long-poll is abandoned (should the
         server have claimed a job for it meanwhile, that job's lease expires
-        and it runs elsewhere). Idempotent."""
+        and it runs elsewhere); a lease call that does not wait (made while
+        the queue has a backlog) is let land, and its jobs run. Idempotent."""
         if self._stopping or self._cancelled:
             return
         self._stopping = True
         self._emit(WorkerEvent(type="stopping", error=f"finishing {len(self._held)} held job(s)"))
         self._lease_scope.cancel()
+        for poll in self._polls:
+            poll.cancel()
 
     def cancel(self) -> None:
         """Hard stop: cancel every handler now and report nothing. The jobs'
@@ -536,14 +540,14 @@ class Worker:
         """Lease while lanes are free, each call in a task of its own.
 
         One call at a time, the long poll, while the queue keeps up with the
-        worker. Once an answer came full (the queue has a backlog), a second
-        call goes out while the first is on its way, so that the lanes do
-        not idle for a round trip per batch; together the calls never ask
-        for more jobs than there are free lanes.
+        worker. Once an answer came full (the queue has a backlog), calls go
+        without a long poll, and a second one goes while the first is on its
+        way, so that the lanes do not idle for a round trip per batch;
+        together the calls never ask for more jobs than there are free lanes.
         """
         most = min(MAX_LEASE_JOBS, self.batch or self.lanes)
-        with self._lease_scope:
-            async with trio.open_nursery() as calls:
+        async with trio.open_nursery() as calls:
+            with self._lease_scope:
                 while not self._stopping:
                     # Count jobs whose handler finished as gone: their reports
                     # travel in the background, and waiting for them would
@@ -561,19 +565,31 @@ class Worker:
                     max_jobs = self.batch or min(MAX_LEASE_JOBS, self.lanes - self._lanes.occupied - self._asked)
                     self._leasing += 1
                     self._asked += max_jobs
-                    calls.start_soon(self._lease, jobs, max_jobs)
+                    poll = None
+                    if not self._backlog:
+                        # stop() abandons a long poll; a call that does not
+                        # wait is let land, and its jobs run.
+                        poll = trio.CancelScope()
+                        self._polls.add(poll)
+                    calls.start_soon(self._lease, jobs, max_jobs, poll)
 
-    async def _lease(self, jobs: trio.Nursery, max_jobs: int) -> None:
-        """One lease call: start the jobs it brings, or back off."""
+    async def _lease(self, jobs: trio.Nursery, max_jobs: int, poll: trio.CancelScope | None) -> None:
+        """One lease call, a long poll in *poll* or one that does not wait:
+        start the jobs it brings, or back off."""
+        wait_secs = 0 if poll is None else self.wait_secs
         sent_at = trio.current_time()
+        leases: list[Lease] = []
         try:
-            leases = await self.transport.lease(
-                self.queue,
-                max_jobs=max_jobs,
-                lease_secs=self.lease_secs,
-                wait_secs=self.wait_secs,
-                worker_id=self.worker_id,
-            )
+            with poll or _NO_TIMEOUT:
+                leases = await self.transport.lease(
+                    self.queue,
+                    max_jobs=max_jobs,
+                    lease_secs=self.lease_secs,
+                    wait_secs=wait_secs,
+                    worker_id=self.worker_id,
+                )
+            if poll is not None and poll.cancelled_caught:
+                return  # abandoned by stop()
         except errors.QftrioError as exc:
             if _is_fatal(exc) or _is_refusal(exc) or isinstance(exc, errors.NotFound):
                 # A 404 here means no qftrio worker route at this URL.
@@ -586,6 +602,8 @@ class Worker:
             self._emit(WorkerEvent(type="waiting", error=_one_line(str(exc)), delay=delay))
             return
         finally:
+            if poll is not None:
+                self._polls.discard(poll)
             self._leasing -= 1
             self._asked -= max_jobs
             self._notify_changed()
@@ -593,7 +611,7 @@ class Worker:
             log.info("worker %s: the server answers again", self.worker_id)
             self._lease_failures = 0
         self._backlog = len(leases) >= max_jobs
-        if not leases and self.wait_secs > 0 and trio.current_time() - sent_at < min(self.wait_secs, 1.0) / 2:
+        if not leases and wait_secs > 0 and trio.current_time() - sent_at < min(wait_secs, 1.0) / 2:
             # An empty answer that did not wait: a server shutting down
             # answers long polls at once. Do not spin on it.
             self._lease_retry_at = max(self._lease_retry_at, trio.current_time() + backoff(1, *LEASE_BACKOFF))
