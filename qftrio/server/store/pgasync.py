@@ -568,30 +568,37 @@ class Database:
         Cancellation waits for the operation to finish (see
         :meth:`LoopThread.run`): a transaction that started commits or rolls
         back as it would have, and the caller sees :class:`trio.Cancelled`
-        afterwards. The wait is bounded by ``statement_timeout`` on the
-        server and, with a client timeout set, by asyncpg's
-        ``command_timeout``.
+        afterwards (or the operation's error, if it failed). The wait is
+        bounded by ``statement_timeout`` on the server and, with a client
+        timeout set, by asyncpg's ``command_timeout``.
         """
         if self._closed:
             raise errors.Unavailable("the database pool is closed")
-        try:
-            with trio.CancelScope(shield=True):
-                return await self._run_retrying(fn, args, transaction)
-        finally:
-            # deliver a cancellation that arrived meanwhile (no-op otherwise)
-            await trio.lowlevel.checkpoint_if_cancelled()
-
-    async def _run_retrying(self, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], transaction: bool) -> T:
+        call = (_run_on_pool, self._pool, self._timeout, transaction, fn, args)
         with database_errors():
-            for attempt in range(_RETRIES):
-                try:
-                    return await self._loop.run(_run_on_pool, self._pool, self._timeout, transaction, fn, args)
-                except _RETRY as exc:
-                    if attempt + 1 == _RETRIES:
-                        raise errors.Unavailable("the database is too busy (transaction conflicts)") from exc
-                    log.info("transaction conflict (%s); running it again", type(exc).__name__)
-                    await trio.sleep(0.01 * (attempt + 1) * (1 + random.random()))
-        raise AssertionError("unreachable")
+            try:
+                # uninterrupted by cancellation as it is (LoopThread.run): no
+                # cancel scope for a call that ends at its first try
+                return await self._loop.run(*call)
+            except _RETRY as exc:
+                conflict = exc
+            # The tries again, and the waits before them, are shielded alike.
+            try:
+                with trio.CancelScope(shield=True):
+                    return await self._run_again(call, conflict)
+            finally:
+                # deliver a cancellation that arrived meanwhile (no-op otherwise)
+                await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def _run_again(self, call: tuple[Any, ...], conflict: BaseException) -> Any:
+        for attempt in range(1, _RETRIES):
+            log.info("transaction conflict (%s); running it again", type(conflict).__name__)
+            await trio.sleep(0.01 * attempt * (1 + random.random()))
+            try:
+                return await self._loop.run(*call)
+            except _RETRY as exc:
+                conflict = exc
+        raise errors.Unavailable("the database is too busy (transaction conflicts)") from conflict
 
     async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
         """One statement outside an explicit transaction (it is its own)."""
