@@ -2,7 +2,8 @@
 connection is kept and reused between calls, no more than the pool's size
 are open, a caller waits for one within its timeout, a connection in an
 unknown state is closed rather than given to the next caller, and closing
-waits for the connections in use.
+waits for the connections in use. And what ``Database.run`` does with a
+transaction conflict: it runs the operation again, up to three tries.
 
 Each test runs its asyncio part on a loop of its own thread, as the store
 does, against the real PostgreSQL of ``QFTRIO_TEST_DATABASE_URL``.
@@ -15,8 +16,10 @@ import asyncio
 import asyncpg
 import pytest
 import trio
+import trio.testing
 
-from qftrio.server.store.pgasync import ConnectionPool
+from qftrio import errors
+from qftrio.server.store.pgasync import ConnectionPool, open_database
 
 from .pg import on_asyncio, pg_url
 
@@ -167,3 +170,25 @@ async def test_closing_waits_for_the_connection_in_use_then_refuses_callers() ->
         order, refused = await on_asyncio(run)
     assert order == ["call done", "closed"]
     assert refused
+
+
+async def test_an_operation_that_meets_a_conflict_runs_again_then_the_database_is_too_busy(autojump_clock: trio.testing.MockClock) -> None:
+    tries: list[int] = []
+
+    async def conflicts(conn: asyncpg.Connection, times: int) -> int:
+        tries.append(await conn.fetchval("SELECT pg_backend_pid()"))
+        if len(tries) <= times:
+            raise asyncpg.exceptions.DeadlockDetectedError("deadlock detected")
+        return len(tries)
+
+    url = pg_url()
+    assert url is not None
+    # the waits between tries are on the virtual clock (no trio.fail_after:
+    # it would expire while Trio waits for the loop's thread)
+    async with open_database(url, max_size=1, timeout=10) as db:
+        assert await db.run(conflicts, 2) == 3
+        assert len(set(tries)) == 1  # the connection was kept: PostgreSQL answered each time
+        tries.clear()
+        with pytest.raises(errors.Unavailable, match="too busy"):
+            await db.run(conflicts, 3)
+        assert len(tries) == 3
