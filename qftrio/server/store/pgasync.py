@@ -2,9 +2,9 @@
 
 API is not stable. DO NOT USE outside :mod:`qftrio.server.store.postgres`.
 
-asyncpg is an asyncio library. Each :class:`Database` and :class:`Listener`
-runs its connections on a :class:`LoopThread`: an asyncio event loop (uvloop's
-where it is installed) on a thread of its own, to which Trio tasks hand
+asyncpg is an asyncio library. A :class:`Database` runs its connections on a
+:class:`LoopThread`, and a :class:`Listener` on the database's or on its own:
+an asyncio event loop (uvloop's where it is installed) on a thread of its own, to which Trio tasks hand
 coroutines and from which results come back through Trio's token. A call
 costs two wake-ups between the threads; running the loop inside Trio
 (trio-asyncio) cost a Trio scheduling round for every step of every asyncpg
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -557,6 +558,11 @@ class Database:
         #: The server process ids of the pool's open connections.
         self.backends: Collection[int] = backends
 
+    @property
+    def loop(self) -> LoopThread:
+        """The loop thread the pool runs on."""
+        return self._loop
+
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any, transaction: bool = True) -> T:
         """Run the asyncio-flavoured ``fn(conn, *args)`` on a pooled connection,
         inside a transaction unless *transaction* is False.
@@ -776,16 +782,25 @@ async def open_listener(
     timeout: float | None = 10.0,
     application_name: str = "qftrio-listener",
     ignore: Collection[int] = (),
+    loop: LoopThread | None = None,
 ) -> AsyncIterator[Listener]:
     """Connect to *url* and LISTEN on *channel*, ignoring what the backends
     *ignore* (a live collection of process ids, such as
     :attr:`Database.backends`) send.
 
+    The connection runs on *loop* (a database's, :attr:`Database.loop`),
+    or on a loop thread of its own. On the database's, the notifications its
+    own statements send (one per enqueue) are dropped by the thread that is
+    awake for the statement's answer anyway, rather than by a third thread
+    woken for each (docs/performance.md, "One job per call").
+
     Raises:
         Unavailable: the database cannot be reached.
     """
     settings = _defaults_unless_in_url(url, {"application_name": application_name})
-    async with open_loop_thread("qftrio-listen") as loop:
+    async with contextlib.AsyncExitStack() as stack:
+        if loop is None:
+            loop = await stack.enter_async_context(open_loop_thread("qftrio-listen"))
         with database_errors():
             conn = await loop.run(_connect, url, timeout, settings)
         listener = Listener(conn, loop, timeout=timeout, ignore=ignore)
