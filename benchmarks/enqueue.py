@@ -4,7 +4,9 @@
 * ``batch``: N no-op jobs through ``POST /api/v1/jobs/batch``, B per call,
   one call at a time;
 * ``single``: M jobs through ``POST /api/v1/jobs``, one per call, over one
-  kept-alive connection;
+  kept-alive connection (httpx);
+* ``client``: the same through one ``qftrio.Client`` (``Client.enqueue``), as
+  an application sends them and as ``pgqueuer_reference.py`` measures them;
 * ``drain``: the batch phase's jobs leased 100 at a time and completed 100 at
   a time (``POST /api/v1/leases/complete``): what the server spends per
   processed job, without a worker's own costs in the way.
@@ -45,10 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     p.add_argument("--jobs", "-n", type=int, default=10_000, help="jobs per round of the batch phase (default 10000)")
     p.add_argument("--batch", type=int, default=1000, help="jobs per batch call (default 1000)")
-    p.add_argument("--single", type=int, default=1000, help="calls per round of the single phase (default 1000)")
+    p.add_argument("--single", type=int, default=1000, help="calls per round of the single and client phases (default 1000)")
     p.add_argument("--lease", type=int, default=100, help="max_jobs of each lease of the drain phase (default 100)")
     p.add_argument("--rounds", "-r", type=int, default=3, help="rounds per side; medians are printed (default 3)")
-    p.add_argument("--phases", default="batch,single,drain", help="comma-separated phases to run (default all)")
+    p.add_argument("--phases", default="batch,single,drain", help="comma-separated phases to run: batch, single, client, drain (default batch,single,drain)")
     p.add_argument("--profile", metavar="PREFIX", help="record server A with py-spy (--gil) during each phase of round 1, into PREFIX-PHASE.txt (see profile_summary.py)")
     p.add_argument("--ab", metavar="DIR", help="also run a server importing qftrio from DIR, rounds alternating")
     b.add_common(p)
@@ -78,6 +80,20 @@ def phase_single(server: b.Server, queue: str, args: argparse.Namespace) -> int:
     return args.single
 
 
+def phase_client(server: b.Server, queue: str, args: argparse.Namespace) -> int:
+    import trio
+
+    import qftrio
+
+    async def run() -> None:
+        async with qftrio.Client(server.url, b.TENANT_TOKEN) as client:
+            for _ in range(args.single):
+                await client.enqueue("noop", {}, queue=queue + "-client")
+
+    trio.run(run)
+    return args.single
+
+
 def phase_drain(server: b.Server, queue: str, args: argparse.Namespace) -> int:
     lease_body = json.dumps({"max_jobs": args.lease, "lease_secs": 60, "worker_id": "bench"}).encode()
     done = 0
@@ -93,7 +109,7 @@ def phase_drain(server: b.Server, queue: str, args: argparse.Namespace) -> int:
             done += len(jobs)
 
 
-PHASES = {"batch": phase_batch, "single": phase_single, "drain": phase_drain}
+PHASES = {"batch": phase_batch, "single": phase_single, "client": phase_client, "drain": phase_drain}
 
 
 def main(argv: list[str] | None = None) -> int:
