@@ -12,9 +12,11 @@
   processed job, without a worker's own costs in the way.
 
 For each phase it prints jobs/s as this one client sees them and the
-server's CPU (user + system, from ``/proc/PID/stat``) per job, and on
-PostgreSQL the database's too; those figures are what matters on a machine
-whose cores are shared.
+server's CPU (user + system, from ``/proc/PID/stat``) per job, of which its
+main thread's (Trio's: HTTP, routes, engine), and on PostgreSQL the
+database's too; those figures are what matters on a machine whose cores are
+shared. The rest of the server's CPU is its store's thread (asyncpg's loop,
+SQLite's connection).
 
 ``--ab DIR`` runs a second server whose ``qftrio`` comes from DIR (a copy of
 another version, e.g. ``git archive main qftrio | tar -x -C DIR``), on the
@@ -55,6 +57,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ab", metavar="DIR", help="also run a server importing qftrio from DIR, rounds alternating")
     b.add_common(p)
     return p.parse_args(argv)
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of *pid*'s main thread."""
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _post(client: httpx.Client, path: str, body: bytes, want: int) -> httpx.Response:
@@ -120,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     b.arm_timeout(args.timeout)
     b.sigterm_as_exit()
     b.print_settings("enqueue", args)
-    results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    results: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
     # The database goes last, once the servers on it have stopped.
     with contextlib.ExitStack() as stack, b.workdir(args.keep) as wd, b.Procs(wd) as procs:
         url = None
@@ -146,15 +155,20 @@ def main(argv: list[str] | None = None) -> int:
                         spy = b.start_pyspy(procs, f"{args.profile}-{phase}.txt", server.pid, gil=True)
                         time.sleep(0.5)  # py-spy attaching
                     pg0 = b.postgres_cpu_seconds() if url else 0.0
+                    main0 = main_thread_cpu_seconds(server.pid)
                     cpu0, t0 = b.cpu_seconds(server.pid), time.perf_counter()
                     n = PHASES[phase](server, queue, args)
                     wall, cpu = time.perf_counter() - t0, b.cpu_seconds(server.pid) - cpu0
+                    main = main_thread_cpu_seconds(server.pid) - main0
                     pg = b.postgres_cpu_seconds() - pg0 if url else 0.0
                     if spy is not None:
                         b.stop_pyspy(procs, spy)
-                    results.setdefault((side, phase), []).append((n / wall, cpu / n * 1e6, pg / n * 1e6))
+                    results.setdefault((side, phase), []).append(
+                        (n / wall, cpu / n * 1e6, pg / n * 1e6, main / n * 1e6)
+                    )
                     line.append(
                         f"{phase} {n / wall:,.0f} jobs/s, server {cpu / n * 1e6:,.1f} µs/job"
+                        f" (main thread {main / n * 1e6:,.1f})"
                         + (f", postgres {pg / n * 1e6:,.1f} µs/job" if url else "")
                     )
                 b.say(f"{side} round {rnd}: " + "; ".join(line))
@@ -162,8 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     for (side, phase), figures in results.items():
         rate = b.median([f[0] for f in figures])
         cpu = b.median([f[1] for f in figures])
+        main = b.median([f[3] for f in figures])
         pg = f", postgres CPU {b.median([f[2] for f in figures]):,.1f} µs/job" if args.store == "postgres" else ""
-        b.say(f"RESULT {side} {phase} store={args.store} rounds={args.rounds}: {rate:,.0f} jobs/s, server CPU {cpu:,.1f} µs/job{pg} (medians)")
+        b.say(
+            f"RESULT {side} {phase} store={args.store} rounds={args.rounds}: {rate:,.0f} jobs/s, "
+            f"server CPU {cpu:,.1f} µs/job (main thread {main:,.1f}){pg} (medians)"
+        )
     return 0
 
 
