@@ -792,7 +792,9 @@ async def open_listener(
     or on a loop thread of its own. On the database's, the notifications its
     own statements send (one per enqueue) are dropped by the thread that is
     awake for the statement's answer anyway, rather than by a third thread
-    woken for each (docs/performance.md, "One job per call").
+    woken for each (docs/performance.md, "One job per call"). A listener on a
+    database's loop is closed before the database: its calls cannot end
+    once that loop has stopped.
 
     Raises:
         Unavailable: the database cannot be reached.
