@@ -4,15 +4,19 @@
 * ``batch``: N no-op jobs through ``POST /api/v1/jobs/batch``, B per call,
   one call at a time;
 * ``single``: M jobs through ``POST /api/v1/jobs``, one per call, over one
-  kept-alive connection;
+  kept-alive connection (httpx);
+* ``client``: the same through one ``qftrio.Client`` (``Client.enqueue``), as
+  an application sends them and as ``pgqueuer_reference.py`` measures them;
 * ``drain``: the batch phase's jobs leased 100 at a time and completed 100 at
   a time (``POST /api/v1/leases/complete``): what the server spends per
   processed job, without a worker's own costs in the way.
 
 For each phase it prints jobs/s as this one client sees them and the
-server's CPU (user + system, from ``/proc/PID/stat``) per job, and on
-PostgreSQL the database's too; those figures are what matters on a machine
-whose cores are shared.
+server's CPU (user + system, from ``/proc/PID/stat``) per job, of which its
+main thread's (Trio's: HTTP, routes, engine), and on PostgreSQL the
+database's too; those figures are what matters on a machine whose cores are
+shared. The rest of the server's CPU is its store's thread (asyncpg's loop,
+SQLite's connection).
 
 ``--ab DIR`` runs a second server whose ``qftrio`` comes from DIR (a copy of
 another version, e.g. ``git archive main qftrio | tar -x -C DIR``), on the
@@ -45,14 +49,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     p.add_argument("--jobs", "-n", type=int, default=10_000, help="jobs per round of the batch phase (default 10000)")
     p.add_argument("--batch", type=int, default=1000, help="jobs per batch call (default 1000)")
-    p.add_argument("--single", type=int, default=1000, help="calls per round of the single phase (default 1000)")
+    p.add_argument("--single", type=int, default=1000, help="calls per round of the single and client phases (default 1000)")
     p.add_argument("--lease", type=int, default=100, help="max_jobs of each lease of the drain phase (default 100)")
     p.add_argument("--rounds", "-r", type=int, default=3, help="rounds per side; medians are printed (default 3)")
-    p.add_argument("--phases", default="batch,single,drain", help="comma-separated phases to run (default all)")
+    p.add_argument("--phases", default="batch,single,drain", help="comma-separated phases to run: batch, single, client, drain (default batch,single,drain)")
     p.add_argument("--profile", metavar="PREFIX", help="record server A with py-spy (--gil) during each phase of round 1, into PREFIX-PHASE.txt (see profile_summary.py)")
     p.add_argument("--ab", metavar="DIR", help="also run a server importing qftrio from DIR, rounds alternating")
     b.add_common(p)
     return p.parse_args(argv)
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of *pid*'s main thread."""
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _post(client: httpx.Client, path: str, body: bytes, want: int) -> httpx.Response:
@@ -78,6 +89,20 @@ def phase_single(server: b.Server, queue: str, args: argparse.Namespace) -> int:
     return args.single
 
 
+def phase_client(server: b.Server, queue: str, args: argparse.Namespace) -> int:
+    import trio
+
+    import qftrio
+
+    async def run() -> None:
+        async with qftrio.Client(server.url, b.TENANT_TOKEN) as client:
+            for _ in range(args.single):
+                await client.enqueue("noop", {}, queue=queue + "-client")
+
+    trio.run(run)
+    return args.single
+
+
 def phase_drain(server: b.Server, queue: str, args: argparse.Namespace) -> int:
     lease_body = json.dumps({"max_jobs": args.lease, "lease_secs": 60, "worker_id": "bench"}).encode()
     done = 0
@@ -93,7 +118,7 @@ def phase_drain(server: b.Server, queue: str, args: argparse.Namespace) -> int:
             done += len(jobs)
 
 
-PHASES = {"batch": phase_batch, "single": phase_single, "drain": phase_drain}
+PHASES = {"batch": phase_batch, "single": phase_single, "client": phase_client, "drain": phase_drain}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     b.arm_timeout(args.timeout)
     b.sigterm_as_exit()
     b.print_settings("enqueue", args)
-    results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    results: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
     # The database goes last, once the servers on it have stopped.
     with contextlib.ExitStack() as stack, b.workdir(args.keep) as wd, b.Procs(wd) as procs:
         url = None
@@ -130,15 +155,20 @@ def main(argv: list[str] | None = None) -> int:
                         spy = b.start_pyspy(procs, f"{args.profile}-{phase}.txt", server.pid, gil=True)
                         time.sleep(0.5)  # py-spy attaching
                     pg0 = b.postgres_cpu_seconds() if url else 0.0
+                    main0 = main_thread_cpu_seconds(server.pid)
                     cpu0, t0 = b.cpu_seconds(server.pid), time.perf_counter()
                     n = PHASES[phase](server, queue, args)
                     wall, cpu = time.perf_counter() - t0, b.cpu_seconds(server.pid) - cpu0
+                    main = main_thread_cpu_seconds(server.pid) - main0
                     pg = b.postgres_cpu_seconds() - pg0 if url else 0.0
                     if spy is not None:
                         b.stop_pyspy(procs, spy)
-                    results.setdefault((side, phase), []).append((n / wall, cpu / n * 1e6, pg / n * 1e6))
+                    results.setdefault((side, phase), []).append(
+                        (n / wall, cpu / n * 1e6, pg / n * 1e6, main / n * 1e6)
+                    )
                     line.append(
                         f"{phase} {n / wall:,.0f} jobs/s, server {cpu / n * 1e6:,.1f} µs/job"
+                        f" (main thread {main / n * 1e6:,.1f})"
                         + (f", postgres {pg / n * 1e6:,.1f} µs/job" if url else "")
                     )
                 b.say(f"{side} round {rnd}: " + "; ".join(line))
@@ -146,8 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     for (side, phase), figures in results.items():
         rate = b.median([f[0] for f in figures])
         cpu = b.median([f[1] for f in figures])
+        main = b.median([f[3] for f in figures])
         pg = f", postgres CPU {b.median([f[2] for f in figures]):,.1f} µs/job" if args.store == "postgres" else ""
-        b.say(f"RESULT {side} {phase} store={args.store} rounds={args.rounds}: {rate:,.0f} jobs/s, server CPU {cpu:,.1f} µs/job{pg} (medians)")
+        b.say(
+            f"RESULT {side} {phase} store={args.store} rounds={args.rounds}: {rate:,.0f} jobs/s, "
+            f"server CPU {cpu:,.1f} µs/job (main thread {main:,.1f}){pg} (medians)"
+        )
     return 0
 
 

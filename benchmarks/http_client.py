@@ -13,6 +13,9 @@ alternating rounds:
   sends them through under Trio (answers parsed by llhttp, through httptools);
 * ``qftrio.Client``: the whole client call (``Client._json``: JSON encoding of
   the request, the call, ``orjson`` parsing of the answer);
+* ``Client.enqueue``: a one-job enqueue as an application sends it (the
+  body checked and built, the call, the answer read into a ``Job``), the
+  server answering with a job;
 * ``baseline``, with ``--baseline DIR``: the ``HttpPool`` of another checkout
   (``DIR/qftrio/_http.py``, loaded on its own), so that a change to the pool
   is measured against the code before it in the same process.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import statistics
 import sys
 import time
@@ -54,8 +58,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+#: What the server answers ``POST /api/v1/jobs`` with: a new job.
+JOB_ANSWER = json.dumps(
+    {
+        "id": "0b6f4c1e-61b5-4c53-9d1c-1f0e2b7d9a11", "tenant": "bench", "queue": "q", "kind": "noop", "payload": {},
+        "status": "pending", "priority": 0, "attempt": 0, "max_attempts": 5,
+        "scheduled_at": "2026-12-01T12:00:00.000000Z", "created_at": "2026-12-01T12:00:00.000000Z",
+        "updated_at": "2026-12-01T12:00:00.000000Z", "locked_until": None, "worker_id": None, "result": None,
+        "error": None, "errors": [], "workflow_id": None, "step": None, "context": None,
+    }  # fmt: skip
+).encode()
+
+
 async def serve_fixed(answer: bytes, task_status: trio.TaskStatus[int]) -> None:
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(answer)
+    def head(length: int) -> bytes:
+        return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % length
 
     async def handle(stream: trio.SocketStream) -> None:
         buffer = b""
@@ -66,13 +83,14 @@ async def serve_fixed(answer: bytes, task_status: trio.TaskStatus[int]) -> None:
             buffer += data
             while (end := buffer.find(b"\r\n\r\n")) >= 0:
                 length = 0
+                body = JOB_ANSWER if buffer.startswith(b"POST /api/v1/jobs ") else answer
                 for line in buffer[:end].split(b"\r\n"):
                     if line.lower().startswith(b"content-length:"):
                         length = int(line.split(b":")[1])
                 while len(buffer) < end + 4 + length:
                     buffer += await stream.receive_some(65536)
                 buffer = buffer[end + 4 + length :]
-                await stream.send_all(head + answer)
+                await stream.send_all(head(len(body)) + body)
 
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     task_status.started(listeners[0].socket.getsockname()[1])
@@ -82,7 +100,7 @@ async def serve_fixed(answer: bytes, task_status: trio.TaskStatus[int]) -> None:
 async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
     answer = b'{"jobs":[],"pad":"' + b"a" * max(0, args.answer_bytes - 20) + b'"}'
     path, body = "/api/v1/queues/q/lease", b'{"max_jobs":100,"lease_secs":60}'
-    figures: dict[str, list[float]] = {"httpx": [], "qftrio": [], "qftrio.Client": []}
+    figures: dict[str, list[float]] = {"httpx": [], "qftrio": [], "qftrio.Client": [], "Client.enqueue": []}
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_fixed, answer)
         url = f"http://127.0.0.1:{port}"
@@ -100,12 +118,15 @@ async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
             await pool.request("POST", path, body, timeout=10)
 
         async def via_client() -> None:
-            await client._json("POST", path, json_body={"max_jobs": 100, "lease_secs": 60})
+            await client._json("POST", path, dict, json_body={"max_jobs": 100, "lease_secs": 60})
+
+        async def via_enqueue() -> None:
+            await client.enqueue("noop", {}, queue="q")
 
         async def via_baseline() -> None:
             await baseline.request("POST", path, body, timeout=10)
 
-        calls = {"httpx": via_httpx, "qftrio": via_pool, "qftrio.Client": via_client}
+        calls = {"httpx": via_httpx, "qftrio": via_pool, "qftrio.Client": via_client, "Client.enqueue": via_enqueue}
         if baseline is not None:
             calls["baseline"] = via_baseline
             figures["baseline"] = []
@@ -143,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:14s} {statistics.median(values):6.0f} µs CPU per call (rounds: {rounds})")
     print(
         f"RESULT http_client answer={args.answer_bytes}B: httpx {statistics.median(figures['httpx']):.0f} µs, "
-        f"qftrio {statistics.median(figures['qftrio']):.0f} µs per call"
+        f"qftrio {statistics.median(figures['qftrio']):.0f} µs, Client.enqueue {statistics.median(figures['Client.enqueue']):.0f} µs per call"
         + (f", baseline {statistics.median(figures['baseline']):.0f} µs" if "baseline" in figures else "")
     )
     return 0

@@ -2,18 +2,18 @@
 
 API is not stable. DO NOT USE outside :mod:`qftrio.server.store.postgres`.
 
-asyncpg is an asyncio library. Each :class:`Database` and :class:`Listener`
-runs its connections on a :class:`LoopThread`: an asyncio event loop (uvloop's
-where it is installed) on a thread of its own, to which Trio tasks hand
+asyncpg is an asyncio library. A :class:`Database` runs its connections on a
+:class:`LoopThread`, and a :class:`Listener` on the database's or on its own:
+an asyncio event loop (uvloop's where it is installed) on a thread of its own, to which Trio tasks hand
 coroutines and from which results come back through Trio's token. A call
 costs two wake-ups between the threads; running the loop inside Trio
 (trio-asyncio) cost a Trio scheduling round for every step of every asyncpg
 coroutine, several times the CPU per call (docs/performance.md).
 
-Each database operation is one asyncio coroutine that acquires a pooled
-connection, optionally opens a transaction, runs an asyncio-flavoured
-function ``fn(conn, *args)`` and releases the connection: one hop between the
-two threads per operation, not one per query. ``fn`` runs on the loop's
+Each database operation is one asyncio coroutine that takes a connection
+from the :class:`ConnectionPool`, optionally opens a transaction, runs an
+asyncio-flavoured function ``fn(conn, *args)`` and gives the connection back:
+one hop between the two threads per operation, not one per query. ``fn`` runs on the loop's
 thread: it must not call Trio, and it shares nothing with Trio tasks but its
 arguments and its result.
 
@@ -38,6 +38,8 @@ server (``statement_timeout``).
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -57,6 +59,7 @@ from ... import errors
 from ..._json import dumps_strict, loads
 
 __all__ = [
+    "ConnectionPool",
     "Database",
     "Listener",
     "LoopThread",
@@ -326,8 +329,8 @@ def _defaults_unless_in_url(url: str, settings: dict[str, str]) -> dict[str, str
 
 
 def _connection_setup(backends: set[int]) -> Callable[[asyncpg.Connection], Awaitable[None]]:
-    """The pool's ``init``: JSON codecs, and the connection's backend in
-    *backends* for as long as it is open."""
+    """Every new pooled connection's set-up: JSON codecs, and the
+    connection's backend in *backends* for as long as it is open."""
 
     async def init(conn: asyncpg.Connection) -> None:
         # on the loop's thread, for every new pooled connection, reconnects included
@@ -340,60 +343,225 @@ def _connection_setup(backends: set[int]) -> Callable[[asyncpg.Connection], Awai
     return init
 
 
+class ConnectionPool:
+    """At most *max_size* asyncpg connections, opened by *connect* when
+    needed and kept open between calls; used on the loop's thread only.
+
+    asyncpg's own pool spends more of a store call than its query does
+    (docs/performance.md, "One job per call"): every acquire waits inside a
+    task of its own (``wait_for``) and every release inside another
+    (``shield``), each under a timeout, with a proxy and a future per
+    acquire. Here a free connection is taken from a list, and given back to
+    it or straight to the oldest waiting caller.
+
+    A connection goes back only in a known state: the call ended, or ended
+    with an error PostgreSQL answered (the connection is then idle), and it
+    is open and outside a transaction. Anything else (a broken connection, a
+    client-side timeout with the query maybe still running, a cancelled
+    call) closes it, and the next caller opens another. qftrio's operations
+    leave no other session state behind (the listener has a connection of
+    its own, and migrations reset their settings and release their lock), so
+    nothing is reset between calls.
+
+    Args:
+        connect: opens one connection, ready for use; its argument is the
+            time left to do so (None: no bound).
+        max_size: connections open at once, at most.
+    """
+
+    def __init__(self, connect: Callable[[float | None], Awaitable[asyncpg.Connection]], max_size: int) -> None:
+        if max_size < 1:
+            raise ValueError("a pool holds at least one connection")
+        self._connect = connect
+        self._max_size = max_size
+        self._free: list[asyncpg.Connection] = []  # the last given back on top: its buffers are warm
+        self._busy: set[asyncpg.Connection] = set()
+        #: Opened or being opened, free or busy.
+        self._size = 0
+        #: Callers waiting for a connection; each is given one, or None to
+        #: open one itself, or the pool's closing.
+        self._waiters: collections.deque[asyncio.Future[asyncpg.Connection | None]] = collections.deque()
+        self._closing = False
+        self._all_back: asyncio.Future[None] | None = None
+
+    @property
+    def size(self) -> int:
+        """Connections opened or being opened."""
+        return self._size
+
+    async def acquire(self, timeout: float | None) -> asyncpg.Connection:
+        """A connection for the caller alone, until :meth:`release`.
+
+        Raises:
+            TimeoutError: none came free, or a new one could not be opened,
+                within *timeout* seconds.
+            asyncpg.InterfaceError: the pool is closing.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            if self._closing:
+                raise asyncpg.InterfaceError("the pool is closing")
+            while self._free:
+                conn = self._free.pop()
+                if not conn.is_closed():
+                    self._busy.add(conn)
+                    return conn
+                self._size -= 1  # closed while it was free (the server went away)
+            if self._size < self._max_size:
+                return await self._open(deadline)
+            waiter: asyncio.Future[asyncpg.Connection | None] = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    conn = await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                    handed = waiter.result()  # given just as the wait ended: pass it on
+                    if handed is None:
+                        self._hand_over(None)
+                    else:
+                        self._busy.add(handed)
+                        self.release(handed, reusable=True)
+                else:
+                    waiter.cancel()
+                raise
+            if conn is not None:
+                self._busy.add(conn)
+                return conn
+            # a connection was closed: there is room to open one
+
+    async def _open(self, deadline: float | None) -> asyncpg.Connection:
+        self._size += 1
+        try:
+            left = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
+            conn = await self._connect(left)
+        except BaseException:
+            self._size -= 1
+            self._hand_over(None)  # a waiter may try in its turn
+            raise
+        if self._closing:
+            conn.terminate()
+            self._size -= 1
+            raise asyncpg.InterfaceError("the pool is closing")
+        self._busy.add(conn)
+        return conn
+
+    def release(self, conn: asyncpg.Connection, *, reusable: bool) -> None:
+        """Give back a connection :meth:`acquire` returned; with *reusable*
+        False (or when it is closed or inside a transaction), it is closed."""
+        self._busy.discard(conn)
+        if not reusable or self._closing or conn.is_closed() or conn.is_in_transaction():
+            conn.terminate()
+            self._size -= 1
+            self._hand_over(None)
+        else:
+            self._hand_over(conn)
+        if self._all_back is not None and not self._busy and not self._all_back.done():
+            self._all_back.set_result(None)
+
+    def _hand_over(self, conn: asyncpg.Connection | None) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        if conn is not None:
+            self._free.append(conn)
+
+    async def close(self, timeout: float | None) -> None:
+        """Refuse new callers, wait for the connections in use to come back
+        and close every connection; past *timeout* seconds, cut those left."""
+        self._closing = True
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_exception(asyncpg.InterfaceError("the pool is closing"))
+        self._waiters.clear()
+        free, self._free = self._free, []
+        self._size -= len(free)
+        try:
+            async with asyncio.timeout(timeout):
+                if self._busy:
+                    self._all_back = asyncio.get_running_loop().create_future()
+                    await self._all_back
+                await asyncio.gather(*(conn.close() for conn in free))
+        except Exception as exc:  # closing a broken pool is not worth a traceback
+            log.debug("closing the pool: %r", exc)
+        for conn in [*free, *self._busy]:
+            if not conn.is_closed():
+                conn.terminate()
+
+
+def _connector(
+    url: str, command_timeout: float | None, settings: dict[str, str], backends: set[int]
+) -> Callable[[float | None], Awaitable[asyncpg.Connection]]:
+    """How the pool opens a connection: *url*, each query bounded by
+    *command_timeout*, with *settings*, set up by :func:`_connection_setup`."""
+    setup = _connection_setup(backends)
+
+    async def connect(timeout: float | None) -> asyncpg.Connection:
+        # on the loop's thread
+        conn = await asyncpg.connect(
+            dsn=url, timeout=timeout, command_timeout=command_timeout, server_settings=settings
+        )
+        try:
+            await setup(conn)
+        except BaseException:
+            conn.terminate()
+            raise
+        return conn
+
+    return connect
+
+
 async def _run_on_pool(
-    pool: asyncpg.Pool,
+    pool: ConnectionPool,
     acquire_timeout: float | None,
     transaction: bool,
     fn: Callable[..., Awaitable[T]],
     args: tuple[Any, ...],
 ) -> T:
     # on the loop's thread
-    async with pool.acquire(timeout=acquire_timeout) as conn:
+    conn = await pool.acquire(acquire_timeout)
+    reusable = False
+    try:
         if transaction:
             async with conn.transaction():
-                return await fn(conn, *args)
-        return await fn(conn, *args)
+                result = await fn(conn, *args)
+        else:
+            result = await fn(conn, *args)
+        reusable = True
+        return result
+    except (asyncpg.PostgresError, errors.QftrioError):
+        # PostgreSQL's own answer, or qftrio's refusal between statements:
+        # the connection waits for its next statement
+        reusable = True
+        raise
+    finally:
+        pool.release(conn, reusable=reusable)
 
 
-async def _connect_once(pool: asyncpg.Pool, timeout: float | None) -> None:
+async def _connect_once(pool: ConnectionPool, timeout: float | None) -> None:
     # on the loop's thread
-    async with pool.acquire(timeout=timeout):
-        pass
-
-
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """What the pool does to a connection given back, beyond what asyncpg
-    always does (end an open transaction, drop listeners): nothing.
-
-    asyncpg's default runs a reset query (``pg_advisory_unlock_all()``,
-    ``CLOSE ALL``, ``UNLISTEN *``, ``RESET ALL``) on every release: one more
-    round trip per store call, 0.42 vs 0.18 ms per acquire + query + release
-    here (docs/performance.md). qftrio's operations leave no session state
-    behind: the listener has a connection of its own, and migrations reset
-    their settings and release their lock."""
-
-
-async def _close_pool(pool: asyncpg.Pool, timeout: float | None) -> None:
-    # on the loop's thread
-    try:
-        await asyncio.wait_for(pool.close(), timeout)
-    except Exception as exc:  # closing a broken pool is not worth a traceback
-        log.debug("closing the pool: %r", exc)
-        # timed out or failed: cut the connections still open
-        pool.terminate()
+    pool.release(await pool.acquire(timeout), reusable=True)
 
 
 class Database:
     """A pool of asyncpg connections used from Trio. Open with
     :func:`open_database`."""
 
-    def __init__(self, pool: asyncpg.Pool, loop: LoopThread, backends: set[int], *, timeout: float | None) -> None:
+    def __init__(self, pool: ConnectionPool, loop: LoopThread, backends: set[int], *, timeout: float | None) -> None:
         self._pool = pool
         self._loop = loop
         self._timeout = timeout
         self._closed = False
         #: The server process ids of the pool's open connections.
         self.backends: Collection[int] = backends
+
+    @property
+    def loop(self) -> LoopThread:
+        """The loop thread the pool runs on."""
+        return self._loop
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any, transaction: bool = True) -> T:
         """Run the asyncio-flavoured ``fn(conn, *args)`` on a pooled connection,
@@ -406,30 +574,37 @@ class Database:
         Cancellation waits for the operation to finish (see
         :meth:`LoopThread.run`): a transaction that started commits or rolls
         back as it would have, and the caller sees :class:`trio.Cancelled`
-        afterwards. The wait is bounded by ``statement_timeout`` on the
-        server and, with a client timeout set, by asyncpg's
-        ``command_timeout``.
+        afterwards (or the operation's error, if it failed). The wait is
+        bounded by ``statement_timeout`` on the server and, with a client
+        timeout set, by asyncpg's ``command_timeout``.
         """
         if self._closed:
             raise errors.Unavailable("the database pool is closed")
-        try:
-            with trio.CancelScope(shield=True):
-                return await self._run_retrying(fn, args, transaction)
-        finally:
-            # deliver a cancellation that arrived meanwhile (no-op otherwise)
-            await trio.lowlevel.checkpoint_if_cancelled()
-
-    async def _run_retrying(self, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], transaction: bool) -> T:
+        call = (_run_on_pool, self._pool, self._timeout, transaction, fn, args)
         with database_errors():
-            for attempt in range(_RETRIES):
-                try:
-                    return await self._loop.run(_run_on_pool, self._pool, self._timeout, transaction, fn, args)
-                except _RETRY as exc:
-                    if attempt + 1 == _RETRIES:
-                        raise errors.Unavailable("the database is too busy (transaction conflicts)") from exc
-                    log.info("transaction conflict (%s); running it again", type(exc).__name__)
-                    await trio.sleep(0.01 * (attempt + 1) * (1 + random.random()))
-        raise AssertionError("unreachable")
+            try:
+                # uninterrupted by cancellation as it is (LoopThread.run): no
+                # cancel scope for a call that ends at its first try
+                return await self._loop.run(*call)
+            except _RETRY as exc:
+                conflict = exc
+            # The tries again, and the waits before them, are shielded alike.
+            try:
+                with trio.CancelScope(shield=True):
+                    return await self._run_again(call, conflict)
+            finally:
+                # deliver a cancellation that arrived meanwhile (no-op otherwise)
+                await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def _run_again(self, call: tuple[Any, ...], conflict: BaseException) -> Any:
+        for attempt in range(1, _RETRIES):
+            log.info("transaction conflict (%s); running it again", type(conflict).__name__)
+            await trio.sleep(0.01 * attempt * (1 + random.random()))
+            try:
+                return await self._loop.run(*call)
+            except _RETRY as exc:
+                conflict = exc
+        raise errors.Unavailable("the database is too busy (transaction conflicts)") from conflict
 
     async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
         """One statement outside an explicit transaction (it is its own)."""
@@ -452,14 +627,13 @@ class Database:
             return
         self._closed = True
         with trio.CancelScope(shield=True):
-            await self._loop.run(_close_pool, self._pool, self._timeout)
+            await self._loop.run(self._pool.close, self._timeout)
 
 
 @asynccontextmanager
 async def open_database(
     url: str,
     *,
-    min_size: int = 0,
     max_size: int = 10,
     timeout: float | None = 10.0,
     statement_timeout: float | None = 30.0,
@@ -470,7 +644,8 @@ async def open_database(
     Args:
         url: ``postgresql://user:password@host:port/database``, or anything
             asyncpg's ``dsn`` accepts.
-        min_size, max_size: the pool's bounds.
+        max_size: connections open at once, at most (opened when needed,
+            then kept).
         timeout: client-side bound, in seconds of Trio's clock, on connecting,
             on waiting for a free pooled connection, and on closing; None
             disables it (tests running on a virtual clock must).
@@ -496,9 +671,8 @@ async def open_database(
         },
     )
     backends: set[int] = set()
+    pool = ConnectionPool(_connector(url, command_timeout, settings, backends), max_size)
     async with open_loop_thread("qftrio-postgres") as loop:
-        with database_errors():
-            pool = await loop.run(_create_pool, url, min_size, max_size, timeout, command_timeout, settings, backends)
         db = Database(pool, loop, backends, timeout=timeout)
         try:
             # a first connection now, so that settings the server refuses are
@@ -508,33 +682,6 @@ async def open_database(
             yield db
         finally:
             await db.aclose()
-
-
-async def _create_pool(
-    url: str,
-    min_size: int,
-    max_size: int,
-    timeout: float | None,
-    command_timeout: float | None,
-    settings: dict[str, str],
-    backends: set[int],
-) -> asyncpg.Pool:
-    # on the loop's thread
-    return await asyncpg.create_pool(
-        dsn=url,
-        # No floor: asyncpg (>= 0.32) would restore it from a background
-        # task of its own that logs a traceback per attempt while the
-        # database is down. Idle connections are kept all the same: a burst
-        # after a quiet spell finds them open.
-        min_size=min(min_size, max_size),
-        max_size=max_size,
-        timeout=timeout,
-        command_timeout=command_timeout,
-        init=_connection_setup(backends),
-        reset=_keep_session,
-        server_settings=settings,
-        max_inactive_connection_lifetime=0,
-    )
 
 
 class Listener:
@@ -635,16 +782,27 @@ async def open_listener(
     timeout: float | None = 10.0,
     application_name: str = "qftrio-listener",
     ignore: Collection[int] = (),
+    loop: LoopThread | None = None,
 ) -> AsyncIterator[Listener]:
     """Connect to *url* and LISTEN on *channel*, ignoring what the backends
     *ignore* (a live collection of process ids, such as
     :attr:`Database.backends`) send.
 
+    The connection runs on *loop* (a database's, :attr:`Database.loop`),
+    or on a loop thread of its own. On the database's, the notifications its
+    own statements send (one per enqueue) are dropped by the thread that is
+    awake for the statement's answer anyway, rather than by a third thread
+    woken for each (docs/performance.md, "One job per call"). A listener on a
+    database's loop is closed before the database: its calls cannot end
+    once that loop has stopped.
+
     Raises:
         Unavailable: the database cannot be reached.
     """
     settings = _defaults_unless_in_url(url, {"application_name": application_name})
-    async with open_loop_thread("qftrio-listen") as loop:
+    async with contextlib.AsyncExitStack() as stack:
+        if loop is None:
+            loop = await stack.enter_async_context(open_loop_thread("qftrio-listen"))
         with database_errors():
             conn = await loop.run(_connect, url, timeout, settings)
         listener = Listener(conn, loop, timeout=timeout, ignore=ignore)

@@ -648,7 +648,7 @@ class PostgresStore(Store):
         while True:
             try:
                 async with pgasync.open_listener(
-                    self._url, CHANNEL, timeout=self._timeout, ignore=self._db.backends
+                    self._url, CHANNEL, timeout=self._timeout, ignore=self._db.backends, loop=self._db.loop
                 ) as listener:
                     self.listener_pid = listener.backend_pid
                     log.debug("listening on %s (backend %s)", CHANNEL, self.listener_pid)
