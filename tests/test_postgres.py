@@ -152,6 +152,69 @@ async def test_claim_stays_on_its_index_before_the_table_is_analyzed() -> None:
         assert await store.queue_next_available_at("q", now=T0 + 1) == T0 + 90
 
 
+def literal(value: Any) -> str:
+    """*value* (a number, or a list of what prints as an array element) in SQL."""
+    if isinstance(value, list):
+        return "'{" + ",".join(f'"{v}"' for v in value) + "}'"
+    return repr(value)
+
+
+async def plans(url: str, statement: str, *args: Any) -> list[str]:
+    """The custom and the generic plan of *statement* with *args*."""
+
+    async def run() -> list[str]:
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            custom = await conn.fetch("EXPLAIN " + statement, *args)
+            await conn.execute("PREPARE s AS " + statement)
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
+            generic = await conn.fetch(f"EXPLAIN EXECUTE s({', '.join(literal(a) for a in args)})")
+            return ["\n".join(r[0] for r in custom), "\n".join(r[0] for r in generic)]
+        finally:
+            await conn.close()
+
+    return await on_asyncio(run)
+
+
+async def test_reports_probe_their_own_rows_whatever_the_planner_estimates() -> None:
+    # Thousands of running jobs the statistics do not know of (analyzed while
+    # they were pending): a report of a batch must find its rows by their
+    # keys, not join every running job (which it did through their index).
+    with trio.fail_after(30):
+        async with open_test_postgres_store() as store:
+            url = pg_url()
+            assert url is not None
+            await sql(
+                url,
+                """INSERT INTO qftrio_jobs (id, tenant, queue, kind, status, attempt, max_attempts,
+                    scheduled_at, created_at, updated_at)
+                SELECT gen_random_uuid(), 't', 'q', 'k', 'pending', 0, 5, $1::float8, $1::float8, $1::float8
+                FROM generate_series(1, 20000) AS g""",
+                T0,
+            )
+            await sql(url, "ANALYZE qftrio_jobs")
+            leases = []
+            for _ in range(30):
+                leases += await store.jobs_claim("q", limit=100, lease_secs=60, worker_id="w", now=T0)
+            batch = leases[:100]
+            ids = [uuid.UUID(x.job.id) for x in batch]
+            tokens = [uuid.UUID(x.lease_token) for x in batch]
+            statements = {
+                "complete": (Q["complete"], ids, tokens, ["{}"] * 100, T0),
+                "complete_locking": (Q["complete_locking"], ids, tokens, ["{}"] * 100, T0),
+                "heartbeat": (Q["heartbeat"], ids, tokens, [60.0] * 100, T0),
+                "heartbeat_locking": (Q["heartbeat_locking"], ids, tokens, [60.0] * 100, T0),
+                "fail": (Q["fail"], ids, tokens, ["pending"] * 100, [T0 + 9] * 100, ["e"] * 100, T0),
+            }
+            for name, (statement, *args) in statements.items():
+                for plan in await plans(url, statement, *args):
+                    assert "qftrio_jobs_running_idx" not in plan, (name, plan)
+                    assert "qftrio_jobs_pkey" in plan and "Seq Scan on qftrio_jobs" not in plan, (name, plan)
+            # and they still do what they say
+            results = await store.jobs_complete([CompleteItem(x.job.id, x.lease_token, {}) for x in batch], now=T0)
+            assert all(r.applied for r in results)
+
+
 # -- NOTIFY reaches parked long-polls, even after the LISTEN connection died --------
 
 
