@@ -30,6 +30,7 @@ from qftrio import errors
 from qftrio.models import EnqueueRequest, JobConfig, Status
 from qftrio.server.engine import Engine, RetryPolicy
 from qftrio.server.store.base import CompleteItem, FailItem, HeartbeatItem, NewJob, NewStep, NewWorkflow, Outcome
+from qftrio.server.store import sql as statements
 from qftrio.server.store.pgasync import open_loop_thread
 from qftrio.server.store.postgres import (
     ALL_QUEUES,
@@ -500,13 +501,75 @@ async def test_concurrent_migrations_apply_once() -> None:
             async with trio.open_nursery() as nursery:
                 for _ in range(3):
                     nursery.start_soon(run)
-            assert sorted(results) == [[], [], ["0001_init", "0002_workflows", "0003_scheduled_index", "0004_operations"]]
+            assert sorted(results) == [[], [], [name for _, name, _ in statements.migrations("postgres")]]
             rows = await sql(url, "SELECT version, name FROM qftrio_schema_migrations")
             versions = sorted((r["version"], r["name"]) for r in rows)
-            assert versions == [("0001", "0001_init"), ("0002", "0002_workflows"), ("0003", "0003_scheduled_index"), ("0004", "0004_operations")]
+            assert versions == [(version, name) for version, name, _ in statements.migrations("postgres")]
+            assert versions[-1] == ("0005", "0005_filter_without_running")
             assert await migrate(url, timeout=None) == []
             async with open_postgres_store(url, migrate=False, timeout=None) as store:
                 await store.ping()
+
+
+async def test_migration_0005_keeps_every_listing_and_count() -> None:
+    # A database at 0004 holding jobs of every status, two queues and two
+    # kinds: after 0005 (the filter index without running jobs) every
+    # filtered listing, page by page, and every count is as before.
+    with trio.fail_after(60):
+        async with scratch_database() as url:
+
+            async def at_0004() -> list[asyncpg.Record]:
+                conn = await asyncpg.connect(url, timeout=10)
+                try:
+                    await conn.execute(Q["migrations_table"])
+                    for version, name, script in statements.migrations("postgres"):
+                        if version <= "0004":
+                            await conn.execute(script)
+                            await conn.execute(Q["migration_record"], version, name)
+                    return await conn.fetch(
+                        """INSERT INTO qftrio_jobs (id, tenant, queue, kind, status, attempt, max_attempts,
+                            scheduled_at, created_at, updated_at, locked_until, lease_token)
+                        SELECT gen_random_uuid(), 't', 'q' || (g % 2), 'k' || (g / 2 % 2),
+                            (ARRAY['pending', 'running', 'completed', 'failed', 'cancelled'])[g / 4 % 5 + 1],
+                            1, 5, $1::float8, $1::float8 + g % 30, $1::float8,
+                            CASE WHEN g / 4 % 5 = 1 THEN $1::float8 + 60 END,
+                            CASE WHEN g / 4 % 5 = 1 THEN gen_random_uuid() END
+                        FROM generate_series(0, 119) AS g
+                        RETURNING id, queue, kind, status, created_at""",
+                        T0,
+                    )
+                finally:
+                    await conn.close()
+
+            rows = await on_asyncio(at_0004)
+            assert await migrate(url, timeout=None) == ["0005_filter_without_running"]
+            newest_first = sorted(rows, key=lambda r: (r["created_at"], r["id"]), reverse=True)
+            async with open_postgres_store(url, migrate=False, timeout=None) as store:
+                for queue in (None, "q1"):
+                    for status in (None, *Status):
+                        for kind in (None, "k0"):
+                            expected = [
+                                str(r["id"])
+                                for r in newest_first
+                                if queue in (None, r["queue"]) and status in (None, r["status"]) and kind in (None, r["kind"])
+                            ]
+                            listed: list[str] = []
+                            before = None
+                            while True:
+                                page = await store.jobs_list(
+                                    tenant="t", queue=queue, status=status, kind=kind, limit=7, before=before
+                                )
+                                listed += [j.id for j in page]
+                                if len(page) < 7:
+                                    break
+                                before = (page[-1].created_at, page[-1].id)
+                            assert listed == expected, (queue, status, kind)
+                for stats in await store.queues_stats(tenant="t", now=T0):
+                    counted = collections.Counter(r["status"] for r in rows if r["queue"] == stats.queue)
+                    assert stats.counts == {s.value: counted[s.value] for s in Status}
+                # and a claim now adds nothing to the filter index
+                (plan,) = await sql(url, "SELECT indexdef FROM pg_indexes WHERE indexname = 'qftrio_jobs_filter_idx'")
+                assert plan["indexdef"].endswith("WHERE (status <> 'running'::text)"), plan
 
 
 # -- failures of the database itself --------------------------------------------------

@@ -328,20 +328,24 @@ def _page_keys_where(
     limit: int,
     args: list[Any],
 ) -> dict[str, str]:
-    """The ``{combos}``, ``{keys}`` and ``{limit}`` of ``page_keys``;
-    appends the values to *args*, which hold the tenant already."""
+    """The ``{combos}``, ``{running}``, ``{keys}`` and ``{limit}`` of
+    ``page_keys``; appends the values to *args*, which hold the tenant
+    already."""
 
     def arg(value: Any) -> str:
         args.append(value)
         return f"${len(args)}"
 
     combos = []
+    running = []
     if queue is not None:
         combos.append(f"AND queue = {arg(queue)}")
+        running.append(f"AND j.queue = ${len(args)}")
     if statuses is not None:
         combos.append(f"AND status = ANY({arg(list(statuses))}::text[])")
     if kind is not None:
         combos.append(f"AND kind = {arg(kind)}")
+        running.append(f"AND j.kind = ${len(args)}")
     keys = []
     if before is not None:
         key = _uuid(before[1])
@@ -352,7 +356,7 @@ def _page_keys_where(
         keys.append(f"AND j.created_at >= {arg(float(created_after))}::float8")
     if created_before is not None:
         keys.append(f"AND j.created_at < {arg(float(created_before))}::float8")
-    return {"combos": " ".join(combos), "keys": " ".join(keys), "limit": arg(limit)}
+    return {"combos": " ".join(combos), "running": " ".join(running), "keys": " ".join(keys), "limit": arg(limit)}
 
 
 def _stats_row(row: asyncpg.Record) -> QueueStats:

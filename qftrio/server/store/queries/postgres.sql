@@ -170,14 +170,17 @@ SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts
 FROM qftrio_jobs WHERE id = $1 AND tenant = $2;
 
 -- name: page_keys
--- The keys of a page of a tenant's jobs, newest first, merged from one range
--- of qftrio_jobs_filter_idx for each (queue, status, kind) combination the
--- filter ("{combos}") matches, listed by the counts' ledger ("{keys}": the
--- page's key, a bulk action's time range). Each combination's newest job
--- comes first; the {limit}-th newest of those is an edge no job of the page
--- is older than, so only the combinations at or above it are read further,
--- at most {limit} keys each: O(combinations + limit²) index entries,
--- whatever the table holds.
+-- The keys of a page of a tenant's jobs, newest first. The jobs not running
+-- are merged from one range of qftrio_jobs_filter_idx for each (queue,
+-- status, kind) combination the filter ("{combos}") matches, listed by the
+-- counts' ledger ("{keys}": the page's key, a bulk action's time range).
+-- Each combination's newest job comes first; the {limit}-th newest of those
+-- is an edge no job of the page is older than, so only the combinations at
+-- or above it are read further, at most {limit} keys each: O(combinations +
+-- limit²) index entries, whatever the table holds. Running jobs are not in
+-- that index (migration 0005): when the filter matches some, they are read
+-- from qftrio_jobs_running_idx ("{running}": the filter on their rows) and
+-- sorted, as many as the workers hold leases.
 WITH combos AS (
     SELECT queue, status, kind FROM qftrio_job_counts WHERE tenant = $1 {combos}
     GROUP BY queue, status, kind HAVING sum(n) > 0
@@ -185,23 +188,33 @@ WITH combos AS (
     SELECT c.queue, c.status, c.kind, f.created_at, f.id FROM combos AS c CROSS JOIN LATERAL (
         SELECT j.created_at, j.id FROM qftrio_jobs AS j
         WHERE j.tenant = $1 AND j.queue = c.queue AND j.status = c.status AND j.kind = c.kind {keys}
+          AND j.status <> 'running'
         ORDER BY j.created_at DESC, j.id DESC
         LIMIT 1
     ) AS f
+    WHERE c.status <> 'running'
 ), edge AS (
     SELECT coalesce(max(created_at), '-infinity'::float8) AS created_at,
         coalesce(max(id::text), '00000000-0000-0000-0000-000000000000')::uuid AS id
     FROM (SELECT created_at, id FROM newest ORDER BY created_at DESC, id DESC OFFSET {limit} - 1 LIMIT 1) AS e
 )
-SELECT k.created_at, k.id FROM newest AS c CROSS JOIN edge AS e CROSS JOIN LATERAL (
-    SELECT j.created_at, j.id FROM qftrio_jobs AS j
-    WHERE j.tenant = $1 AND j.queue = c.queue AND j.status = c.status AND j.kind = c.kind {keys}
-      AND (j.created_at, j.id) >= (e.created_at, e.id)
-    ORDER BY j.created_at DESC, j.id DESC
-    LIMIT {limit}
-) AS k
-WHERE (c.created_at, c.id) >= (e.created_at, e.id)
-ORDER BY k.created_at DESC, k.id DESC
+SELECT created_at, id FROM (
+    SELECT k.created_at, k.id FROM newest AS c CROSS JOIN edge AS e CROSS JOIN LATERAL (
+        SELECT j.created_at, j.id FROM qftrio_jobs AS j
+        WHERE j.tenant = $1 AND j.queue = c.queue AND j.status = c.status AND j.kind = c.kind {keys}
+          AND j.status <> 'running' AND (j.created_at, j.id) >= (e.created_at, e.id)
+        ORDER BY j.created_at DESC, j.id DESC
+        LIMIT {limit}
+    ) AS k
+    WHERE (c.created_at, c.id) >= (e.created_at, e.id)
+    UNION ALL
+    (SELECT j.created_at, j.id FROM qftrio_jobs AS j
+     WHERE j.status = 'running' AND j.tenant = $1 {running} {keys}
+       AND EXISTS (SELECT 1 FROM combos WHERE status = 'running')
+     ORDER BY j.created_at DESC, j.id DESC
+     LIMIT {limit})
+) AS p
+ORDER BY created_at DESC, id DESC
 LIMIT {limit}
 
 -- name: jobs_page
