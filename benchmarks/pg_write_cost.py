@@ -8,7 +8,9 @@ one connection then runs that checkout's statements as the store runs them:
 time, and ``complete`` of each claimed batch ``--lag`` claims later (so about
 ``lag x claim`` jobs are running while it reports, as under a worker pool).
 The backend's on-CPU time (``/proc/PID/schedstat``: the cluster must run on
-this machine) is read around each statement, counting its triggers too.
+this machine) is read around each statement, counting its triggers too, and
+the WAL it wrote (the cluster's WAL position: exact on a cluster of its own,
+the default, not on one other databases write to).
 ``--single`` jobs are then inserted one per statement (``POST /api/v1/jobs``).
 
 Variants alternate within each round (``--rounds``), medians reported:
@@ -57,9 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--single", type=int, default=2000, help="jobs then inserted one per statement (default 2000)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of every variant (default 3)")
     p.add_argument("--baseline", help="another checkout whose migrations and statements to measure too")
-    p.add_argument("--variant", action="append", default=[], metavar="NAME=SQL", help="this checkout plus SQL after the migrations (repeatable)")
+    p.add_argument(
+        "--variant", action="append", default=[], metavar="NAME=SQL",
+        help="this checkout plus SQL run after the migrations (repeatable)",
+    )  # fmt: skip
     p.add_argument("--explain", action="store_true", help="print the plans of complete instead of measuring")
-    p.add_argument("--running", type=int, default=5000, help="jobs running while --explain plans complete (default 5000)")
+    p.add_argument("--running", type=int, default=5000, help="jobs running while --explain plans (default 5000)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # a subprocess's single measurement: DATABASE_URL
     p.add_argument("--extra", default="", help=argparse.SUPPRESS)
     b.add_common(p)
@@ -84,12 +89,18 @@ async def fill(conn: Any, Q: dict[str, str], n: int, batch: int, now: float) -> 
 
 
 def measure(args: argparse.Namespace, url: str) -> dict[str, float]:
-    """µs of the backend's CPU per job for each phase, on a fresh database at *url*."""
+    """µs of the backend's CPU and bytes of WAL per job for each phase, on a
+    fresh database at *url*."""
     from qftrio.server.store import sql
 
     Q = sql.load("postgres")
 
     async def run(conn: Any) -> dict[str, float]:
+        wal = {phase: 0 for phase in PHASES}
+
+        async def lsn() -> int:
+            return int(await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')"))
+
         for _, _, script in sql.migrations("postgres"):
             await conn.execute(script)
         if args.extra:
@@ -97,35 +108,44 @@ def measure(args: argparse.Namespace, url: str) -> dict[str, float]:
         pid = await conn.fetchval("SELECT pg_backend_pid()")
         now = time.time()
         n = args.jobs
+        w0 = await lsn()
         t0 = backend_cpu(pid)
         await fill(conn, Q, n, args.batch, now)
         spent = {"insert": backend_cpu(pid) - t0, "claim": 0.0, "complete": 0.0}
+        wal["insert"] = await lsn() - w0
         await conn.execute("ANALYZE qftrio_jobs")
         held: list[list[tuple[Any, Any]]] = []
         while True:
+            w0 = await lsn()
             t0 = backend_cpu(pid)
             rows = await conn.fetch(Q["claim"], "q", now + 1, args.claim, 60.0, "w", "lease expired")
             spent["claim"] += backend_cpu(pid) - t0
+            wal["claim"] += await lsn() - w0
             if rows:
                 held.append([(r["id"], r["lease_token"]) for r in rows])
             if held and (len(held) > args.lag or not rows):
                 done = held.pop(0)
+                w0 = await lsn()
                 t0 = backend_cpu(pid)
                 await conn.fetch(
                     Q["complete"], [d[0] for d in done], [d[1] for d in done], ["{}"] * len(done), now + 2
                 )
                 spent["complete"] += backend_cpu(pid) - t0
+                wal["complete"] += await lsn() - w0
             elif not rows:
                 break
         completed = await conn.fetchval("SELECT count(*) FROM qftrio_jobs WHERE status = 'completed'")
         if completed != n:
             raise RuntimeError(f"{completed} of {n} jobs completed")
+        w0 = await lsn()
         t0 = backend_cpu(pid)
         for _ in range(args.single):
             await conn.fetch(Q["jobs_insert"], batch_json([str(uuid.uuid4())], now), now, "qftrio_jobs")
         spent["single"] = backend_cpu(pid) - t0
-        out = {k: v / n * 1e6 for k, v in spent.items() if k != "single"}
-        out["single"] = spent["single"] / max(1, args.single) * 1e6
+        wal["single"] = await lsn() - w0
+        per = {phase: n for phase in PHASES} | {"single": max(1, args.single)}
+        out = {k: spent[k] / per[k] * 1e6 for k in PHASES}
+        out |= {f"wal_{k}": wal[k] / per[k] for k in PHASES}
         return out
 
     return b.pg_run(url, run)
@@ -210,13 +230,18 @@ def main(argv: list[str] | None = None) -> int:
             for name, (checkout, extra) in variants.items():
                 got = one(args, checkout, extra, base)
                 figures[name].append(got)
-                b.say(f"round {rnd + 1} {name:16s} " + "  ".join(f"{k} {got[k]:6.1f}" for k in PHASES))
-    b.say(f"RESULT pg_write_cost (µs of PostgreSQL's CPU per job, median of {args.rounds}; single: per one-job insert)")
-    b.say("  " + "variant".ljust(16) + "".join(f"{k:>10}" for k in PHASES) + f"{'batch total':>14}")
+                b.say(f"round {rnd + 1} {name:24s} " + "  ".join(f"{k} {got[k]:6.1f}" for k in PHASES))
+    b.say(f"RESULT pg_write_cost (per job, median of {args.rounds}; single: one job a statement)")
+    b.say("  " + "µs of PostgreSQL's CPU".ljust(24) + "".join(f"{k:>10}" for k in PHASES) + f"{'batch total':>14}")
     for name, runs in figures.items():
         med = {k: b.median([r[k] for r in runs]) for k in PHASES}
         total = b.median([r["insert"] + r["claim"] + r["complete"] for r in runs])
-        b.say("  " + name.ljust(16) + "".join(f"{med[k]:>10.1f}" for k in PHASES) + f"{total:>14.1f}")
+        b.say("  " + name.ljust(24) + "".join(f"{med[k]:>10.1f}" for k in PHASES) + f"{total:>14.1f}")
+    b.say("  " + "bytes of WAL".ljust(24) + "".join(f"{k:>10}" for k in PHASES) + f"{'batch total':>14}")
+    for name, runs in figures.items():
+        med = {k: b.median([r[f"wal_{k}"] for r in runs]) for k in PHASES}
+        total = b.median([r["wal_insert"] + r["wal_claim"] + r["wal_complete"] for r in runs])
+        b.say("  " + name.ljust(24) + "".join(f"{med[k]:>10.0f}" for k in PHASES) + f"{total:>14.0f}")
     return 0
 
 
