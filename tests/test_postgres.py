@@ -180,7 +180,8 @@ async def plans(url: str, statement: str, *args: Any) -> list[str]:
 async def test_reports_probe_their_own_rows_whatever_the_planner_estimates() -> None:
     # Thousands of running jobs the statistics do not know of (analyzed while
     # they were pending): a report of a batch must find its rows by their
-    # keys, not join every running job (which it did through their index).
+    # keys, not join every running job (which it did through their index),
+    # nor read every workflow step's job to find the batch's workflows.
     with trio.fail_after(30):
         async with open_test_postgres_store() as store:
             url = pg_url()
@@ -206,10 +207,13 @@ async def test_reports_probe_their_own_rows_whatever_the_planner_estimates() -> 
                 "heartbeat": (Q["heartbeat"], ids, tokens, [60.0] * 100, T0),
                 "heartbeat_locking": (Q["heartbeat_locking"], ids, tokens, [60.0] * 100, T0),
                 "fail": (Q["fail"], ids, tokens, ["pending"] * 100, [T0 + 9] * 100, ["e"] * 100, T0),
+                # the batch's workflows, before its fail or locking complete
+                "lock_workflows_of_jobs": (Q["lock_workflows_of_jobs"], ids),
             }
             for name, (statement, *args) in statements.items():
                 for plan in await plans(url, statement, *args):
                     assert "qftrio_jobs_running_idx" not in plan, (name, plan)
+                    assert "qftrio_jobs_workflow_step_idx" not in plan, (name, plan)
                     assert "qftrio_jobs_pkey" in plan and "Seq Scan on qftrio_jobs" not in plan, (name, plan)
             # and they still do what they say
             results = await store.jobs_complete([CompleteItem(x.job.id, x.lease_token, {}) for x in batch], now=T0)

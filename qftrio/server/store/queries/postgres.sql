@@ -570,8 +570,15 @@ WHERE status = 'running' AND tenant = $1 AND worker_id IS NOT NULL
 GROUP BY worker_id, queue;
 
 -- name: lock_workflows_of_jobs
+-- One probe of the primary key per job (OFFSET 0 keeps the planner from
+-- reading every workflow step's job instead, which an estimate of few steps
+-- makes look cheap), then one of the workflows' per workflow.
 SELECT id FROM qftrio_workflows
-WHERE id IN (SELECT workflow_id FROM qftrio_jobs WHERE id = ANY($1::uuid[]) AND workflow_id IS NOT NULL)
+WHERE id = ANY(ARRAY(
+    SELECT s.workflow_id FROM unnest($1::uuid[]) AS u(id)
+    CROSS JOIN LATERAL (SELECT workflow_id FROM qftrio_jobs WHERE id = u.id OFFSET 0) AS s
+    WHERE s.workflow_id IS NOT NULL
+))
 ORDER BY id
 FOR UPDATE;
 
