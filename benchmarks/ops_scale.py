@@ -216,7 +216,6 @@ def sqlite_plans(path: Path) -> None:
     Q = sql.load("sqlite")
     conn = sqlite3.connect(str(path))
     now = time.time()
-    queue_status = "AND queue = $2 AND status = ANY($3::text[])"
     statements = [
         ("counts", Q["counts"].format(where="AND tenant = ?"), [b.TENANT]),
         ("oldest ready", Q["queue_oldest_ready"], [b.TENANT, "q3", now]),
