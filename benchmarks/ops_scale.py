@@ -43,6 +43,7 @@ QUERIES = [
     ("all queues", "/api/v1/queues"),
     ("dead letters of a queue", "/api/v1/jobs?queue=q3&status=failed"),
     ("dead letters, all queues", "/api/v1/jobs?status=failed"),
+    ("running jobs of a queue", "/api/v1/jobs?queue=q3&status=running"),
     ("jobs of a rare kind", "/api/v1/jobs?kind=rare"),
     ("jobs of a queue", "/api/v1/jobs?queue=q3"),
     ("queue + status + kind", "/api/v1/jobs?queue=q3&status=pending&kind=k13"),
@@ -57,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", default="20000,200000", help="table sizes, comma-separated (default 20000,200000)")
     p.add_argument("--repeat", type=int, default=15, help="calls per query; the median is reported (default 15)")
     p.add_argument("--no-plans", action="store_true", help="do not print the plans")
+    p.add_argument("--running", type=int, default=1000, help="PostgreSQL: jobs leased after loading (default 1000)")
     b.add_common(p)
     return p.parse_args(argv)
 
@@ -98,9 +100,9 @@ def load_sqlite(path: Path, n: int, chunk: int = 50_000) -> float:
     return b.sqlite_bulk_rows(path, n, rows, chunk=chunk)
 
 
-def load_postgres(url: str, n: int, chunk: int = 500_000) -> float:
+def load_postgres(url: str, n: int, running: int, chunk: int = 500_000) -> float:
     """Rows with SQL, one statement per chunk (the counts' trigger runs once
-    per statement)."""
+    per statement), then *running* of the pending ones leased."""
     now = time.time()
     edges = []
     edge = 0
@@ -125,6 +127,12 @@ def load_postgres(url: str, n: int, chunk: int = 500_000) -> float:
                 b.TENANT, now, done, n, k,
             )  # fmt: skip
             done += k
+        await conn.execute(
+            """UPDATE qftrio_jobs SET status = 'running', attempt = 1, locked_until = $1::float8 + 3600,
+                lease_token = gen_random_uuid(), worker_id = 'bench-worker'
+            WHERE id IN (SELECT id FROM qftrio_jobs WHERE status = 'pending' ORDER BY created_at LIMIT $2)""",
+            now, running,
+        )  # fmt: skip
         await conn.execute("VACUUM ANALYZE qftrio_jobs")
 
     t0 = time.perf_counter()
@@ -168,15 +176,26 @@ def pg_plans(url: str) -> None:
     Q = sql.load("postgres")
     page = Q["jobs_page"].replace("{page_keys}", Q["page_keys"])
     now = time.time()
+    queue_status = "AND queue = $2 AND status = ANY($3::text[])"
     statements = [
         ("stats of one queue", Q["queues_stats"].format(where="AND tenant = $2 AND queue = $3"), [now, b.TENANT, "q3"]),
         ("all queues", Q["queues_stats"].format(where="AND tenant = $2"), [now, b.TENANT]),
         (
             "dead letters of a queue",
-            page.format(combos="AND queue = $2 AND status = ANY($3::text[])", keys="", limit="$4"),
+            page.format(combos=queue_status, running="AND j.queue = $2", keys="", limit="$4"),
             [b.TENANT, "q3", ["failed"], 51],
         ),
-        ("jobs of a rare kind", page.format(combos="AND kind = $2", keys="", limit="$3"), [b.TENANT, "rare", 51]),
+        (
+            "running jobs of a queue",
+            page.format(combos=queue_status, running="AND j.queue = $2", keys="", limit="$4"),
+            [b.TENANT, "q3", ["running"], 51],
+        ),
+        (
+            "jobs of a rare kind",
+            page.format(combos="AND kind = $2", running="AND j.kind = $2", keys="", limit="$3"),
+            [b.TENANT, "rare", 51],
+        ),
+        ("every job", page.format(combos="", running="", keys="", limit="$2"), [b.TENANT, 51]),
         ("claim", Q["claim"], ["q3", now, 10, 30.0, "w", "lease expired"]),
     ]
 
@@ -233,7 +252,7 @@ def run_size(args: argparse.Namespace, procs: b.Procs, store: str, n: int, base_
     with b.fresh_database(base_url) as url:
         server = b.start_server(procs, store="postgres", database_url=url, name=f"pg-{n}")  # migrates
         procs.stop(server.proc)
-        b.say(f"  loaded in {load_postgres(url, n):.1f}s")
+        b.say(f"  loaded in {load_postgres(url, n, args.running):.1f}s")
         server = b.start_server(procs, store="postgres", database_url=url, name=f"pg-{n}")
         try:
             timed = time_queries(server.url, args.repeat)

@@ -30,6 +30,7 @@ from qftrio import errors
 from qftrio.models import EnqueueRequest, JobConfig, Status
 from qftrio.server.engine import Engine, RetryPolicy
 from qftrio.server.store.base import CompleteItem, FailItem, HeartbeatItem, NewJob, NewStep, NewWorkflow, Outcome
+from qftrio.server.store import sql as statements
 from qftrio.server.store.pgasync import open_loop_thread
 from qftrio.server.store.postgres import (
     ALL_QUEUES,
@@ -150,6 +151,73 @@ async def test_claim_stays_on_its_index_before_the_table_is_analyzed() -> None:
         # Jobs scheduled ahead are still found for a long-poll's wait.
         await store.jobs_insert([NewJob(tenant="t", queue="q", kind="k", payload={}, scheduled_at=T0 + 90)], now=T0)
         assert await store.queue_next_available_at("q", now=T0 + 1) == T0 + 90
+
+
+def literal(value: Any) -> str:
+    """*value* (a number, or a list of what prints as an array element) in SQL."""
+    if isinstance(value, list):
+        return "'{" + ",".join(f'"{v}"' for v in value) + "}'"
+    return repr(value)
+
+
+async def plans(url: str, statement: str, *args: Any) -> list[str]:
+    """The custom and the generic plan of *statement* with *args*."""
+
+    async def run() -> list[str]:
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            custom = await conn.fetch("EXPLAIN " + statement, *args)
+            await conn.execute("PREPARE s AS " + statement)
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
+            generic = await conn.fetch(f"EXPLAIN EXECUTE s({', '.join(literal(a) for a in args)})")
+            return ["\n".join(r[0] for r in custom), "\n".join(r[0] for r in generic)]
+        finally:
+            await conn.close()
+
+    return await on_asyncio(run)
+
+
+async def test_reports_probe_their_own_rows_whatever_the_planner_estimates() -> None:
+    # Thousands of running jobs the statistics do not know of (analyzed while
+    # they were pending): a report of a batch must find its rows by their
+    # keys, not join every running job (which it did through their index),
+    # nor read every workflow step's job to find the batch's workflows.
+    with trio.fail_after(30):
+        async with open_test_postgres_store() as store:
+            url = pg_url()
+            assert url is not None
+            await sql(
+                url,
+                """INSERT INTO qftrio_jobs (id, tenant, queue, kind, status, attempt, max_attempts,
+                    scheduled_at, created_at, updated_at)
+                SELECT gen_random_uuid(), 't', 'q', 'k', 'pending', 0, 5, $1::float8, $1::float8, $1::float8
+                FROM generate_series(1, 20000) AS g""",
+                T0,
+            )
+            await sql(url, "ANALYZE qftrio_jobs")
+            leases = []
+            for _ in range(30):
+                leases += await store.jobs_claim("q", limit=100, lease_secs=60, worker_id="w", now=T0)
+            batch = leases[:100]
+            ids = [uuid.UUID(x.job.id) for x in batch]
+            tokens = [uuid.UUID(x.lease_token) for x in batch]
+            statements = {
+                "complete": (Q["complete"], ids, tokens, ["{}"] * 100, T0),
+                "complete_locking": (Q["complete_locking"], ids, tokens, ["{}"] * 100, T0),
+                "heartbeat": (Q["heartbeat"], ids, tokens, [60.0] * 100, T0),
+                "heartbeat_locking": (Q["heartbeat_locking"], ids, tokens, [60.0] * 100, T0),
+                "fail": (Q["fail"], ids, tokens, ["pending"] * 100, [T0 + 9] * 100, ["e"] * 100, T0),
+                # the batch's workflows, before its fail or locking complete
+                "lock_workflows_of_jobs": (Q["lock_workflows_of_jobs"], ids),
+            }
+            for name, (statement, *args) in statements.items():
+                for plan in await plans(url, statement, *args):
+                    assert "qftrio_jobs_running_idx" not in plan, (name, plan)
+                    assert "qftrio_jobs_workflow_step_idx" not in plan, (name, plan)
+                    assert "qftrio_jobs_pkey" in plan and "Seq Scan on qftrio_jobs" not in plan, (name, plan)
+            # and they still do what they say
+            results = await store.jobs_complete([CompleteItem(x.job.id, x.lease_token, {}) for x in batch], now=T0)
+            assert all(r.applied for r in results)
 
 
 # -- NOTIFY reaches parked long-polls, even after the LISTEN connection died --------
@@ -437,13 +505,75 @@ async def test_concurrent_migrations_apply_once() -> None:
             async with trio.open_nursery() as nursery:
                 for _ in range(3):
                     nursery.start_soon(run)
-            assert sorted(results) == [[], [], ["0001_init", "0002_workflows", "0003_scheduled_index", "0004_operations"]]
+            assert sorted(results) == [[], [], [name for _, name, _ in statements.migrations("postgres")]]
             rows = await sql(url, "SELECT version, name FROM qftrio_schema_migrations")
             versions = sorted((r["version"], r["name"]) for r in rows)
-            assert versions == [("0001", "0001_init"), ("0002", "0002_workflows"), ("0003", "0003_scheduled_index"), ("0004", "0004_operations")]
+            assert versions == [(version, name) for version, name, _ in statements.migrations("postgres")]
+            assert versions[-1] == ("0005", "0005_filter_without_running")
             assert await migrate(url, timeout=None) == []
             async with open_postgres_store(url, migrate=False, timeout=None) as store:
                 await store.ping()
+
+
+async def test_migration_0005_keeps_every_listing_and_count() -> None:
+    # A database at 0004 holding jobs of every status, two queues and two
+    # kinds: after 0005 (the filter index without running jobs) every
+    # filtered listing, page by page, and every count is as before.
+    with trio.fail_after(60):
+        async with scratch_database() as url:
+
+            async def at_0004() -> list[asyncpg.Record]:
+                conn = await asyncpg.connect(url, timeout=10)
+                try:
+                    await conn.execute(Q["migrations_table"])
+                    for version, name, script in statements.migrations("postgres"):
+                        if version <= "0004":
+                            await conn.execute(script)
+                            await conn.execute(Q["migration_record"], version, name)
+                    return await conn.fetch(
+                        """INSERT INTO qftrio_jobs (id, tenant, queue, kind, status, attempt, max_attempts,
+                            scheduled_at, created_at, updated_at, locked_until, lease_token)
+                        SELECT gen_random_uuid(), 't', 'q' || (g % 2), 'k' || (g / 2 % 2),
+                            (ARRAY['pending', 'running', 'completed', 'failed', 'cancelled'])[g / 4 % 5 + 1],
+                            1, 5, $1::float8, $1::float8 + g % 30, $1::float8,
+                            CASE WHEN g / 4 % 5 = 1 THEN $1::float8 + 60 END,
+                            CASE WHEN g / 4 % 5 = 1 THEN gen_random_uuid() END
+                        FROM generate_series(0, 119) AS g
+                        RETURNING id, queue, kind, status, created_at""",
+                        T0,
+                    )
+                finally:
+                    await conn.close()
+
+            rows = await on_asyncio(at_0004)
+            assert await migrate(url, timeout=None) == ["0005_filter_without_running"]
+            newest_first = sorted(rows, key=lambda r: (r["created_at"], r["id"]), reverse=True)
+            async with open_postgres_store(url, migrate=False, timeout=None) as store:
+                for queue in (None, "q1"):
+                    for status in (None, *Status):
+                        for kind in (None, "k0"):
+                            expected = [
+                                str(r["id"])
+                                for r in newest_first
+                                if queue in (None, r["queue"]) and status in (None, r["status"]) and kind in (None, r["kind"])
+                            ]
+                            listed: list[str] = []
+                            before = None
+                            while True:
+                                page = await store.jobs_list(
+                                    tenant="t", queue=queue, status=status, kind=kind, limit=7, before=before
+                                )
+                                listed += [j.id for j in page]
+                                if len(page) < 7:
+                                    break
+                                before = (page[-1].created_at, page[-1].id)
+                            assert listed == expected, (queue, status, kind)
+                for stats in await store.queues_stats(tenant="t", now=T0):
+                    counted = collections.Counter(r["status"] for r in rows if r["queue"] == stats.queue)
+                    assert stats.counts == {s.value: counted[s.value] for s in Status}
+                # and a claim now adds nothing to the filter index
+                (plan,) = await sql(url, "SELECT indexdef FROM pg_indexes WHERE indexname = 'qftrio_jobs_filter_idx'")
+                assert plan["indexdef"].endswith("WHERE (status <> 'running'::text)"), plan
 
 
 # -- failures of the database itself --------------------------------------------------

@@ -328,20 +328,26 @@ def _page_keys_where(
     limit: int,
     args: list[Any],
 ) -> dict[str, str]:
-    """The ``{combos}``, ``{keys}`` and ``{limit}`` of ``page_keys``;
-    appends the values to *args*, which hold the tenant already."""
+    """The ``{combos}``, ``{running}``, ``{keys}`` and ``{limit}`` of
+    ``page_keys``; appends the values to *args*, which hold the tenant
+    already."""
 
     def arg(value: Any) -> str:
         args.append(value)
         return f"${len(args)}"
 
     combos = []
+    running = []
     if queue is not None:
-        combos.append(f"AND queue = {arg(queue)}")
+        mark = arg(queue)
+        combos.append(f"AND queue = {mark}")
+        running.append(f"AND j.queue = {mark}")
     if statuses is not None:
         combos.append(f"AND status = ANY({arg(list(statuses))}::text[])")
     if kind is not None:
-        combos.append(f"AND kind = {arg(kind)}")
+        mark = arg(kind)
+        combos.append(f"AND kind = {mark}")
+        running.append(f"AND j.kind = {mark}")
     keys = []
     if before is not None:
         key = _uuid(before[1])
@@ -352,7 +358,9 @@ def _page_keys_where(
         keys.append(f"AND j.created_at >= {arg(float(created_after))}::float8")
     if created_before is not None:
         keys.append(f"AND j.created_at < {arg(float(created_before))}::float8")
-    return {"combos": " ".join(combos), "keys": " ".join(keys), "limit": arg(limit)}
+    return {
+        "combos": " ".join(combos), "running": " ".join(running), "keys": " ".join(keys), "limit": arg(limit)
+    }  # fmt: skip
 
 
 def _stats_row(row: asyncpg.Record) -> QueueStats:

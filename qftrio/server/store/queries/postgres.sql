@@ -170,14 +170,17 @@ SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts
 FROM qftrio_jobs WHERE id = $1 AND tenant = $2;
 
 -- name: page_keys
--- The keys of a page of a tenant's jobs, newest first, merged from one range
--- of qftrio_jobs_filter_idx for each (queue, status, kind) combination the
--- filter ("{combos}") matches, listed by the counts' ledger ("{keys}": the
--- page's key, a bulk action's time range). Each combination's newest job
--- comes first; the {limit}-th newest of those is an edge no job of the page
--- is older than, so only the combinations at or above it are read further,
--- at most {limit} keys each: O(combinations + limit²) index entries,
--- whatever the table holds.
+-- The keys of a page of a tenant's jobs, newest first. The jobs not running
+-- are merged from one range of qftrio_jobs_filter_idx for each (queue,
+-- status, kind) combination the filter ("{combos}") matches, listed by the
+-- counts' ledger ("{keys}": the page's key, a bulk action's time range).
+-- Each combination's newest job comes first; the {limit}-th newest of those
+-- is an edge no job of the page is older than, so only the combinations at
+-- or above it are read further, at most {limit} keys each: O(combinations +
+-- limit²) index entries, whatever the table holds. Running jobs are not in
+-- that index (migration 0005): when the filter matches some, they are read
+-- from qftrio_jobs_running_idx ("{running}": the filter on their rows) and
+-- sorted, as many as the workers hold leases.
 WITH combos AS (
     SELECT queue, status, kind FROM qftrio_job_counts WHERE tenant = $1 {combos}
     GROUP BY queue, status, kind HAVING sum(n) > 0
@@ -185,23 +188,33 @@ WITH combos AS (
     SELECT c.queue, c.status, c.kind, f.created_at, f.id FROM combos AS c CROSS JOIN LATERAL (
         SELECT j.created_at, j.id FROM qftrio_jobs AS j
         WHERE j.tenant = $1 AND j.queue = c.queue AND j.status = c.status AND j.kind = c.kind {keys}
+          AND j.status <> 'running'
         ORDER BY j.created_at DESC, j.id DESC
         LIMIT 1
     ) AS f
+    WHERE c.status <> 'running'
 ), edge AS (
     SELECT coalesce(max(created_at), '-infinity'::float8) AS created_at,
         coalesce(max(id::text), '00000000-0000-0000-0000-000000000000')::uuid AS id
     FROM (SELECT created_at, id FROM newest ORDER BY created_at DESC, id DESC OFFSET {limit} - 1 LIMIT 1) AS e
 )
-SELECT k.created_at, k.id FROM newest AS c CROSS JOIN edge AS e CROSS JOIN LATERAL (
-    SELECT j.created_at, j.id FROM qftrio_jobs AS j
-    WHERE j.tenant = $1 AND j.queue = c.queue AND j.status = c.status AND j.kind = c.kind {keys}
-      AND (j.created_at, j.id) >= (e.created_at, e.id)
-    ORDER BY j.created_at DESC, j.id DESC
-    LIMIT {limit}
-) AS k
-WHERE (c.created_at, c.id) >= (e.created_at, e.id)
-ORDER BY k.created_at DESC, k.id DESC
+SELECT created_at, id FROM (
+    SELECT k.created_at, k.id FROM newest AS c CROSS JOIN edge AS e CROSS JOIN LATERAL (
+        SELECT j.created_at, j.id FROM qftrio_jobs AS j
+        WHERE j.tenant = $1 AND j.queue = c.queue AND j.status = c.status AND j.kind = c.kind {keys}
+          AND j.status <> 'running' AND (j.created_at, j.id) >= (e.created_at, e.id)
+        ORDER BY j.created_at DESC, j.id DESC
+        LIMIT {limit}
+    ) AS k
+    WHERE (c.created_at, c.id) >= (e.created_at, e.id)
+    UNION ALL
+    (SELECT j.created_at, j.id FROM qftrio_jobs AS j
+     WHERE j.status = 'running' AND j.tenant = $1 {running} {keys}
+       AND EXISTS (SELECT 1 FROM combos WHERE status = 'running')
+     ORDER BY j.created_at DESC, j.id DESC
+     LIMIT {limit})
+) AS p
+ORDER BY created_at DESC, id DESC
 LIMIT {limit}
 
 -- name: jobs_page
@@ -231,18 +244,26 @@ SELECT least(
 -- One statement, so one transaction, per batch. The current leases are
 -- extended without being locked first (the guarded write of
 -- transitions.heartbeat); the other items' rows are read as they stood, for
--- their outcome, and not read at all when every lease was current.
-WITH extended AS (
-    UPDATE qftrio_jobs AS j SET locked_until = $4 + i.extend, updated_at = $4
+-- their outcome. Each row is found by one probe of the primary key, as in
+-- complete.
+WITH items AS (
+    SELECT i.ord, i.id, i.token, i.extend, j.row, j.status, j.lease_token,
+        coalesce(j.status = 'running' AND j.lease_token = i.token, false) AS current
     FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
-    WHERE j.id = i.id AND j.status = 'running' AND j.lease_token = i.token
-    RETURNING i.ord, j.id, j.locked_until
+    LEFT JOIN LATERAL (
+        SELECT ctid AS row, status, lease_token FROM qftrio_jobs WHERE id = i.id OFFSET 0
+    ) AS j ON true
+), extended AS (
+    UPDATE qftrio_jobs AS j SET locked_until = $4 + c.extend, updated_at = $4
+    FROM items AS c
+    WHERE j.ctid = ANY(ARRAY(SELECT row FROM items WHERE current))
+      AND j.ctid = c.row AND j.status = c.status AND j.lease_token = c.token
+    RETURNING c.ord, j.id, j.locked_until
 )
 SELECT e.ord, e.id, true AS changed, e.locked_until, 'running' AS status, true AS current FROM extended AS e
 UNION ALL
-SELECT i.ord, i.id, false, NULL, j.status, coalesce(j.lease_token = i.token, false)
-FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS i(id, token, ord)
-LEFT JOIN qftrio_jobs AS j ON j.id = i.id
+SELECT i.ord, i.id, false, NULL, i.status, coalesce(i.lease_token = i.token, false)
+FROM items AS i
 WHERE i.ord NOT IN (SELECT ord FROM extended);
 
 -- name: heartbeat_locking
@@ -251,15 +272,17 @@ WHERE i.ord NOT IN (SELECT ord FROM extended);
 WITH items AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
 ), locked AS (
-    SELECT id, status, lease_token FROM qftrio_jobs
-    WHERE id IN (SELECT id FROM items)
+    SELECT ctid AS row, id, status, lease_token, status = 'running' AS running FROM qftrio_jobs
+    WHERE id = ANY($1::uuid[])
     ORDER BY id
     FOR UPDATE
 ), extended AS (
+    -- The locked versions, by their addresses (as in complete).
     UPDATE qftrio_jobs AS j SET locked_until = $4 + i.extend, updated_at = $4
     FROM items AS i JOIN locked AS l ON l.id = i.id
-    WHERE j.id = i.id AND l.status = 'running' AND l.lease_token = i.token
-      AND j.status = 'running' AND j.lease_token = i.token
+    WHERE l.running AND l.lease_token = i.token
+      AND j.ctid = ANY(ARRAY(SELECT row FROM locked)) AND j.ctid = l.row
+      AND j.status = l.status AND j.lease_token = i.token
     RETURNING j.id, j.locked_until
 )
 SELECT i.ord, i.id, e.id IS NOT NULL AS changed, e.locked_until, l.status,
@@ -276,29 +299,36 @@ ORDER BY i.ord;
 -- A batch holding a workflow step completes nothing here: it goes whole
 -- through complete_locking, which locks the steps' workflows first. A
 -- job's workflow never changes, so telling them apart needs no lock.
-WITH steps AS (
-    -- one primary key probe per item (OFFSET 0 keeps the planner from
-    -- scanning every workflow's jobs instead)
-    SELECT EXISTS (
-        SELECT 1 FROM unnest($1::uuid[]) AS u(id)
-        CROSS JOIN LATERAL (SELECT workflow_id FROM qftrio_jobs AS s WHERE s.id = u.id OFFSET 0) AS s
-        WHERE s.workflow_id IS NOT NULL
-    ) AS found
-), completed AS (
-    UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
+WITH items AS (
+    -- One primary key probe per item, whatever the planner estimates of the
+    -- running jobs (OFFSET 0 keeps it from joining every running job instead).
+    SELECT i.ord, i.token, i.result, j.row, j.status, j.lease_token, j.queue, j.workflow_id,
+        coalesce(j.status = 'running' AND j.lease_token = i.token, false) AS current
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
-    WHERE j.id = i.id AND j.status = 'running' AND j.lease_token = i.token AND j.workflow_id IS NULL
-      AND NOT (SELECT found FROM steps)
-    RETURNING i.ord, j.queue, j.kind, j.claimed_at
+    LEFT JOIN LATERAL (
+        SELECT ctid AS row, status, lease_token, queue, workflow_id FROM qftrio_jobs WHERE id = i.id OFFSET 0
+    ) AS j ON true
+), completed AS (
+    -- The rows the probe read, by the addresses of the versions it read (a
+    -- TID scan: no second probe, and no estimate makes it look dearer than
+    -- reading the table). The guard compares with what the probe read, not
+    -- with 'running', which would let the planner join the running jobs'
+    -- index instead. A row changed since is left alone: the probe read it
+    -- running under the token, so the store decides it again under its lock.
+    UPDATE qftrio_jobs AS j SET status = 'completed', result = c.result, locked_until = NULL, updated_at = $4
+    FROM items AS c
+    WHERE j.ctid = ANY(ARRAY(SELECT row FROM items WHERE current))
+      AND NOT (SELECT bool_or(workflow_id IS NOT NULL) FROM items)
+      AND j.ctid = c.row AND j.status = c.status AND j.lease_token = c.token
+    RETURNING c.ord, j.queue, j.kind, j.claimed_at
 )
 SELECT c.ord, c.queue, true AS applied, 'completed' AS status, true AS current, false AS step, c.kind,
     c.claimed_at
 FROM completed AS c
 UNION ALL
-SELECT i.ord, j.queue, false, j.status, coalesce(j.lease_token = i.token, false), j.workflow_id IS NOT NULL,
+SELECT i.ord, i.queue, false, i.status, coalesce(i.lease_token = i.token, false), i.workflow_id IS NOT NULL,
     NULL, NULL
-FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS i(id, token, ord)
-LEFT JOIN qftrio_jobs AS j ON j.id = i.id
+FROM items AS i
 WHERE i.ord NOT IN (SELECT ord FROM completed);
 
 -- name: complete_locking
@@ -306,15 +336,17 @@ WHERE i.ord NOT IN (SELECT ord FROM completed);
 WITH items AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
 ), locked AS (
-    SELECT id, status, lease_token, queue FROM qftrio_jobs
-    WHERE id IN (SELECT id FROM items)
+    SELECT ctid AS row, id, status, lease_token, queue, status = 'running' AS running FROM qftrio_jobs
+    WHERE id = ANY($1::uuid[])
     ORDER BY id
     FOR UPDATE
 ), completed AS (
+    -- The locked versions, by their addresses (as in complete).
     UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
     FROM items AS i JOIN locked AS l ON l.id = i.id
-    WHERE j.id = i.id AND l.status = 'running' AND l.lease_token = i.token
-      AND j.status = 'running' AND j.lease_token = i.token
+    WHERE l.running AND l.lease_token = i.token
+      AND j.ctid = ANY(ARRAY(SELECT row FROM locked)) AND j.ctid = l.row
+      AND j.status = l.status AND j.lease_token = i.token
     RETURNING j.id, j.tenant, j.queue, j.workflow_id, j.step, j.result, j.kind, j.claimed_at
 )
 SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token, false) AS current,
@@ -329,7 +361,16 @@ SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind,
 WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE;
 
 -- name: fail
--- The guarded write of transitions.fail, for the whole batch.
+-- The guarded write of transitions.fail, for the whole batch (its rows
+-- locked by fail_lock), each row found as in complete.
+WITH items AS (
+    SELECT u.*, j.row, j.was, coalesce(j.was = 'running' AND j.lease_token = u.token, false) AS current
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[])
+        AS u(id, token, status, scheduled_at, error)
+    LEFT JOIN LATERAL (
+        SELECT ctid AS row, status AS was, lease_token FROM qftrio_jobs WHERE id = u.id OFFSET 0
+    ) AS j ON true
+)
 UPDATE qftrio_jobs AS j SET
     status = u.status,
     scheduled_at = coalesce(u.scheduled_at, j.scheduled_at),
@@ -338,9 +379,9 @@ UPDATE qftrio_jobs AS j SET
     errors = j.errors || jsonb_build_array(
         jsonb_build_object('attempt', j.attempt, 'error', u.error, 'at', $6::float8)),
     updated_at = $6
-FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[])
-    AS u(id, token, status, scheduled_at, error)
-WHERE j.id = u.id AND j.lease_token = u.token AND j.status = 'running'
+FROM items AS u
+WHERE j.ctid = ANY(ARRAY(SELECT row FROM items WHERE current))
+    AND j.ctid = u.row AND j.status = u.was AND j.lease_token = u.token
 RETURNING j.id, j.queue, j.status;
 
 -- name: reap_lock_workflows
@@ -529,8 +570,15 @@ WHERE status = 'running' AND tenant = $1 AND worker_id IS NOT NULL
 GROUP BY worker_id, queue;
 
 -- name: lock_workflows_of_jobs
+-- One probe of the primary key per job (OFFSET 0 keeps the planner from
+-- reading every workflow step's job instead, which an estimate of few steps
+-- makes look cheap), then one of the workflows' per workflow.
 SELECT id FROM qftrio_workflows
-WHERE id IN (SELECT workflow_id FROM qftrio_jobs WHERE id = ANY($1::uuid[]) AND workflow_id IS NOT NULL)
+WHERE id = ANY(ARRAY(
+    SELECT s.workflow_id FROM unnest($1::uuid[]) AS u(id)
+    CROSS JOIN LATERAL (SELECT workflow_id FROM qftrio_jobs WHERE id = u.id OFFSET 0) AS s
+    WHERE s.workflow_id IS NOT NULL
+))
 ORDER BY id
 FOR UPDATE;
 
