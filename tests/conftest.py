@@ -4,7 +4,6 @@ real server on a real port."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
 from collections.abc import AsyncIterator
@@ -97,9 +96,20 @@ async def serve_store(storage: Store, nursery: trio.Nursery) -> AsyncIterator[Ru
     clock = ServerClock()
     engine = Engine(storage, clock=clock, safety_poll_secs=1.0)
     stop = trio.Event()
-    binds = await nursery.start(functools.partial(run_server, engine, server_config(), shutdown_trigger=stop.wait))
+    stopped = trio.Event()
+
+    async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+        try:
+            await run_server(engine, server_config(), shutdown_trigger=stop.wait, task_status=task_status)
+        finally:
+            stopped.set()
+
+    binds = await nursery.start(run)
     yield RunningServer(url=binds[0], engine=engine, clock=clock)
     stop.set()
+    # The server is done before its store closes (its listener, on the
+    # store's loop, closes first).
+    await stopped.wait()
 
 
 @pytest.fixture
