@@ -336,19 +336,32 @@ async def test_with_a_backlog_a_worker_leases_ahead_within_its_free_lanes(
 async def test_stop_lets_a_lease_call_made_ahead_land_and_runs_its_jobs(
     server: Faults, autojump_clock: Any
 ) -> None:
-    # Calls made while the queue has a backlog do not long-poll: the server
-    # claims their jobs at once. Abandoning them at stop would leave those
-    # jobs stranded until their leases ran out.
+    # A call made ahead does not long-poll: the server claims its jobs at
+    # once, and abandoning it at stop would leave them stranded until their
+    # leases ran out. The long poll in flight is abandoned, as ever.
     server.slow_answer["lease"] = 1
     ids = [await server.add("echo") for _ in range(250)]
     worker = Worker(server, "q", echo_registry(), lease_secs=10, wait_secs=5)
+    asked: list[float] = []
+    ahead: list[str] = []  # the jobs of the call that did not wait
+    lease = server.lease
+
+    async def watched_lease(queue: str, *, max_jobs: int, wait_secs: float, **kw: Any) -> list[Lease]:
+        asked.append(wait_secs)
+        leases = await lease(queue, max_jobs=max_jobs, wait_secs=wait_secs, **kw)
+        if wait_secs == 0:
+            ahead.extend(lease.job.id for lease in leases)
+        return leases
+
+    server.lease = watched_lease  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-        await server.wait_for(lambda: len(server.times("lease")) == 3)  # two made ahead
+        await server.wait_for(lambda: len(asked) == 3)  # the first answer came full
         worker.stop()
+    assert asked == [5, 5, 0]
+    assert ahead and [await server.status(i) for i in ahead] == [Status.COMPLETED] * len(ahead)
     statuses = [await server.status(i) for i in ids]
-    assert statuses.count(Status.RUNNING) == 0
-    assert statuses.count(Status.COMPLETED) == 250
+    assert statuses.count(Status.COMPLETED) == 100 + len(ahead)  # the first answer's and the call made ahead's
 
 
 async def test_none_result_completes_with_empty_object(server: Faults, autojump_clock: Any) -> None:

@@ -419,8 +419,8 @@ class Worker:
         """Graceful stop: lease nothing more, finish the jobs held, then let
         :meth:`run` return. An in-flight long-poll is abandoned (should the
         server have claimed a job for it meanwhile, that job's lease expires
-        and it runs elsewhere); a lease call that does not wait (made while
-        the queue has a backlog) is let land, and its jobs run. Idempotent."""
+        and it runs elsewhere); a lease call made ahead of it, which does not
+        wait, is let land, and its jobs run. Idempotent."""
         if self._stopping or self._cancelled:
             return
         self._stopping = True
@@ -540,10 +540,10 @@ class Worker:
         """Lease while lanes are free, each call in a task of its own.
 
         One call at a time, the long poll, while the queue keeps up with the
-        worker. Once an answer came full (the queue has a backlog), calls go
-        without a long poll, and a second one goes while the first is on its
-        way, so that the lanes do not idle for a round trip per batch;
-        together the calls never ask for more jobs than there are free lanes.
+        worker. Once an answer came full (the queue has a backlog), a second
+        call, which does not wait, goes while the first is on its way, so
+        that the lanes do not idle for a round trip per batch; together the
+        calls never ask for more jobs than there are free lanes.
         """
         most = min(MAX_LEASE_JOBS, self.batch or self.lanes)
         async with trio.open_nursery() as calls:
@@ -566,9 +566,10 @@ class Worker:
                     self._leasing += 1
                     self._asked += max_jobs
                     poll = None
-                    if not self._backlog:
-                        # stop() abandons a long poll; a call that does not
-                        # wait is let land, and its jobs run.
+                    if self._leasing == 1:
+                        # The only call in flight long-polls; one made ahead
+                        # of it does not wait. stop() abandons a long poll
+                        # and lets a call that does not wait land.
                         poll = trio.CancelScope()
                         self._polls.add(poll)
                     calls.start_soon(self._lease, jobs, max_jobs, poll)
