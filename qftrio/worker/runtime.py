@@ -390,7 +390,7 @@ class Worker:
         self._leasing = 0  # lease calls in flight
         self._asked = 0  # jobs they asked for
         self._backlog = False  # the last answer came full: lease ahead
-        self._polls: set[trio.CancelScope] = set()  # long polls in flight
+        self._poll: trio.CancelScope | None = None  # the long poll in flight (one at most)
         self._lease_failures = 0  # lease calls failed in a row
         self._lease_retry_at = -math.inf  # no lease call before then (backing off)
         self._held: dict[str, _Held] = {}
@@ -426,8 +426,8 @@ class Worker:
         self._stopping = True
         self._emit(WorkerEvent(type="stopping", error=f"finishing {len(self._held)} held job(s)"))
         self._lease_scope.cancel()
-        for poll in self._polls:
-            poll.cancel()
+        if self._poll is not None:
+            self._poll.cancel()
 
     def cancel(self) -> None:
         """Hard stop: cancel every handler now and report nothing. The jobs'
@@ -565,23 +565,23 @@ class Worker:
                     max_jobs = self.batch or min(MAX_LEASE_JOBS, self.lanes - self._lanes.occupied - self._asked)
                     self._leasing += 1
                     self._asked += max_jobs
-                    poll = None
+                    scope = trio.CancelScope()
                     if self._leasing == 1:
                         # The only call in flight long-polls; one made ahead
-                        # of it does not wait. stop() abandons a long poll
-                        # and lets a call that does not wait land.
-                        poll = trio.CancelScope()
-                        self._polls.add(poll)
-                    calls.start_soon(self._lease, jobs, max_jobs, poll)
+                        # of it does not wait. stop() abandons the long poll
+                        # (registered here, before its task starts) and lets
+                        # a call that does not wait land.
+                        self._poll = scope
+                    calls.start_soon(self._lease, jobs, max_jobs, scope)
 
-    async def _lease(self, jobs: trio.Nursery, max_jobs: int, poll: trio.CancelScope | None) -> None:
-        """One lease call, a long poll in *poll* or one that does not wait:
-        start the jobs it brings, or back off."""
-        wait_secs = 0 if poll is None else self.wait_secs
+    async def _lease(self, jobs: trio.Nursery, max_jobs: int, scope: trio.CancelScope) -> None:
+        """One lease call in *scope*, the long poll or one that does not
+        wait: start the jobs it brings, or back off."""
+        wait_secs = self.wait_secs if scope is self._poll else 0
         sent_at = trio.current_time()
         leases: list[Lease] = []
         try:
-            with poll or _NO_TIMEOUT:
+            with scope:
                 leases = await self.transport.lease(
                     self.queue,
                     max_jobs=max_jobs,
@@ -589,8 +589,8 @@ class Worker:
                     wait_secs=wait_secs,
                     worker_id=self.worker_id,
                 )
-            if poll is not None and poll.cancelled_caught:
-                return  # abandoned by stop()
+            if scope.cancelled_caught:
+                return  # the long poll, abandoned by stop()
         except errors.QftrioError as exc:
             if _is_fatal(exc) or _is_refusal(exc) or isinstance(exc, errors.NotFound):
                 # A 404 here means no qftrio worker route at this URL.
@@ -603,8 +603,8 @@ class Worker:
             self._emit(WorkerEvent(type="waiting", error=_one_line(str(exc)), delay=delay))
             return
         finally:
-            if poll is not None:
-                self._polls.discard(poll)
+            if self._poll is scope:
+                self._poll = None
             self._leasing -= 1
             self._asked -= max_jobs
             self._notify_changed()

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import inspect
 import logging
@@ -779,39 +778,35 @@ async def open_listener(
     url: str,
     channel: str,
     *,
+    loop: LoopThread,
     timeout: float | None = 10.0,
     application_name: str = "qftrio-listener",
     ignore: Collection[int] = (),
-    loop: LoopThread | None = None,
 ) -> AsyncIterator[Listener]:
     """Connect to *url* and LISTEN on *channel*, ignoring what the backends
     *ignore* (a live collection of process ids, such as
     :attr:`Database.backends`) send.
 
-    The connection runs on *loop* (a database's, :attr:`Database.loop`),
-    or on a loop thread of its own. On the database's, the notifications its
-    own statements send (one per enqueue) are dropped by the thread that is
-    awake for the statement's answer anyway, rather than by a third thread
-    woken for each (docs/performance.md, "One job per call"). A listener on a
-    database's loop is closed before the database: its calls cannot end
+    The connection runs on *loop*, a database's (:attr:`Database.loop`): the
+    notifications its own statements send (one per enqueue) are dropped by
+    the thread that is awake for the statement's answer anyway, rather than
+    by a third thread woken for each (docs/performance.md, "One job per
+    call"). The listener is closed before the database: its calls cannot end
     once that loop has stopped.
 
     Raises:
         Unavailable: the database cannot be reached.
     """
     settings = _defaults_unless_in_url(url, {"application_name": application_name})
-    async with contextlib.AsyncExitStack() as stack:
-        if loop is None:
-            loop = await stack.enter_async_context(open_loop_thread("qftrio-listen"))
+    with database_errors():
+        conn = await loop.run(_connect, url, timeout, settings)
+    listener = Listener(conn, loop, timeout=timeout, ignore=ignore)
+    try:
         with database_errors():
-            conn = await loop.run(_connect, url, timeout, settings)
-        listener = Listener(conn, loop, timeout=timeout, ignore=ignore)
-        try:
-            with database_errors():
-                await loop.run(_subscribe, conn, channel, listener)
-            yield listener
-        finally:
-            await listener.aclose()
+            await loop.run(_subscribe, conn, channel, listener)
+        yield listener
+    finally:
+        await listener.aclose()
 
 
 async def _subscribe(conn: asyncpg.Connection, channel: str, listener: Listener) -> None:
