@@ -21,6 +21,19 @@ rounds; the table shows medians. One-job-per-call enqueue is measured too:
 pgqueuer's ``Queries.enqueue`` with one job, and ``POST /api/v1/jobs`` from one
 keep-alive ``qftrio.Client``.
 
+The ``qf-inproc`` configurations run the handlers in the server instead:
+W ``qftrio serve --handlers`` processes on the same database (DESIGN §5: the
+worker runtime against the engine, no HTTP), the same process count as
+pgqueuer's W workers. They start on a paused queue, which is resumed once
+every one of them answers, and their CPU is counted from then.
+
+``--single-from DIR`` also measures one job per call with a server and a
+client that both import qftrio from DIR (a copy of an earlier version, e.g.
+``git archive REV qftrio | tar -x -C DIR``), alternating with today's, each
+in a process of its own on a database of its own: the one-job-per-call
+target is a ratio to an earlier rate, which only a run on the same machine
+at the same time can give.
+
 Example::
 
     .venv/bin/python benchmarks/pgqueuer_reference.py --jobs 20000 --runs 3
@@ -38,6 +51,8 @@ import time
 import uuid
 from typing import Any
 
+import httpx
+
 import _bench as b
 import throughput
 
@@ -49,6 +64,8 @@ CONFIGS: list[tuple[str, str, int, int | None, int | None]] = [
     ("qf-default-2", "qftrio", 2, None, None),
     ("qf-tuned-1", "qftrio", 1, 32, 32),
     ("qf-tuned-2", "qftrio", 2, 100, 100),
+    ("qf-inproc-1", "qftrio-inprocess", 1, None, None),
+    ("qf-inproc-2", "qftrio-inprocess", 2, None, None),
 ]
 
 #: (target ratio, numerator, denominator): the issue's targets.
@@ -65,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--configs", default=",".join(c[0] for c in CONFIGS), help="labels to run, comma-separated")
     p.add_argument("--pgq-batch", type=int, default=25, help="pgqueuer's batch_size (default 25)")
     p.add_argument("--single", type=int, default=2000, help="jobs enqueued one per call, per system (default 2000; 0 skips)")
+    p.add_argument("--single-from", metavar="DIR", help="also measure one job per call with qftrio (server and client) imported from DIR, alternating with today's")
     p.add_argument("--no-uvloop", action="store_true", help="run pgqueuer on the plain asyncio loop")
     p.add_argument("--worker-log-level", default="WARNING")
     p.add_argument("--pgq-child", metavar="URL", help=argparse.SUPPRESS)
@@ -193,6 +211,77 @@ def run_qftrio(workers: int, lanes: int | None, batch: int | None, args: argpars
     }
 
 
+def run_qftrio_inprocess(servers: int, args: argparse.Namespace, procs: b.Procs, api: b.Server, url: str) -> dict[str, float]:
+    """*servers* ``qftrio serve --handlers`` processes drain a queue that
+    *api* filled while it was paused."""
+    queue = f"ip-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(base_url=api.url, headers=b.tenant_headers(), timeout=30) as client:
+        client.post(f"/api/v1/queues/{queue}/pause").raise_for_status()
+        enqueue_secs = b.enqueue_noop(api.url, queue, args.jobs, batch=1000)
+        handlers = [
+            b.start_server(procs, store="postgres", database_url=url, name=f"inproc{i}",
+                           extra=["--handlers", b.HANDLERS, "--queue", queue])
+            for i in range(servers)
+        ]  # fmt: skip
+        pg0 = b.postgres_cpu_seconds()
+        client.post(f"/api/v1/queues/{queue}/resume").raise_for_status()
+        deadline = time.monotonic() + max(60.0, args.jobs / 100)
+        while b.queue_counts(api.url, queue)["completed"] < args.jobs:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not drained in time: {b.queue_counts(api.url, queue)}")
+            time.sleep(0.1)
+        pg_cpu = b.postgres_cpu_seconds() - pg0
+    procs.stop_many([h.proc for h in handlers])
+    n, first, last = b.completed_span("postgres", queue, database_url=url)
+    return {
+        "enqueue_jobs_per_s": args.jobs / enqueue_secs,
+        "processed_jobs_per_s": (n - 1) / (last - first),
+        "postgres_cpu_us_per_job": pg_cpu / n * 1e6,
+    }
+
+
+#: One job per call from one keep-alive qftrio.Client, in a process of its
+#: own (so that it imports the qftrio its PYTHONPATH names): argv is the URL,
+#: the token and the number of jobs; it prints jobs/s.
+_SINGLE_CLIENT = """
+import sys, time, uuid, trio, qftrio
+async def main():
+    async with qftrio.Client(sys.argv[1], sys.argv[2]) as client:
+        queue = "single-" + uuid.uuid4().hex[:8]
+        n = int(sys.argv[3])
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await client.enqueue("noop", {}, queue=queue)
+        print(n / (time.perf_counter() - t0))
+trio.run(main)
+"""
+
+
+def single_from(base: str, copy: str, args: argparse.Namespace, procs: b.Procs) -> dict[str, float]:
+    """One job per call, today's qftrio and the one in *copy* (server and
+    client each), alternating for ``--runs`` rounds: medians of jobs/s."""
+    rates: dict[str, list[float]] = {"today": [], "copy": []}
+    with b.fresh_database(base) as url_today, b.fresh_database(base) as url_copy:
+        envs = {"today": None, "copy": dict(os.environ, PYTHONPATH=os.path.abspath(copy))}
+        urls = {"today": url_today, "copy": url_copy}
+        servers = {
+            side: b.start_server(procs, store="postgres", database_url=urls[side], name=f"single-{side}", env=envs[side])
+            for side in rates
+        }
+        for _ in range(args.runs):
+            for side in rates:
+                out = subprocess.run(
+                    [sys.executable, "-c", _SINGLE_CLIENT, servers[side].url, b.TENANT_TOKEN, str(args.single)],
+                    env=envs[side], capture_output=True, text=True, cwd=procs.workdir, timeout=600,
+                )  # fmt: skip
+                if out.returncode != 0:
+                    raise RuntimeError(f"the {side} client exited with {out.returncode}: {out.stderr[-2000:]}")
+                rates[side].append(float(out.stdout.strip()))
+                b.say(f"one job per call, {side}: {rates[side][-1]:,.0f} jobs/s")
+        procs.stop_many([s.proc for s in servers.values()])
+    return {side: b.median(r) for side, r in rates.items()}
+
+
 def qftrio_single_enqueue(url: str, n: int) -> float:
     """*n* jobs through ``POST /api/v1/jobs``, one per call, one keep-alive
     ``qftrio.Client``; the seconds it took."""
@@ -224,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = [c for c in CONFIGS if c[0] in wanted]
     results: dict[str, list[dict[str, float]]] = {c[0]: [] for c in configs}
     single: dict[str, float] = {}
+    before: dict[str, float] = {}
     with b.workdir(args.keep) as wd, b.Procs(wd) as procs:
         with b.pg_cluster(args.database_url) as base, b.fresh_database(base) as url:
             b.say("postgresql:", b.pg_version(url))
@@ -234,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                     run += 1
                     if system == "pgqueuer":
                         r = run_pgqueuer(url, workers, args, wd)
+                    elif system == "qftrio-inprocess":
+                        r = run_qftrio_inprocess(workers, args, procs, server, url)
                     else:
                         r = run_qftrio(workers, lanes, batch, args, procs, server, run, url)
                     results[label].append(r)
@@ -246,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                 single["pgqueuer"] = args.single / pgq_enqueue(url, args.single, batch=1)
                 single["qftrio"] = args.single / qftrio_single_enqueue(server.url, args.single)
                 b.say(f"one job per call: pgqueuer {single['pgqueuer']:,.0f} jobs/s, qftrio {single['qftrio']:,.0f} jobs/s")
+            if args.single and args.single_from:
+                before = single_from(base, args.single_from, args, procs)
             procs.stop_all()
 
     medians = {
@@ -259,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         how = "defaults" if lanes is None else f"--lanes {lanes} --batch {batch}"
         if system == "pgqueuer":
             how = f"batch_size {args.pgq_batch}"
+        elif system == "qftrio-inprocess":
+            how = "serve --handlers (the worker in the server), defaults"
         print(f"| {system}, {workers} worker(s), {how} | {m['processed_jobs_per_s']:,.0f} | {m['enqueue_jobs_per_s']:,.0f} |")
     print()
     for target, num, den in TARGETS:
@@ -268,8 +364,17 @@ def main(argv: list[str] | None = None) -> int:
     if "qf-default-1" in medians and "pgq-1" in medians:
         ratio = medians["qf-default-1"]["enqueue_jobs_per_s"] / medians["pgq-1"]["enqueue_jobs_per_s"]
         b.say(f"RESULT ratio batch enqueue qftrio / pgqueuer: {ratio:.2f} (target >= 1.00)")
+    for num, den in (("qf-inproc-1", "pgq-1"), ("qf-inproc-2", "pgq-2")):
+        if num in medians and den in medians:
+            ratio = medians[num]["processed_jobs_per_s"] / medians[den]["processed_jobs_per_s"]
+            b.say(f"RESULT ratio {num} / {den}: {ratio:.2f} (same process count; no target)")
     if single:
         b.say(f"RESULT one job per call: qftrio {single['qftrio']:,.0f} jobs/s, pgqueuer {single['pgqueuer']:,.0f} jobs/s")
+    if before:
+        b.say(
+            f"RESULT one job per call, alternating: today {before['today']:,.0f} jobs/s, {args.single_from} "
+            f"{before['copy']:,.0f} jobs/s: {before['today'] / before['copy']:.2f}x (target >= 2.00)"
+        )
     return 0
 
 
