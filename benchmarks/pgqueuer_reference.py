@@ -25,7 +25,8 @@ The ``qf-inproc`` configurations run the handlers in the server instead:
 W ``qftrio serve --handlers`` processes on the same database (DESIGN §5: the
 worker runtime against the engine, no HTTP), the same process count as
 pgqueuer's W workers. They start on a paused queue, which is resumed once
-every one of them answers, and their CPU is counted from then.
+every one of them answers; their CPU per job (handlers, engine and store
+together) is counted from then and printed with each round.
 
 ``--single-from DIR`` also measures one job per call with a server and a
 client that both import qftrio from DIR (a copy of an earlier version, e.g.
@@ -224,6 +225,7 @@ def run_qftrio_inprocess(servers: int, args: argparse.Namespace, procs: b.Procs,
             for i in range(servers)
         ]  # fmt: skip
         pg0 = b.postgres_cpu_seconds()
+        cpu0 = [b.cpu_seconds(h.pid) for h in handlers]
         client.post(f"/api/v1/queues/{queue}/resume").raise_for_status()
         deadline = time.monotonic() + max(60.0, args.jobs / 100)
         while b.queue_counts(api.url, queue)["completed"] < args.jobs:
@@ -231,12 +233,14 @@ def run_qftrio_inprocess(servers: int, args: argparse.Namespace, procs: b.Procs,
                 raise RuntimeError(f"not drained in time: {b.queue_counts(api.url, queue)}")
             time.sleep(0.1)
         pg_cpu = b.postgres_cpu_seconds() - pg0
+        servers_cpu = sum(b.cpu_seconds(h.pid) - c for h, c in zip(handlers, cpu0))
     procs.stop_many([h.proc for h in handlers])
     n, first, last = b.completed_span("postgres", queue, database_url=url)
     return {
         "enqueue_jobs_per_s": args.jobs / enqueue_secs,
         "processed_jobs_per_s": (n - 1) / (last - first),
         "postgres_cpu_us_per_job": pg_cpu / n * 1e6,
+        "servers_cpu_us_per_job": servers_cpu / n * 1e6,
     }
 
 
@@ -332,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                     b.say(
                         f"round {rnd} {label}: processed {r['processed_jobs_per_s']:,.0f} jobs/s, enqueue "
                         f"{r['enqueue_jobs_per_s']:,.0f} jobs/s, PostgreSQL CPU {r['postgres_cpu_us_per_job']:,.0f} µs/job"
+                        + (f", servers' CPU {r['servers_cpu_us_per_job']:,.0f} µs/job" if "servers_cpu_us_per_job" in r else "")
                     )
             if args.single:
                 pgq_install(url)
