@@ -14,8 +14,9 @@
 For each phase it prints jobs/s as this one client sees them and the
 server's CPU (user + system, from ``/proc/PID/stat``) per job, of which its
 main thread's (Trio's: HTTP, routes, engine), and on PostgreSQL the
-database's too; those figures are what matters on a machine whose cores are
-shared. The rest of the server's CPU is its store's thread (asyncpg's loop,
+database's too, and this process's own (the client's: httpx in the batch,
+single and drain phases, ``qftrio.Client`` in the client phase); those figures
+are what matters on a machine whose cores are shared. The rest of the server's CPU is its store's thread (asyncpg's loop,
 SQLite's connection).
 
 ``--ab DIR`` runs a second server whose ``qftrio`` comes from DIR (a copy of
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     b.arm_timeout(args.timeout)
     b.sigterm_as_exit()
     b.print_settings("enqueue", args)
-    results: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
+    results: dict[tuple[str, str], list[tuple[float, float, float, float, float]]] = {}
     # The database goes last, once the servers on it have stopped.
     with contextlib.ExitStack() as stack, b.workdir(args.keep) as wd, b.Procs(wd) as procs:
         url = None
@@ -156,20 +157,22 @@ def main(argv: list[str] | None = None) -> int:
                         time.sleep(0.5)  # py-spy attaching
                     pg0 = b.postgres_cpu_seconds() if url else 0.0
                     main0 = main_thread_cpu_seconds(server.pid)
-                    cpu0, t0 = b.cpu_seconds(server.pid), time.perf_counter()
+                    cpu0, t0, own0 = b.cpu_seconds(server.pid), time.perf_counter(), time.process_time()
                     n = PHASES[phase](server, queue, args)
                     wall, cpu = time.perf_counter() - t0, b.cpu_seconds(server.pid) - cpu0
+                    own = time.process_time() - own0
                     main = main_thread_cpu_seconds(server.pid) - main0
                     pg = b.postgres_cpu_seconds() - pg0 if url else 0.0
                     if spy is not None:
                         b.stop_pyspy(procs, spy)
                     results.setdefault((side, phase), []).append(
-                        (n / wall, cpu / n * 1e6, pg / n * 1e6, main / n * 1e6)
+                        (n / wall, cpu / n * 1e6, pg / n * 1e6, main / n * 1e6, own / n * 1e6)
                     )
                     line.append(
                         f"{phase} {n / wall:,.0f} jobs/s, server {cpu / n * 1e6:,.1f} µs/job"
                         f" (main thread {main / n * 1e6:,.1f})"
                         + (f", postgres {pg / n * 1e6:,.1f} µs/job" if url else "")
+                        + f", client {own / n * 1e6:,.1f} µs/job"
                     )
                 b.say(f"{side} round {rnd}: " + "; ".join(line))
         procs.stop_all()
@@ -178,9 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         cpu = b.median([f[1] for f in figures])
         main = b.median([f[3] for f in figures])
         pg = f", postgres CPU {b.median([f[2] for f in figures]):,.1f} µs/job" if args.store == "postgres" else ""
+        own = b.median([f[4] for f in figures])
         b.say(
             f"RESULT {side} {phase} store={args.store} rounds={args.rounds}: {rate:,.0f} jobs/s, "
-            f"server CPU {cpu:,.1f} µs/job (main thread {main:,.1f}){pg} (medians)"
+            f"server CPU {cpu:,.1f} µs/job (main thread {main:,.1f}){pg}, client CPU {own:,.1f} µs/job (medians)"
         )
     return 0
 
