@@ -23,7 +23,10 @@ that cost once. There is no background task: a caller runs the batch.
 
 The engine batches the reports and claims of concurrent requests with it,
 the embedded store its group commit, and the worker runtime its jobs'
-heartbeats and reports.
+heartbeats. The worker's reports are not callers of it: a job's task ends
+with its handler and hands the outcome to one reporter task, which sends
+what has gathered (a call here would keep a task per job waiting for its
+batch).
 """
 
 from __future__ import annotations
