@@ -111,13 +111,12 @@ def _worker(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("QUEUEFLOW_WORKER_TOKEN")
     if not token:
         raise errors.ConfigError("no worker token: pass --token or set QUEUEFLOW_WORKER_TOKEN")
-    lanes = {} if args.lanes is None else {"lanes": args.lanes}
     return run_worker_process(
         url=args.url,
         token=token,
         queue=args.queue,
         registry_ref=args.registry,
-        **lanes,
+        lanes=args.lanes,
         batch=args.batch,
         lease_secs=args.lease_secs,
         wait_secs=args.wait_secs,

@@ -829,6 +829,15 @@ def test_bad_options_are_refused() -> None:
         Worker(transport, "bad queue", reg)
 
 
+def test_lanes_not_given_or_none_are_the_default() -> None:
+    # The command line and serve --handlers pass what their --lanes was: None
+    # when it was not given.
+    transport = Faults.__new__(Faults)
+    assert Worker(transport, "q", echo_registry()).lanes == 200
+    assert Worker(transport, "q", echo_registry(), lanes=None).lanes == 200
+    assert Worker(transport, "q", echo_registry(), lanes=7).lanes == 7
+
+
 def test_a_registry_with_no_handler_is_refused() -> None:
     with pytest.raises(errors.ConfigError, match="no handlers"):
         Worker(Faults.__new__(Faults), "q", Registry())

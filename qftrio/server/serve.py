@@ -177,10 +177,9 @@ async def _start_handlers(nursery: trio.Nursery, engine: Engine, config: Config)
     from .inprocess import EngineTransport
 
     registry = load_registry(config.handlers or "")
-    lanes = {} if config.handler_lanes is None else {"lanes": config.handler_lanes}
     stoppers = []
     for queue in config.handler_queues:
-        worker = Worker(EngineTransport(engine), queue, registry, **lanes)
+        worker = Worker(EngineTransport(engine), queue, registry, lanes=config.handler_lanes)
         handle = await nursery.start(worker.run)
         stoppers.append(handle.stop)
     return stoppers

@@ -21,7 +21,7 @@ from .. import errors
 from .._gc import settle_after_imports
 from ..client import Client
 from .registry import Registry, load_registry
-from .runtime import DEFAULT_LANES, Worker, validate_options
+from .runtime import Worker, validate_options
 from ..errors import UnexpectedAnswer
 from .transport import HttpTransport
 
@@ -44,7 +44,7 @@ def run_worker_process(
     token: str,
     queue: str,
     registry_ref: str,
-    lanes: int = DEFAULT_LANES,
+    lanes: int | None = None,
     batch: int | None = None,
     lease_secs: int = 60,
     wait_secs: float = 20,

@@ -297,21 +297,22 @@ def validate_options(
     queue: str,
     registry: Registry,
     *,
-    lanes: int,
+    lanes: int | None,
     batch: int | None,
     lease_secs: int,
     wait_secs: float,
     worker_id: str | None = None,
 ) -> None:
     """Raise :class:`~qftrio.errors.ConfigError` for a :class:`Worker`
-    option out of range, or a registry with no handler."""
+    option out of range, or a registry with no handler. ``None`` lanes
+    stand for the default."""
     if not valid_name(queue):
         raise errors.ConfigError(f"queue {queue!r}: use 1-128 characters of A-Z a-z 0-9 _ . -")
     if not isinstance(registry, Registry):
         raise errors.ConfigError(f"registry: expected a qftrio Registry, not {type(registry).__name__}")
     if not registry.kinds:
         raise errors.ConfigError("the registry has no handlers: the worker would fail every job it leases")
-    if not (isinstance(lanes, int) and lanes >= 1):
+    if lanes is not None and not (isinstance(lanes, int) and lanes >= 1):
         raise errors.ConfigError(f"lanes must be a positive integer, not {lanes!r}")
     if batch is not None and not (isinstance(batch, int) and 1 <= batch <= MAX_LEASE_JOBS):
         raise errors.ConfigError(f"batch must be an integer from 1 to {MAX_LEASE_JOBS}, not {batch!r}")
@@ -332,7 +333,8 @@ class Worker:
             :class:`~qftrio.server.inprocess.EngineTransport` (in-process).
         queue: the queue to lease from.
         registry: the handlers, by job kind (at least one).
-        lanes: jobs run at once.
+        lanes: jobs run at once; :data:`DEFAULT_LANES` when not given (or
+            ``None``).
         batch: jobs leased per call at most (1..100). By default a lease asks
             for as many jobs as there are free lanes, so that no job waits
             for a lane; above that, jobs may wait for one, heartbeated
@@ -356,7 +358,7 @@ class Worker:
         queue: str,
         registry: Registry,
         *,
-        lanes: int = DEFAULT_LANES,
+        lanes: int | None = None,
         batch: int | None = None,
         lease_secs: int = 60,
         wait_secs: float = 20,
@@ -369,7 +371,7 @@ class Worker:
         self.transport = transport
         self.queue = queue
         self.registry = registry
-        self.lanes = lanes
+        self.lanes = DEFAULT_LANES if lanes is None else lanes
         self.batch = batch
         self.lease_secs = lease_secs
         self.wait_secs = wait_secs
@@ -394,7 +396,7 @@ class Worker:
         self._lease_failures = 0  # lease calls failed in a row
         self._lease_retry_at = -math.inf  # no lease call before then (backing off)
         self._held: dict[str, _Held] = {}
-        self._lanes = _Lanes(lanes)
+        self._lanes = _Lanes(self.lanes)
         self._changed: trio.Event | None = None  # set up by the lease loop when it waits
         self._beat_wake: trio.CancelScope | None = None  # the heartbeat scheduler's sleep
         # Reports to send, by kind, in the order the handlers finished, and
