@@ -261,6 +261,19 @@ trio.run(main)
 """
 
 
+def qftrio_single_rate(url: str, n: int, cwd: Any, env: dict[str, str] | None = None) -> float:
+    """jobs/s of *n* jobs through ``POST /api/v1/jobs`` to *url*, one per
+    call, from :data:`_SINGLE_CLIENT` run with *env* (``None``: this
+    process's)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SINGLE_CLIENT, url, b.TENANT_TOKEN, str(n)],
+        env=env, capture_output=True, text=True, cwd=cwd, timeout=600,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"the one-job-per-call client exited with {out.returncode}: {out.stderr[-2000:]}")
+    return float(out.stdout.strip())
+
+
 def single_from(base: str, copy: str, args: argparse.Namespace, procs: b.Procs) -> dict[str, float]:
     """One job per call, today's qftrio and the one in *copy* (server and
     client each), alternating for ``--runs`` rounds: medians of jobs/s."""
@@ -274,34 +287,10 @@ def single_from(base: str, copy: str, args: argparse.Namespace, procs: b.Procs) 
         }
         for _ in range(args.runs):
             for side in rates:
-                out = subprocess.run(
-                    [sys.executable, "-c", _SINGLE_CLIENT, servers[side].url, b.TENANT_TOKEN, str(args.single)],
-                    env=envs[side], capture_output=True, text=True, cwd=procs.workdir, timeout=600,
-                )  # fmt: skip
-                if out.returncode != 0:
-                    raise RuntimeError(f"the {side} client exited with {out.returncode}: {out.stderr[-2000:]}")
-                rates[side].append(float(out.stdout.strip()))
+                rates[side].append(qftrio_single_rate(servers[side].url, args.single, procs.workdir, envs[side]))
                 b.say(f"one job per call, {side}: {rates[side][-1]:,.0f} jobs/s")
         procs.stop_many([s.proc for s in servers.values()])
     return {side: b.median(r) for side, r in rates.items()}
-
-
-def qftrio_single_enqueue(url: str, n: int) -> float:
-    """*n* jobs through ``POST /api/v1/jobs``, one per call, one keep-alive
-    ``qftrio.Client``; the seconds it took."""
-    import trio
-
-    import qftrio
-
-    async def main() -> float:
-        queue = f"single-{uuid.uuid4().hex[:8]}"
-        async with qftrio.Client(url, b.TENANT_TOKEN) as client:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                await client.enqueue("noop", {}, queue=queue)
-            return time.perf_counter() - t0
-
-    return trio.run(main)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.single:
                 pgq_install(url)
                 single["pgqueuer"] = args.single / pgq_enqueue(url, args.single, batch=1)
-                single["qftrio"] = args.single / qftrio_single_enqueue(server.url, args.single)
+                single["qftrio"] = qftrio_single_rate(server.url, args.single, wd)
                 b.say(f"one job per call: pgqueuer {single['pgqueuer']:,.0f} jobs/s, qftrio {single['qftrio']:,.0f} jobs/s")
             if args.single and args.single_from:
                 before = single_from(base, args.single_from, args, procs)
