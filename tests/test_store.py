@@ -23,6 +23,7 @@ from qftrio.server.store.base import (
     Outcome,
     Store,
     new_ids,
+    new_tokens,
 )
 
 T0 = 1_800_000_000.0
@@ -77,13 +78,26 @@ async def test_insert_answers_each_job_as_a_read_shows_it(storage: Store) -> Non
         assert i.to_wire() == stored.to_wire()
 
 
-def test_new_ids_are_distinct_canonical_version_4_uuids() -> None:
-    ids = new_ids(2000)
+def test_new_ids_are_distinct_canonical_version_7_uuids_of_their_time() -> None:
+    ids = new_ids(2000, T0)
     assert len(set(ids)) == 2000
     for job_id in ids:
         parsed = uuid.UUID(job_id)
-        assert str(parsed) == job_id and parsed.version == 4 and parsed.variant == uuid.RFC_4122
-    assert new_ids(0) == []
+        assert str(parsed) == job_id and parsed.version == 7 and parsed.variant == uuid.RFC_4122
+        assert parsed.int >> 80 == int(T0 * 1000)
+    assert new_ids(0, T0) == []
+
+
+def test_ids_made_later_sort_later() -> None:
+    earlier, later = new_ids(500, T0), new_ids(500, T0 + 0.001)
+    assert max(earlier) < min(later)
+    assert max(map(uuid.UUID, earlier)) < min(map(uuid.UUID, later))
+
+
+def test_new_tokens_are_distinct_random_version_4_uuids() -> None:
+    tokens = new_tokens(2000)
+    assert len(set(tokens)) == 2000
+    assert all(uuid.UUID(t).version == 4 and str(uuid.UUID(t)) == t for t in tokens)
 
 
 async def test_get_is_tenant_scoped(storage: Store) -> None:

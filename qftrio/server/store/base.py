@@ -60,6 +60,7 @@ import abc
 import dataclasses
 import enum
 import functools
+import os
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
@@ -84,6 +85,7 @@ __all__ = [
     "NewJob",
     "Inserted",
     "new_ids",
+    "new_tokens",
     "ClaimRequest",
     "Outcome",
     "HeartbeatItem",
@@ -215,9 +217,32 @@ def _pending_wire(tenant: str, at: float) -> dict[str, Any]:
     ).to_wire()  # fmt: skip
 
 
-def new_ids(n: int) -> list[str]:
-    """*n* random version-4 UUIDs in canonical form: the ids of new jobs and
-    lease tokens, on both stores."""
+_RANDOM_62 = (1 << 62) - 1
+
+
+def new_ids(n: int, now: float) -> list[str]:
+    """The ids of *n* jobs or workflows created at *now*, on both stores:
+    version-7 UUIDs (RFC 9562) in canonical form, whose first 48 bits are
+    *now* in milliseconds and whose other 74 are random.
+
+    Ids made later sort later, so the rows of a batch land next to each
+    other at the end of the primary key rather than on as many random pages
+    of it: the cost of an insert does not grow with the table (figures in
+    docs/performance.md, "Time-ordered ids")."""
+    head = (max(0, int(now * 1000)) & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | 0b10 << 62
+    raw = os.urandom(10 * n)
+    ids = []
+    for i in range(0, 10 * n, 10):
+        r = int.from_bytes(raw[i : i + 10])  # 80 random bits, of which 74 are used
+        # uuid.UUID(int=...) and its str() cost twice as much as formatting the hex here.
+        h = f"{head | (r >> 62 & 0xFFF) << 64 | (r & _RANDOM_62):032x}"
+        ids.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+    return ids
+
+
+def new_tokens(n: int) -> list[str]:
+    """*n* lease tokens: random version-4 UUIDs in canonical form, which
+    tell nothing of when they were made."""
     return [str(uuid.uuid4()) for _ in range(n)]
 
 

@@ -480,7 +480,9 @@ async def _enqueue_steps(
 ) -> None:
     """Give the waiting steps *names* their jobs, carrying *context*."""
     if names:
-        await conn.execute(Q["enqueue_steps"], workflow_id, list(names), tenant, WORKFLOW_QUEUE, now, context)
+        await conn.execute(
+            Q["enqueue_steps"], workflow_id, list(names), tenant, WORKFLOW_QUEUE, now, context, new_ids(len(names), now)
+        )
 
 
 async def _step_completed(conn: asyncpg.Connection, workflow_id: uuid.UUID, step: str, result: Any, now: float) -> bool:
@@ -723,7 +725,7 @@ class PostgresStore(Store):
         inserted claimed already. Only when nothing else in the queue is
         claimable, which is what a parked poll leaves behind; otherwise the
         jobs are inserted pending and the claim runs after, as a claim."""
-        ids = new_ids(len(jobs))
+        ids = new_ids(len(jobs), now)
         rows = await self._db.fetch(
             Q["insert_handing_over"],
             ids,
@@ -765,7 +767,7 @@ class PostgresStore(Store):
                     continue
                 first_of[key] = i
             fresh.append(i)
-        ids = new_ids(len(fresh))
+        ids = new_ids(len(fresh), now)
         rows = [jobs[i] for i in fresh]
         for new in rows:
             if new.workflow_id is not None and _uuid(new.workflow_id) is None:
@@ -1233,8 +1235,8 @@ class PostgresStore(Store):
     # -- workflows ---------------------------------------------------------
 
     async def workflow_create(self, workflow: NewWorkflow, *, now: float) -> Workflow:
-        workflow_id = uuid.uuid4()
-        roots = {s.name: uuid.uuid4() for s in workflow.steps if not s.depends_on}
+        workflow_id, *root_ids = map(uuid.UUID, new_ids(1 + len(workflow.steps), now))
+        roots = {s.name: i for s, i in zip((s for s in workflow.steps if not s.depends_on), root_ids)}
         steps = workflow.steps
 
         async def create(conn: asyncpg.Connection) -> Workflow:

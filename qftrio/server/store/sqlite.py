@@ -24,7 +24,6 @@ import heapq
 import os
 import sqlite3
 import threading
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from queue import SimpleQueue
 from typing import Any, TypeVar
@@ -69,6 +68,7 @@ from .base import (
     Store,
     bulk_changed,
     new_ids,
+    new_tokens,
     workers_of,
 )
 
@@ -166,7 +166,7 @@ def _state(rows: dict[str, _Row], job_id: str, token: str) -> tuple[_Row | None,
 def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[Inserted]:
     out: list[Inserted] = []
     rows: list[tuple[Any, ...]] = []
-    for job_id, new in zip(new_ids(len(jobs)), jobs):
+    for job_id, new in zip(new_ids(len(jobs), now), jobs):
         keyed = new.idempotency_key is not None
         if keyed:
             row = conn.execute(Q["job_by_idempotency_key"], (new.tenant, new.idempotency_key)).fetchone()
@@ -215,7 +215,7 @@ def _claim(
         return []
     candidates.sort(key=lambda c: (-c[1], c[2], c[3]))
     ids = [c[0] for c in candidates[:limit]]
-    tokens = dict(zip(ids, new_ids(len(ids))))
+    tokens = dict(zip(ids, new_tokens(len(ids))))
     rows = conn.execute(
         Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
         (
@@ -236,7 +236,7 @@ def _enqueue_step(
 ) -> None:
     """Give a waiting step its job, carrying *context* as it stands."""
     kind, payload, max_attempts = conn.execute(Q["step_definition"], (workflow_id, step)).fetchone()
-    job_id = str(uuid.uuid4())
+    (job_id,) = new_ids(1, now)
     conn.execute(
         Q["step_job_insert"],
         (job_id, tenant, WORKFLOW_QUEUE, kind, payload, max_attempts, now, now, now, workflow_id, step, _dumps(context)),
@@ -914,13 +914,13 @@ class SqliteStore(Store):
 
     async def workflow_create(self, workflow: NewWorkflow, *, now: float) -> Workflow:
         def create(conn: sqlite3.Connection) -> Workflow:
-            workflow_id = str(uuid.uuid4())
+            workflow_id, *root_ids = new_ids(1 + len(workflow.steps), now)
             context = _dumps(workflow.context)
             conn.execute(
                 Q["workflow_insert"],
                 (workflow_id, workflow.tenant, workflow.name, context, len(workflow.steps), now, now),
             )
-            roots = {s.name: str(uuid.uuid4()) for s in workflow.steps if not s.depends_on}
+            roots = {s.name: i for s, i in zip((s for s in workflow.steps if not s.depends_on), root_ids)}
             conn.executemany(
                 Q["workflow_step_insert"],
                 [

@@ -583,12 +583,12 @@ ORDER BY id
 FOR UPDATE;
 
 -- name: enqueue_steps
--- A CTE with a volatile function is materialised once: both statements see
--- the same new ids.
+-- $7 holds a new job id for each name of $2.
 WITH ready AS (
-    SELECT s.name, s.kind, s.payload, s.max_attempts, s.position, gen_random_uuid() AS job_id
-    FROM qftrio_workflow_steps AS s
-    WHERE s.workflow_id = $1 AND s.name = ANY($2::text[]) AND s.state = 'waiting'
+    SELECT s.name, s.kind, s.payload, s.max_attempts, s.position, n.job_id
+    FROM unnest($2::text[], $7::uuid[]) AS n(name, job_id)
+    JOIN qftrio_workflow_steps AS s ON s.workflow_id = $1 AND s.name = n.name
+    WHERE s.state = 'waiting'
 ), inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
         scheduled_at, created_at, updated_at, workflow_id, step, context)
