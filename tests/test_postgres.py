@@ -272,6 +272,7 @@ async def test_listener_signals_all_queues_after_reconnecting() -> None:
         async with open_test_postgres_store() as store, other_store() as other:
             async with trio.open_nursery() as nursery:
                 await nursery.start(store.run_listener, calls.append)
+                await store.notifications_wanted(60)
                 await other.jobs_insert([new("a"), new("b")], now=T0)
                 with trio.fail_after(5):
                     while sorted(calls) != ["a", "b"]:
@@ -301,6 +302,7 @@ async def test_the_listener_passes_on_only_other_servers_notifications() -> None
         async with open_test_postgres_store() as store, other_store() as other:
             async with trio.open_nursery() as nursery:
                 await nursery.start(store.run_listener, calls.append)
+                await store.notifications_wanted(60)
                 await store.jobs_insert([new("own")], now=T0)
                 await other.jobs_insert([new("other")], now=T0)
                 with trio.fail_after(5):
@@ -312,6 +314,64 @@ async def test_the_listener_passes_on_only_other_servers_notifications() -> None
                     while calls[-1:] != ["later"]:
                         await trio.sleep(0.01)
                 assert calls == ["other", "later"]
+                nursery.cancel_scope.cancel()
+
+
+async def test_the_listener_listens_only_while_a_long_poll_may_wait() -> None:
+    # Notifications cost the database a wake-up of each listening backend:
+    # a server no poll waits on does not listen.
+    calls: list[str] = []
+    with trio.fail_after(30):
+        async with open_test_postgres_store(listen_idle_secs=0.5) as store, other_store() as other:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(store.run_listener, calls.append)
+                await other.jobs_insert([new("before")], now=T0)
+                # listening from when it returns: the next insert is heard
+                await store.notifications_wanted(0.5)
+                await other.jobs_insert([new("wanted")], now=T0)
+                with trio.fail_after(5):
+                    while not calls:
+                        await trio.sleep(0.01)
+                assert calls == ["wanted"]
+                # and still while the announced wait lasts
+                await trio.sleep(0.6)
+                await other.jobs_insert([new("waiting")], now=T0)
+                with trio.fail_after(5):
+                    while calls[-1:] != ["waiting"]:
+                        await trio.sleep(0.01)
+                # not once the wait and listen_idle_secs have passed
+                await trio.sleep(1.0)
+                await other.jobs_insert([new("idle")], now=T0)
+                await store.notifications_wanted(0)
+                await other.jobs_insert([new("again")], now=T0)
+                with trio.fail_after(5):
+                    while calls[-1:] != ["again"]:
+                        await trio.sleep(0.01)
+                assert calls == ["wanted", "waiting", "again"]
+                nursery.cancel_scope.cancel()
+
+
+async def test_a_long_poll_on_a_server_that_was_not_listening_hears_another_servers_enqueue() -> None:
+    with trio.fail_after(30):
+        async with open_test_postgres_store() as store_a, other_store() as store_b:
+            # Server A's safety poll is out of reach: only NOTIFY can wake it.
+            server_a = Engine(store_a, safety_poll_secs=120)
+            server_b = Engine(store_b)
+            woke: list[Any] = []
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server_a.run_listener)
+                assert store_a.listener_pid is not None  # connected, not listening
+
+                async def long_poll() -> None:
+                    woke.extend(await server_a.lease("q", wait_secs=30))
+
+                nursery.start_soon(long_poll)
+                await trio.sleep(0.3)  # parked by now
+                (inserted,) = await server_b.enqueue("t", [EnqueueRequest(kind="k", payload={}, config=JobConfig(queue="q"))])
+                with trio.fail_after(2):
+                    while not woke:
+                        await trio.sleep(0.01)
+                assert [lease.job.id for lease in woke] == [inserted.job.id]
                 nursery.cancel_scope.cancel()
 
 
@@ -621,6 +681,7 @@ async def test_database_restart_under_an_open_store(own_cluster: tuple[str, str,
             await store.jobs_complete([CompleteItem(x.job.id, x.lease_token, {"n": 1}) for x in leases[:2]], now=T0)
             async with trio.open_nursery() as nursery:
                 await nursery.start(store.run_listener, calls.append)
+                await store.notifications_wanted(60)
                 first_pid = store.listener_pid
 
                 await trio.run_process([script, "stop", data])

@@ -551,6 +551,9 @@ class Engine:
                 ClaimRequest(queue=queue, limit=max_jobs, lease_secs=lease_secs, worker_id=worker_id)
             )
             try:
+                # Listening before the check: work another server makes
+                # ready after it is notified to this poll.
+                await self.store.notifications_wanted(remaining)
                 now = self.clock()
                 next_at = await self.store.queue_next_available_at(queue, now=now)
                 timeout = min(remaining, self.safety_poll_secs)

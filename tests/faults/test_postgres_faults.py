@@ -79,6 +79,11 @@ async def test_long_polls_still_wake_after_the_listen_connection_is_killed(
         pids = await trio.to_thread.run_sync(listeners, pg_cluster, database)
         return pids if len(pids) == 2 and not pids & previous else None
 
+    # A server LISTENs once a long poll may wait on it, not before.
+    assert await trio.to_thread.run_sync(listeners, pg_cluster, database) == set()
+    for server in (a, b):
+        async with worker_client(server.url) as worker:
+            assert await worker.lease(QUEUE, lease_secs=30, wait_secs=0.2) == []
     first = await wait_for(lambda: listening(set()), timeout=20, what="both servers to LISTEN")
     pids = ", ".join(sorted(first))
     kill = f"SELECT pg_terminate_backend(pid) FROM unnest(ARRAY[{pids}]) AS pid"

@@ -405,6 +405,14 @@ class Store(abc.ABC):
         task_status.started()
         await trio.sleep_forever()
 
+    async def notifications_wanted(self, wait_secs: float) -> None:
+        """A long-poll is about to wait up to *wait_secs* for work: make
+        sure that :meth:`run_listener` passes on, from when this returns,
+        what other processes notify (a backend may listen only while some
+        poll waits). Returns at once where there is nothing to listen to,
+        and after a bounded wait where the database cannot be reached (the
+        poll's safety poll covers what it then misses)."""
+
     # -- application side --------------------------------------------------
 
     @abc.abstractmethod

@@ -684,8 +684,9 @@ async def open_database(
 
 
 class Listener:
-    """A dedicated connection that LISTENs on one channel. Open with
-    :func:`open_listener`.
+    """A dedicated connection that LISTENs on one channel while told to.
+    Open with :func:`open_listener`; :meth:`listen` and :meth:`unlisten`
+    subscribe and unsubscribe.
 
     asyncpg calls back on the loop's thread; the callbacks hand what they
     got to Trio, where it is kept until :meth:`receive`. Notifications sent
@@ -696,15 +697,25 @@ class Listener:
     MAX_PENDING = 1000
 
     def __init__(
-        self, conn: asyncpg.Connection, loop: LoopThread, *, timeout: float | None, ignore: Collection[int] = ()
+        self,
+        conn: asyncpg.Connection,
+        loop: LoopThread,
+        channel: str,
+        *,
+        timeout: float | None,
+        ignore: Collection[int] = (),
     ) -> None:
         self._conn = conn
         self._loop = loop
+        self._channel = channel
         self._timeout = timeout
         self._ignore = ignore
         self._pending: set[str] = set()
         self._lost = False
+        self._poked = False
         self._wakeup = trio.Event()
+        #: Whether the connection LISTENs on the channel now.
+        self.listening = False
 
     @property
     def backend_pid(self) -> int:
@@ -732,8 +743,36 @@ class Listener:
         self._lost = True
         self._wakeup.set()
 
+    def poke(self) -> None:
+        """Make a :meth:`receive` waiting now (or the next one) return, with
+        whatever it has, perhaps nothing."""
+        self._poked = True
+        self._wakeup.set()
+
+    async def listen(self) -> None:
+        """LISTEN on the channel; notifications committed from now on arrive.
+
+        Raises:
+            Unavailable: the connection is lost.
+        """
+        with database_errors():
+            await self._loop.run(self._conn.add_listener, self._channel, self._on_notification)
+        self.listening = True
+
+    async def unlisten(self) -> None:
+        """Stop listening (UNLISTEN); the database no longer wakes this
+        connection's backend for each notification.
+
+        Raises:
+            Unavailable: the connection is lost.
+        """
+        self.listening = False
+        with database_errors():
+            await self._loop.run(self._conn.remove_listener, self._channel, self._on_notification)
+
     async def receive(self, *, keepalive_secs: float = 30.0) -> set[str]:
-        """Wait for notifications and return their payloads (deduplicated).
+        """Wait for notifications, or a :meth:`poke`, and return the
+        notifications' payloads (deduplicated).
 
         Every *keepalive_secs* without any, the connection is checked with a
         query, so that a silently dead connection is noticed.
@@ -741,7 +780,7 @@ class Listener:
         Raises:
             Unavailable: the connection is lost.
         """
-        while not self._pending:
+        while not (self._pending or self._poked):
             if self._lost or self._conn.is_closed():
                 raise errors.Unavailable("the LISTEN connection was lost")
             self._wakeup = trio.Event()
@@ -749,6 +788,7 @@ class Listener:
                 await self._wakeup.wait()
                 continue
             await self._ping()
+        self._poked = False
         pending, self._pending = self._pending, set()
         return pending
 
@@ -783,9 +823,9 @@ async def open_listener(
     application_name: str = "qftrio-listener",
     ignore: Collection[int] = (),
 ) -> AsyncIterator[Listener]:
-    """Connect to *url* and LISTEN on *channel*, ignoring what the backends
-    *ignore* (a live collection of process ids, such as
-    :attr:`Database.backends`) send.
+    """Connect to *url* for LISTENing on *channel* (not yet listening: see
+    :meth:`Listener.listen`), ignoring what the backends *ignore* (a live
+    collection of process ids, such as :attr:`Database.backends`) send.
 
     The connection runs on *loop*, a database's (:attr:`Database.loop`): the
     notifications its own statements send (one per enqueue) are dropped by
@@ -800,19 +840,17 @@ async def open_listener(
     settings = _defaults_unless_in_url(url, {"application_name": application_name})
     with database_errors():
         conn = await loop.run(_connect, url, timeout, settings)
-    listener = Listener(conn, loop, timeout=timeout, ignore=ignore)
+    listener = Listener(conn, loop, channel, timeout=timeout, ignore=ignore)
     try:
-        with database_errors():
-            await loop.run(_subscribe, conn, channel, listener)
+        await loop.run(_watch, conn, listener)
         yield listener
     finally:
         await listener.aclose()
 
 
-async def _subscribe(conn: asyncpg.Connection, channel: str, listener: Listener) -> None:
-    # on the loop's thread
+async def _watch(conn: asyncpg.Connection, listener: Listener) -> None:
+    # on the loop's thread, where asyncpg calls its termination listeners
     conn.add_termination_listener(listener._on_termination)
-    await conn.add_listener(channel, listener._on_notification)
 
 
 async def _ping(conn: asyncpg.Connection, timeout: float | None) -> None:

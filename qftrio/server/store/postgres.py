@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import random
 import re
 import uuid
@@ -600,6 +601,8 @@ class PostgresStore(Store):
         timeout: client-side network timeout (connecting, waiting for a pooled
             connection, closing); None disables it.
         listener_keepalive_secs: how often an idle LISTEN connection is checked.
+        listen_idle_secs: how long the LISTEN connection goes on listening
+            after the last long-poll that may wait has ended.
     """
 
     def __init__(
@@ -609,14 +612,21 @@ class PostgresStore(Store):
         url: str,
         timeout: float | None = 10.0,
         listener_keepalive_secs: float = 30.0,
+        listen_idle_secs: float = 60.0,
     ) -> None:
         self._db = db
         self._url = url
         self._timeout = timeout
         self._keepalive = listener_keepalive_secs
+        self._listen_idle = listen_idle_secs
         #: Backend pid of the current LISTEN connection (None when there is
         #: none); for operators and tests.
         self.listener_pid: int | None = None
+        self._listener: pgasync.Listener | None = None
+        #: Until when (Trio's clock) notifications are wanted.
+        self._wanted_until = -math.inf
+        #: Set while the listener listens.
+        self._listening = trio.Event()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -635,18 +645,25 @@ class PostgresStore(Store):
         max_backoff_secs: float = 5.0,
     ) -> None:
         """Call ``on_notify(queue)`` for the queues other servers make work
-        ready on, through one dedicated LISTEN connection; runs until cancelled.
-        What this store's own connections notify is not passed on: the engine
-        wakes its own long-polls for what it changes, as on a store with no
-        other servers.
+        ready on, through one dedicated LISTEN connection, while
+        notifications are wanted (:meth:`notifications_wanted`); runs until
+        cancelled. What this store's own connections notify is not passed
+        on: the engine wakes its own long-polls for what it changes, as on a
+        store with no other servers.
+
+        The connection LISTENs only from a :meth:`notifications_wanted` until
+        ``listen_idle_secs`` after the wait it announced: a server that no
+        long-poll waits on (one that only takes enqueues, or whose workers
+        find work at every lease) costs the database no wake-up of its
+        backend, and itself none of its thread, for every enqueue elsewhere.
 
         When the connection is lost (a restart, a failover,
         ``pg_terminate_backend``) it reconnects by itself, with exponential
         backoff and jitter. Whatever was notified meanwhile is lost, so after
         every connection but a first one that succeeded at once it calls
-        ``on_notify(ALL_QUEUES)`` (``"*"``): wake every queue. Notifications
-        are coalesced while ``on_notify`` catches up; a flood of distinct
-        queues also collapses into ``"*"``.
+        ``on_notify(ALL_QUEUES)`` (``"*"``) if notifications are wanted:
+        wake every queue. Notifications are coalesced while ``on_notify``
+        catches up; a flood of distinct queues also collapses into ``"*"``.
 
         ``task_status.started()`` is called once the first attempt to connect
         is over, successful or not: a server can start while the database is
@@ -660,27 +677,55 @@ class PostgresStore(Store):
                 async with pgasync.open_listener(
                     self._url, CHANNEL, timeout=self._timeout, ignore=self._db.backends, loop=self._db.loop
                 ) as listener:
+                    if self._wanted():
+                        await listener.listen()
+                    self._listener = listener
                     self.listener_pid = listener.backend_pid
-                    log.debug("listening on %s (backend %s)", CHANNEL, self.listener_pid)
+                    log.debug("connected for LISTEN on %s (backend %s)", CHANNEL, self.listener_pid)
                     if not started:
                         task_status.started()
                         started = True
-                    if missed:
+                    if missed and listener.listening:
                         on_notify(ALL_QUEUES)
+                    missed = False
                     backoff = min_backoff_secs
                     while True:
-                        for queue in sorted(await listener.receive(keepalive_secs=self._keepalive)):
-                            on_notify(queue)
+                        if listener.listening:
+                            self._listening.set()
+                        with trio.move_on_at(self._wanted_until if listener.listening else math.inf):
+                            for queue in sorted(await listener.receive(keepalive_secs=self._keepalive)):
+                                on_notify(queue)
+                        if self._wanted() and not listener.listening:
+                            await listener.listen()
+                        elif listener.listening and not self._wanted():
+                            self._listening = trio.Event()
+                            await listener.unlisten()
             except errors.Unavailable as exc:
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
             finally:
                 self.listener_pid = None
+                self._listener = None
+                # Waiters go back to their safety poll.
+                self._listening.set()
+                self._listening = trio.Event()
             missed = True
             if not started:
                 task_status.started()
                 started = True
             await trio.sleep(backoff * (0.5 + random.random() / 2))
             backoff = min(max_backoff_secs, backoff * 2)
+
+    def _wanted(self) -> bool:
+        return trio.current_time() < self._wanted_until
+
+    async def notifications_wanted(self, wait_secs: float) -> None:
+        self._wanted_until = max(self._wanted_until, trio.current_time() + wait_secs + self._listen_idle)
+        listener = self._listener
+        if listener is None or listener.listening:
+            return
+        listener.poke()
+        with trio.move_on_after(self._timeout if self._timeout is not None else 10.0):
+            await self._listening.wait()
 
     # -- application side --------------------------------------------------
 
@@ -1340,6 +1385,7 @@ async def open_postgres_store(
     migrate: bool = True,
     timeout: float | None = 10.0,
     statement_timeout: float | None = 30.0,
+    listen_idle_secs: float = 60.0,
 ) -> AsyncIterator[PostgresStore]:
     """Open the PostgreSQL store on *url*.
 
@@ -1355,6 +1401,8 @@ async def open_postgres_store(
             wait for a pooled connection, each query, close); None disables it
             (see :mod:`.pgasync`).
         statement_timeout: server-side bound on each statement.
+        listen_idle_secs: how long the LISTEN connection goes on listening
+            after the last long-poll wait (:meth:`PostgresStore.run_listener`).
 
     Raises:
         Unavailable: the database cannot be reached.
@@ -1372,7 +1420,7 @@ async def open_postgres_store(
                 raise errors.ConfigError(
                     f"the database schema is not up to date (missing {', '.join(missing)}): run `qftrio migrate`"
                 )
-        store = PostgresStore(db, url=url, timeout=timeout)
+        store = PostgresStore(db, url=url, timeout=timeout, listen_idle_secs=listen_idle_secs)
         try:
             yield store
         finally:
