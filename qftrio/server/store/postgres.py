@@ -724,7 +724,8 @@ class PostgresStore(Store):
         if listener is None or listener.listening:
             return
         listener.poke()
-        with trio.move_on_after(self._timeout if self._timeout is not None else 10.0):
+        # Never longer than the poll would wait, nor than a query may take.
+        with trio.move_on_after(min(wait_secs, self._timeout if self._timeout is not None else 10.0)):
             await self._listening.wait()
 
     # -- application side --------------------------------------------------
