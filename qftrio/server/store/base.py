@@ -234,9 +234,7 @@ def new_ids(n: int, now: float) -> list[str]:
     ids = []
     for i in range(0, 10 * n, 10):
         r = int.from_bytes(raw[i : i + 10])  # 80 random bits, of which 74 are used
-        # uuid.UUID(int=...) and its str() cost twice as much as formatting the hex here.
-        h = f"{head | (r >> 62 & 0xFFF) << 64 | (r & _RANDOM_62):032x}"
-        ids.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+        ids.append(str(uuid.UUID(int=head | (r >> 62 & 0xFFF) << 64 | (r & _RANDOM_62))))
     return ids
 
 
