@@ -1,0 +1,90 @@
+/**
+ * A real `qftrio serve --dev` on a fresh SQLite file and a free port, for the
+ * tests. `QFTRIO_BIN` names the `qftrio` executable (tests/test_sdk_typescript.py
+ * sets it to the virtualenv's); without it, the repository's `.venv` is used.
+ */
+
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { setTimeout as sleep } from "node:timers/promises";
+import { Client, type Job, type Status } from "qftrio";
+
+const ROOT = fileURLToPath(new URL("../../../../", import.meta.url)); // dist/test -> the repository
+export const QFTRIO_BIN = process.env.QFTRIO_BIN ?? join(ROOT, ".venv", "bin", "qftrio");
+/** A `--dev` server's credential: tenant `default`, and a worker. */
+export const TOKEN = "dev";
+
+export interface Server {
+  url: string;
+  client: Client;
+  stop(): Promise<void>;
+}
+
+/** Start a server and wait until it listens (bounded by its start-up, not a clock). */
+export async function startServer(): Promise<Server> {
+  const dir = mkdtempSync(join(tmpdir(), "qftrio-ts-"));
+  const child = spawn(
+    QFTRIO_BIN,
+    ["serve", "--dev", "--db", join(dir, "qftrio.db"), "--bind", "127.0.0.1:0", "--log-level", "INFO"],
+    { stdio: ["ignore", "ignore", "pipe"] },
+  );
+  let log = "";
+  const url = await new Promise<string>((resolve, reject) => {
+    child.stderr!.setEncoding("utf8");
+    child.stderr!.on("data", (chunk: string) => {
+      log += chunk;
+      const match = /listening on (http:\/\/\S+)/.exec(log);
+      if (match) resolve(match[1]!);
+    });
+    child.on("error", reject);
+    child.on("exit", (code) => reject(new Error(`qftrio serve exited with ${code} before listening:\n${log}`)));
+  });
+  return {
+    url,
+    client: new Client(url, TOKEN),
+    async stop() {
+      await stopChild(child);
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+export async function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((resolve) => child.once("exit", resolve));
+  child.kill("SIGTERM");
+  await exited;
+}
+
+/** Poll *jobId* until *done* holds. The cap is generous: the wait is bounded
+ * by the work, and the cap only turns a hang into a failure. */
+export async function waitForJob(
+  client: Client,
+  jobId: string,
+  done: (job: Job) => boolean = (job) => (["completed", "failed", "cancelled"] as Status[]).includes(job.status),
+  capMs = 30_000,
+): Promise<Job> {
+  const end = Date.now() + capMs;
+  for (;;) {
+    const job = await client.jobGet(jobId);
+    if (done(job)) return job;
+    if (Date.now() > end) throw new Error(`job ${jobId} still ${job.status} (attempt ${job.attempt}) after ${capMs} ms`);
+    await sleep(50);
+  }
+}
+
+/** Resolves when *predicate* holds for an event *collect* gathered. */
+export function until<T>(events: T[], predicate: (event: T) => boolean, capMs = 30_000): Promise<T> {
+  const end = Date.now() + capMs;
+  return (async () => {
+    for (;;) {
+      const found = events.find(predicate);
+      if (found !== undefined) return found;
+      if (Date.now() > end) throw new Error(`no such event after ${capMs} ms: ${JSON.stringify(events)}`);
+      await sleep(20);
+    }
+  })();
+}
