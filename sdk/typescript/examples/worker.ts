@@ -27,7 +27,7 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
     lanes: Number(process.env.WORKER_LANES ?? 4),
     leaseSecs: Number(process.env.WORKER_LEASE_SECS ?? 10),
     onEvent: (event) =>
-      console.log(time(), event.lane ? `lane ${event.lane}:` : "", event.type, event.jobId ?? "", event.error ?? ""),
+      console.log(time(), ...[event.lane && `lane ${event.lane}:`, event.type, event.jobId, event.error].filter(Boolean)),
   }).catch((error: unknown) => {
     console.error(`worker stopped: ${error instanceof Error ? error.message : String(error)}`);
     process.exit(2);

@@ -309,10 +309,10 @@ class WorkerRun {
   /** Drain: lease nothing more, finish the held jobs. The long poll in
    * flight is abandoned (a job the server claimed for it meanwhile runs
    * elsewhere once its lease expires). */
-  stop(): void {
+  stop(why = `finishing ${this.held.size} held job(s)`): void {
     if (this.stopping) return;
     this.stopping = true;
-    this.emit({ type: "stopping", error: `finishing ${this.held.size} held job(s)` });
+    this.emit({ type: "stopping", error: why });
     this.poll?.abort();
     this.notify();
   }
@@ -321,7 +321,7 @@ class WorkerRun {
    * every handler, report nothing. */
   die(error: unknown): void {
     if (this.fatal === null) this.fatal = error;
-    this.stop();
+    this.stop(`${error instanceof Error ? error.message : String(error)}: abandoning ${this.held.size} held job(s)`);
     for (const held of this.held.values()) {
       held.beating = false;
       held.controller.abort(error);

@@ -1,18 +1,13 @@
 // The client's calls against a real server: every method once, and the
 // errors a caller branches on.
 
-import { after, before, test } from "node:test";
+import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { ApiError, Client, ConfigError, TransportError } from "qftrio";
-import { closedPort, startServer, type Server } from "./server.js";
+import { closedPort, startServer } from "./server.js";
 
-let server: Server;
-let client: Client;
-
-before(async () => {
-  server = await startServer();
-  client = server.client;
-});
+const server = await startServer();
+const client = server.client;
 after(() => server.stop());
 
 test("the application API: enqueue, read, list, cancel, retry, queues, bulk", async () => {

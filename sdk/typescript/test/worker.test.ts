@@ -1,7 +1,7 @@
 // runWorker in this process against a real server: outcomes, the abort
 // signal, stale tokens, retried reports and heartbeats, and refusals.
 
-import { after, before, test } from "node:test";
+import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
 import {
@@ -15,15 +15,10 @@ import {
   type WorkerEvent,
   type WorkerOptions,
 } from "qftrio";
-import { closedPort, startServer, until, waitForJob, type Server } from "./server.js";
+import { closedPort, startServer, until, waitForJob } from "./server.js";
 
-let server: Server;
-let client: Client;
-
-before(async () => {
-  server = await startServer();
-  client = server.client;
-});
+const server = await startServer();
+const client = server.client;
 after(() => server.stop());
 
 /** A worker of *queue* in this process, drained by `stop()`. */
