@@ -1,13 +1,13 @@
 // The SDK's routes and wire types against the server's own /openapi.json:
 // they fail here as soon as they drift from what the server serves.
 
-import { after, before, test } from "node:test";
+import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import ts from "typescript";
 import { ROUTES } from "qftrio";
-import { startServer, type Server } from "./server.js";
+import { startServer } from "./server.js";
 
 type Schema = {
   $ref?: string;
@@ -66,15 +66,10 @@ function wireTypes(): Map<string, WireType> {
   return found;
 }
 
-let server: Server;
-let doc: Document;
 const types = wireTypes();
-
-before(async () => {
-  server = await startServer();
-  doc = (await (await fetch(`${server.url}/openapi.json`)).json()) as Document;
-});
+const server = await startServer();
 after(() => server.stop());
+const doc = (await (await fetch(`${server.url}/openapi.json`)).json()) as Document;
 
 function deref(schema: Schema): Schema {
   if (!schema.$ref) return schema;

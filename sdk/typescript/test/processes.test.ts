@@ -30,8 +30,9 @@ function worker(id: string, queue: string, leaseSecs = 2): Worker {
   const child = spawn(process.execPath, [EXAMPLE], {
     env: {
       ...process.env,
-      QFTRIO_URL: server.url,
-      QFTRIO_QUEUE: queue,
+      QUEUEFLOW_URL: server.url,
+      QUEUEFLOW_WORKER_TOKEN: "dev",
+      WORKER_QUEUE: queue,
       WORKER_ID: id,
       WORKER_LANES: "1",
       WORKER_LEASE_SECS: String(leaseSecs),
