@@ -192,10 +192,13 @@ test("every route of the server has a method in the SDK", () => {
 test("every type tagged @wire matches the server's schema of that name", () => {
   const schemas = titled();
   const problems: string[] = [];
+  // A route's own body and answer are checked with the route, whatever the
+  // server's schema is called.
+  const routes = new Set<string | null>(Object.values(ROUTES).flatMap((r) => [r.request, r.answer]));
   for (const title of types.keys()) {
     const schema = schemas.get(title);
     if (schema) check(title, schema, problems);
-    else problems.push(`@wire ${title}: the server's document has no schema of that title`);
+    else if (!routes.has(title)) problems.push(`@wire ${title}: the server's document has no schema of that title`);
   }
   assert.deepEqual([...new Set(problems)], []);
 });

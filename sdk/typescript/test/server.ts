@@ -24,28 +24,36 @@ export interface Server {
   stop(): Promise<void>;
 }
 
-/** Start a server and wait until it listens (bounded by its start-up, not a clock). */
+/** Start a server and wait until it answers (bounded by its start-up, not a clock). */
 export async function startServer(): Promise<Server> {
   const dir = mkdtempSync(join(tmpdir(), "qftrio-ts-"));
+  const url = `http://127.0.0.1:${await closedPort()}`;
   const child = spawn(
     QFTRIO_BIN,
-    ["serve", "--dev", "--db", join(dir, "qftrio.db"), "--bind", "127.0.0.1:0", "--log-level", "INFO"],
+    ["serve", "--dev", "--db", join(dir, "qftrio.db"), "--bind", url.slice("http://".length)],
     { stdio: ["ignore", "ignore", "pipe"] },
   );
   let log = "";
-  const url = await new Promise<string>((resolve, reject) => {
-    child.stderr!.setEncoding("utf8");
-    child.stderr!.on("data", (chunk: string) => {
-      log += chunk;
-      const match = /listening on (http:\/\/\S+)/.exec(log);
-      if (match) resolve(match[1]!);
-    });
-    child.on("error", reject);
-    child.on("exit", (code) => reject(new Error(`qftrio serve exited with ${code} before listening:\n${log}`)));
+  child.stderr!.setEncoding("utf8").on("data", (chunk: string) => (log += chunk));
+  const failed = new Promise<never>((_, reject) => {
+    child.once("error", reject);
+    child.once("exit", (code) => reject(new Error(`qftrio serve exited with ${code} before it answered:\n${log}`)));
   });
+  const client = new Client(url, TOKEN);
+  const healthy = (async () => {
+    for (;;) {
+      try {
+        if ((await client.health()).status === "ok") return;
+      } catch {
+        // not listening yet
+      }
+      await sleep(50);
+    }
+  })();
+  await Promise.race([healthy, failed]);
   return {
     url,
-    client: new Client(url, TOKEN),
+    client,
     async stop() {
       await stopChild(child);
       rmSync(dir, { recursive: true, force: true });
@@ -77,7 +85,7 @@ export async function waitForJob(
   }
 }
 
-/** Resolves when *predicate* holds for an event *collect* gathered. */
+/** The first of *events* (a list that grows) for which *predicate* holds. */
 export function until<T>(events: T[], predicate: (event: T) => boolean, capMs = 30_000): Promise<T> {
   const end = Date.now() + capMs;
   return (async () => {
