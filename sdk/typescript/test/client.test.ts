@@ -4,9 +4,9 @@
 import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { ApiError, Client, ConfigError, TransportError } from "qftrio";
-import { closedPort, startServer } from "./server.js";
+import { closedPort, testServer } from "./server.js";
 
-const server = await startServer();
+const server = await testServer();
 const client = server.client;
 after(() => server.stop());
 
@@ -40,7 +40,7 @@ test("the application API: enqueue, read, list, cancel, retry, queues, bulk", as
   const stats = await client.queueStats("api");
   assert.equal(stats.counts.pending, 4);
   assert.equal((await client.queuePause("api")).paused, true);
-  assert.deepEqual((await client.queues()).map((q) => [q.queue, q.paused]), [["api", true]]);
+  assert.equal((await client.queues()).find((q) => q.queue === "api")?.paused, true);
   assert.equal((await client.queueResume("api")).paused, false);
   assert.equal(await client.jobsBulk("cancel", { queue: "api", kind: "a" }), 1);
   assert.equal(await client.jobsBulk("retry", { queue: "api", status: "cancelled" }), 1);
@@ -63,8 +63,8 @@ test("the worker protocol: lease, heartbeat, complete, fail, and their batch for
     { id: lc!.job.id, lease_token: "stale", extend_secs: 30 },
   ]);
   assert.deepEqual(beats.map((r) => [r.code, r.status ?? null]), [[200, "running"], [409, null]]);
-  const workers = await client.workers();
-  assert.deepEqual(workers.map((w) => [w.worker_id, w.jobs, w.queues]), [["ts-1", 3, ["proto"]]]);
+  const worker = (await client.workers()).find((w) => w.worker_id === "ts-1");
+  assert.deepEqual([worker?.jobs, worker?.queues], [3, ["proto"]]);
 
   await client.complete(la!.job.id, la!.lease_token, { ok: true });
   await client.complete(la!.job.id, la!.lease_token, { ok: true }); // a replay changes nothing
@@ -95,7 +95,7 @@ test("workflows: create, read, list, cancel", async () => {
   assert.equal(flow.status, "running");
   assert.deepEqual(flow.steps.map((s) => [s.name, s.status]), [["fetch", "pending"], ["resize", "waiting"]]);
   assert.equal((await client.workflowGet(flow.id)).context.src, "a.png");
-  assert.deepEqual((await client.workflowsList({ status: "running" })).workflows.map((w) => w.id), [flow.id]);
+  assert.ok((await client.workflowsList({ status: "running" })).workflows.some((w) => w.id === flow.id));
   assert.equal((await client.workflowCancel(flow.id)).status, "cancelled");
   const cycle = await client.workflowCreate("bad", [{ name: "x", kind: "x", depends_on: ["x"] }]).catch((e: unknown) => e);
   assert.ok(cycle instanceof ApiError && cycle.status === 422, String(cycle));

@@ -7,7 +7,7 @@ import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import ts from "typescript";
 import { ROUTES } from "qftrio";
-import { startServer } from "./server.js";
+import { testServer } from "./server.js";
 
 type Schema = {
   $ref?: string;
@@ -67,7 +67,7 @@ function wireTypes(): Map<string, WireType> {
 }
 
 const types = wireTypes();
-const server = await startServer();
+const server = await testServer();
 after(() => server.stop());
 const doc = (await (await fetch(`${server.url}/openapi.json`)).json()) as Document;
 

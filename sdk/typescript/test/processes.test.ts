@@ -5,10 +5,10 @@ import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
-import { startServer, stopChild, waitForJob } from "./server.js";
+import { testServer, stopChild, waitForJob } from "./server.js";
 
 const EXAMPLE = fileURLToPath(new URL("../examples/worker.js", import.meta.url));
-const server = await startServer();
+const server = await testServer();
 const client = server.client;
 const children: ChildProcess[] = [];
 after(async () => {
@@ -20,13 +20,15 @@ interface Worker {
   child: ChildProcess;
   /** Its output so far. */
   output(): string;
-  /** Until a line of its output matches *pattern*; answers the match. */
-  waitFor(pattern: RegExp): Promise<RegExpMatchArray>;
+  /** Until its output matches *pattern* (at most *capMs*); answers the match. */
+  waitFor(pattern: RegExp, capMs?: number): Promise<RegExpMatchArray>;
   exited: Promise<number | null>;
 }
 
-/** `node examples/worker.js` with one lane and short leases, on *queue*. */
-function worker(id: string, queue: string, leaseSecs = 2): Worker {
+/** `node examples/worker.js` with one lane and short leases, on *queue*.
+ * (A lease of a few seconds: renewals every half of it must land within
+ * the last fifth, even on a busy machine.) */
+function worker(id: string, queue: string, leaseSecs = 4): Worker {
   const child = spawn(process.execPath, [EXAMPLE], {
     env: {
       ...process.env,
@@ -53,32 +55,35 @@ function worker(id: string, queue: string, leaseSecs = 2): Worker {
     child,
     exited,
     output: () => text,
-    waitFor(pattern) {
+    waitFor(pattern, capMs = 30_000) {
       return new Promise((resolve, reject) => {
+        const cap = setTimeout(() => reject(new Error(`${id}: no ${pattern} after ${capMs} ms:\n${text}`)), capMs);
         const check = () => {
           const match = text.match(pattern);
           if (match) {
             listeners.delete(check);
+            clearTimeout(cap);
             resolve(match);
           }
         };
         listeners.add(check);
-        void exited.then(() => reject(new Error(`${id} exited before ${pattern}:\n${text}`)));
+        void exited.then(() => {
+          clearTimeout(cap);
+          reject(new Error(`${id} exited before ${pattern}:\n${text}`));
+        });
         check();
       });
     },
   };
 }
 
-const ID = "([0-9a-f-]{36})";
-
 test("kill a worker: the job it held completes on the other with attempt 2", async () => {
   const alpha = worker("alpha", "drill");
+  const held = await client.enqueue("work", {}, { queue: "drill" });
+  await alpha.waitFor(new RegExp(`claimed ${held.id}`));
   const beta = worker("beta", "drill");
-  await client.enqueueMany([1, 2].map((n) => ({ kind: "work", payload: { n }, config: { queue: "drill" } })));
-  const [, jobId] = await alpha.waitFor(new RegExp(`claimed ${ID}`));
   alpha.child.kill("SIGKILL"); // no clean shutdown: its lease must run out
-  const job = await waitForJob(client, jobId!);
+  const job = await waitForJob(client, held.id);
   assert.equal(job.status, "completed");
   assert.equal(job.attempt, 2);
   assert.deepEqual(job.result, { handledBy: "beta", attempt: 2 });

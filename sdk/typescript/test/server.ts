@@ -24,6 +24,14 @@ export interface Server {
   stop(): Promise<void>;
 }
 
+/** The server of a test file: the one `npm test` shares between the files
+ * (`QFTRIO_TEST_URL`, see run.ts), else one of its own. Tests share it by
+ * using queues of their own. */
+export async function testServer(): Promise<Server> {
+  const url = process.env.QFTRIO_TEST_URL;
+  return url ? { url, client: new Client(url, TOKEN), stop: async () => {} } : startServer();
+}
+
 /** Start a server and wait until it answers (bounded by its start-up, not a clock). */
 export async function startServer(): Promise<Server> {
   const dir = mkdtempSync(join(tmpdir(), "qftrio-ts-"));

@@ -15,9 +15,9 @@ import {
   type WorkerEvent,
   type WorkerOptions,
 } from "qftrio";
-import { closedPort, startServer, until, waitForJob } from "./server.js";
+import { closedPort, testServer, until, waitForJob } from "./server.js";
 
-const server = await startServer();
+const server = await testServer();
 const client = server.client;
 after(() => server.stop());
 
@@ -120,7 +120,7 @@ test("cancelling a running job aborts its signal, and what its handler answers i
       reason = ctx.signal.reason;
       return { answered: "after the abort" }; // a handler that ignores the signal
     },
-  }, { leaseSecs: 2 });
+  }, { leaseSecs: 3 });
   await until(worker.events, (e) => e.type === "claimed" && e.jobId === job.id);
   await client.jobCancel(job.id);
   const lost = await until(worker.events, settled(job.id));
@@ -141,7 +141,7 @@ test("a stale token never changes a job", async () => {
       await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve));
       return { run: "stale" };
     },
-  }, { leaseSecs: 2, lanes: 2 });
+  }, { leaseSecs: 3, lanes: 2 });
   await until(worker.events, (e) => e.type === "claimed" && e.jobId === job.id);
   // Cancel and retry: the job is pending again, the worker's token stale.
   await client.jobCancel(job.id);
@@ -175,7 +175,7 @@ test("heartbeats that cannot land abort the handler before the lease ends, and a
       aborted = true;
       throw ctx.signal.reason;
     },
-  }, { client: faulty("heartbeatMany"), leaseSecs: 2 });
+  }, { client: faulty("heartbeatMany"), leaseSecs: 5 }); // the fail has the last second to land
   const event = await until(worker.events, settled(job.id));
   await worker.stop();
   assert.ok(aborted);
