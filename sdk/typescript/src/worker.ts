@@ -30,6 +30,7 @@
  */
 
 import { hostname } from "node:os";
+import { setTimeout as sleep } from "node:timers/promises";
 import { Client } from "./client.js";
 import { ApiError, ConfigError, PermanentError, QftrioError, UnexpectedAnswer } from "./errors.js";
 import type { CompleteItem, FailItem, Job, JsonObject, Lease } from "./types.js";
@@ -243,12 +244,13 @@ class WorkerRun {
   readonly abortMarginMs: number;
 
   stopping = false;
+  /** Aborted by `stop()`: ends the long poll in flight and a lease backoff. */
+  readonly stopped = new AbortController();
   fatal: unknown = null;
   readonly held = new Map<string, Held>();
   readonly freeLanes: number[];
   busy = 0;
   leaseFailures = 0;
-  poll: AbortController | null = null;
   waiters: Array<() => void> = [];
   beatTimer: ReturnType<typeof setTimeout> | null = null;
   reportTimer: ReturnType<typeof setTimeout> | null = null;
@@ -313,7 +315,7 @@ class WorkerRun {
     if (this.stopping) return;
     this.stopping = true;
     this.emit({ type: "stopping", error: why });
-    this.poll?.abort();
+    this.stopped.abort();
     this.notify();
   }
 
@@ -359,15 +361,7 @@ class WorkerRun {
 
   /** *ms* milliseconds, or less if the worker stops meanwhile. */
   async pause(ms: number): Promise<void> {
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    let over = false;
-    const stopped = new Promise<void>((resolve) => {
-      const check = () => (this.stopping ? resolve() : over || void this.changed().then(check));
-      check();
-    });
-    await Promise.race([new Promise<void>((resolve) => (timer = setTimeout(resolve, ms))), stopped]);
-    over = true;
-    clearTimeout(timer);
+    await sleep(ms, undefined, { signal: this.stopped.signal }).catch(() => {});
   }
 
   forget(held: Held): void {
@@ -389,17 +383,16 @@ class WorkerRun {
         continue;
       }
       const maxJobs = Math.min(MAX_LEASE_JOBS, this.lanes - this.busy);
-      const poll = (this.poll = new AbortController());
       const sentAt = performance.now();
       let leases: Lease[];
       try {
         leases = await this.client.lease(
           this.queue,
           { max_jobs: maxJobs, lease_secs: this.leaseMs / 1000, wait_secs: this.waitSecs, worker_id: this.workerId },
-          { signal: poll.signal },
+          { signal: this.stopped.signal },
         );
       } catch (error) {
-        if (poll.signal.aborted) return; // the long poll, abandoned by stop()
+        if (this.stopped.signal.aborted) return; // the long poll, abandoned by stop()
         if (isFatal(error) || !(error instanceof QftrioError) || (error instanceof ApiError && !PASSING.has(error.status))) {
           // A 404 here means no qftrio worker route at this URL.
           this.die(error);
@@ -410,8 +403,6 @@ class WorkerRun {
         this.emit({ type: "waiting", error: oneLine(error.message), delaySecs: delay });
         await this.pause(delay * 1000);
         continue;
-      } finally {
-        this.poll = null;
       }
       this.leaseFailures = 0;
       const now = performance.now();
