@@ -4,6 +4,7 @@
 import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
+import { setTimeout as sleep } from "node:timers/promises";
 import {
   ApiError,
   Client,
@@ -109,6 +110,27 @@ test("a lease asks for the free lanes only", async () => {
   assert.equal(most, 2);
   assert.equal(asked[0], 2);
   assert.ok(asked.every((n) => n === 1 || n === 2), `asked for ${asked}`);
+});
+
+test("heartbeats keep every held job's lease, in one call for the jobs due together", async () => {
+  const jobs = await client.enqueueMany([1, 2].map((n) => ({ kind: "long", payload: { n }, config: { queue: "renew" } })));
+  const batches: number[] = [];
+  const watched = new Client(server.url, "dev");
+  const heartbeatMany = watched.heartbeatMany.bind(watched);
+  watched.heartbeatMany = (items, options) => {
+    batches.push(items.length);
+    return heartbeatMany(items, options);
+  };
+  const worker = start("renew", {
+    // Longer than the lease: only its renewals keep the job this worker's.
+    long: async (_job, ctx) => void (await sleep(4_000, undefined, { signal: ctx.signal })),
+  }, { client: watched, lanes: 2, leaseSecs: 3 });
+  for (const job of jobs) {
+    const done = await waitForJob(client, job.id);
+    assert.deepEqual([done.status, done.attempt, done.errors], ["completed", 1, []]);
+  }
+  await worker.stop();
+  assert.ok(batches.length >= 2 && batches.includes(2), `heartbeat calls of ${batches} jobs`);
 });
 
 test("cancelling a running job aborts its signal, and what its handler answers is never reported", async () => {
