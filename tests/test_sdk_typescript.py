@@ -46,7 +46,7 @@ def test_typescript_sdk() -> None:
         pytest.fail(f"the TypeScript SDK needs Node 20 or later; node is {version}", pytrace=False)
     lock = (SDK / "package-lock.json").read_bytes()
     if not STAMP.exists() or STAMP.read_bytes() != lock:
-        _npm("ci", "--no-audit", "--no-fund", timeout=600)
+        _npm("ci", "--prefer-offline", "--no-audit", "--no-fund", timeout=600)
         STAMP.write_bytes(lock)
     _npm("run", "build", timeout=300)
     _npm("test", timeout=600)
