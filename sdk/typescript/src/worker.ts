@@ -113,7 +113,7 @@ const COALESCE_MS = 5;
 /** Answers to a lease call that a later call may not get: ridden out. */
 const PASSING = new Set([408, 429, 500, 502, 503, 504]);
 
-export function backoff(failures: number, [base, cap]: [number, number]): number {
+function backoff(failures: number, [base, cap]: [number, number]): number {
   return Math.min(cap, base * 2 ** Math.max(0, failures - 1)) * (0.5 + 0.5 * Math.random());
 }
 
@@ -138,7 +138,7 @@ function oneLine(text: string): string {
 }
 
 /** *text* cut to what the server takes, saying so. */
-export function truncateError(text: string): string {
+function truncateError(text: string): string {
   if (text.length <= MAX_ERROR_CHARS) return text;
   const note = `\n[truncated: ${text.length} characters in all]`;
   return text.slice(0, MAX_ERROR_CHARS - note.length) + note;

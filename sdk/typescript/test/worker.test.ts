@@ -86,6 +86,15 @@ test("a result completes a job; a throw is retried; PermanentError and unknown k
   assert.deepEqual(failed.sort(), [["flaky", true], ["nope", false], ["perm", false]]);
 });
 
+test("a result the server refuses fails the job without retry, saying why", async () => {
+  const job = await client.enqueue("huge", {}, { queue: "refused" });
+  const worker = start("refused", { huge: () => ({ blob: "x".repeat(1_100_000) }) });
+  const done = await waitForJob(client, job.id);
+  await worker.stop();
+  assert.deepEqual([done.status, done.attempt, done.result], ["failed", 1, null]);
+  assert.match(done.error!, /^the server refused the result: 413 payload_too_large/);
+});
+
 test("a lease asks for the free lanes only", async () => {
   await client.enqueueMany(Array.from({ length: 6 }, (_, n) => ({ kind: "slow", payload: { n }, config: { queue: "lanes" } })));
   const asked: number[] = [];
