@@ -95,6 +95,19 @@ test("a result the server refuses fails the job without retry, saying why", asyn
   assert.match(done.error!, /^the server refused the result: 413 payload_too_large/);
 });
 
+test("an error longer than the server takes is cut to it, saying so", async () => {
+  const job = await client.enqueue("wordy", {}, { queue: "wordy", max_attempts: 1 });
+  const worker = start("wordy", {
+    wordy: () => {
+      throw new Error("x".repeat(70_000));
+    },
+  });
+  const done = await waitForJob(client, job.id);
+  await worker.stop();
+  assert.equal(done.error!.length, 65_536);
+  assert.match(done.error!, /^Error: xxx[\s\S]*\n\[truncated: 70007 characters in all\]$/);
+});
+
 test("a lease asks for the free lanes only", async () => {
   await client.enqueueMany(Array.from({ length: 6 }, (_, n) => ({ kind: "slow", payload: { n }, config: { queue: "lanes" } })));
   const asked: number[] = [];
