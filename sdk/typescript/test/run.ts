@@ -11,7 +11,10 @@ const files = readdirSync(here).filter((name) => name.endsWith(".test.js")).sort
 const server = await startServer();
 let status: number | null = 1;
 try {
-  const runner = spawn(process.execPath, ["--test", "--test-concurrency=1", ...process.argv.slice(2), ...files], {
+  // A test that fails may leave a worker running: each file's process ends
+  // when its tests have, and a test that hangs fails after a minute.
+  const options = ["--test", "--test-concurrency=1", "--test-force-exit", "--test-timeout=60000"];
+  const runner = spawn(process.execPath, [...options, ...process.argv.slice(2), ...files], {
     env: { ...process.env, QFTRIO_TEST_URL: server.url },
     stdio: "inherit",
   });
