@@ -89,7 +89,8 @@ function checkToken(token: unknown): string | null {
   return token;
 }
 
-function oneLine(text: string, limit = 200): string {
+/** The first line of *text*, at most *limit* characters: an answer may be a whole page. */
+export function oneLine(text: string, limit = 200): string {
   const line = text.trim().split("\n", 1)[0]!.trim();
   return line.length <= limit ? line : `${line.slice(0, limit - 3)}...`;
 }

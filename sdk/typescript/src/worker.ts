@@ -31,7 +31,7 @@
 
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
-import { Client } from "./client.js";
+import { Client, oneLine } from "./client.js";
 import { ApiError, ConfigError, PermanentError, QftrioError, UnexpectedAnswer } from "./errors.js";
 import type { CompleteItem, FailItem, Job, JsonObject, Lease } from "./types.js";
 
@@ -130,11 +130,6 @@ function isRefusal(error: unknown): boolean {
 function describe(error: unknown): string {
   if (error instanceof Error) return error.message ? `${error.name}: ${error.message}` : error.name;
   return String(error);
-}
-
-function oneLine(text: string): string {
-  const line = text.trim().split("\n", 1)[0]!.trim();
-  return line.length <= 200 ? line : `${line.slice(0, 197)}...`;
 }
 
 /** *text* cut to what the server takes, saying so. */
