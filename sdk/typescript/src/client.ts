@@ -1,0 +1,340 @@
+/**
+ * The HTTP client: a method per route, named as the Python `qftrio.Client`'s
+ * in camelCase. Bodies and answers are the wire's (`docs/protocol.md`).
+ *
+ *     const client = new Client("http://127.0.0.1:8000", token);
+ *     const job = await client.enqueue("resize-image", { src: "a.png" }, { queue: "images" });
+ *
+ * An error answer throws `ApiError` (`status`, `code`); no answer (refused,
+ * broken, timed out) throws `TransportError`; an answer that is not qftrio's
+ * throws `UnexpectedAnswer`. A failed call is never sent again by the client.
+ */
+
+import { ApiError, ConfigError, TransportError, UnexpectedAnswer } from "./errors.js";
+import { ROUTES, type RouteName } from "./routes.js";
+import type {
+  BulkFilter,
+  CompleteItem,
+  EnqueueRequest,
+  FailItem,
+  Health,
+  HeartbeatAnswer,
+  HeartbeatItem,
+  Job,
+  JobConfig,
+  JobsFilter,
+  JobsPage,
+  JsonObject,
+  Lease,
+  LeaseRequest,
+  QueueStats,
+  ReportResult,
+  WorkerInfo,
+  Workflow,
+  WorkflowStepRequest,
+  WorkflowsFilter,
+  WorkflowsPage,
+} from "./types.js";
+
+export interface ClientOptions {
+  url: string;
+  /** A worker token (protocol calls) or a tenant token (the application
+   * API); none sends no credential. */
+  token?: string | null;
+  /** Milliseconds allowed for each call (a long poll gets its `wait_secs`
+   * on top). Default 10 s. */
+  timeoutMs?: number;
+}
+
+/** Options of one call. */
+export interface CallOptions {
+  /** Aborts the call: it rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+type Query = Record<string, string | number | undefined | null>;
+
+/** A path parameter as one path segment: `.` and `..` too, so that nothing
+ * climbs to another route. */
+function segment(value: string): string {
+  const text = encodeURIComponent(value);
+  return text === "." || text === ".." ? text.replaceAll(".", "%2E") : text;
+}
+
+function checkUrl(url: unknown): string {
+  if (typeof url !== "string") throw new ConfigError(`not a usable server URL: ${String(url)}`);
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    throw new ConfigError(`not a usable server URL: ${JSON.stringify(url)}`);
+  }
+  if (parsed.protocol !== "http:" && parsed.protocol !== "https:") {
+    throw new ConfigError(`not a usable server URL: ${JSON.stringify(url)} (not http:// or https://)`);
+  }
+  if (parsed.search || parsed.hash || parsed.username || parsed.password) {
+    throw new ConfigError(`not a usable server URL: ${JSON.stringify(url)} (no query, fragment or user info)`);
+  }
+  return parsed.href.replace(/\/+$/, "");
+}
+
+function checkToken(token: unknown): string | null {
+  if (token === undefined || token === null || token === "") return null;
+  // A header value: printable ASCII, no surrounding spaces (and never shown).
+  if (typeof token !== "string" || !/^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$/.test(token)) {
+    throw new ConfigError(
+      "the token cannot be sent: use printable ASCII without a line break or surrounding spaces",
+    );
+  }
+  return token;
+}
+
+/** The first line of *text*, at most *limit* characters: an answer may be a whole page. */
+export function oneLine(text: string, limit = 200): string {
+  const line = text.trim().split("\n", 1)[0]!.trim();
+  return line.length <= limit ? line : `${line.slice(0, limit - 3)}...`;
+}
+
+function describeFetchError(error: unknown): string {
+  // undici's "fetch failed" says nothing; its cause names the reason.
+  const cause = (error as { cause?: { code?: string; message?: string } }).cause;
+  if (cause?.code) return `${cause.code}${cause.message ? ` (${oneLine(cause.message)})` : ""}`;
+  if (cause?.message) return oneLine(cause.message);
+  return error instanceof Error ? oneLine(error.message) : String(error);
+}
+
+export class Client {
+  readonly url: string;
+  readonly timeoutMs: number;
+  readonly #headers: Record<string, string>;
+
+  constructor(url: string, token?: string | null, options?: { timeoutMs?: number });
+  constructor(options: ClientOptions);
+  constructor(urlOrOptions: string | ClientOptions, token?: string | null, options?: { timeoutMs?: number }) {
+    const opts: ClientOptions =
+      typeof urlOrOptions === "object" && urlOrOptions !== null
+        ? urlOrOptions
+        : { url: urlOrOptions, token, ...options };
+    this.url = checkUrl(opts.url);
+    const checked = checkToken(opts.token);
+    const timeoutMs = opts.timeoutMs ?? 10_000;
+    if (!(Number.isFinite(timeoutMs) && timeoutMs > 0)) {
+      throw new ConfigError(`timeoutMs must be a positive number, not ${timeoutMs}`);
+    }
+    this.timeoutMs = timeoutMs;
+    this.#headers = { "content-type": "application/json", "user-agent": "qftrio-typescript" };
+    if (checked !== null) this.#headers.authorization = `Bearer ${checked}`;
+  }
+
+  // -- plumbing ---------------------------------------------------------------
+
+  /** One call of *name*: `params` fill the path, `query` the query string.
+   * Answers the parsed JSON, or `undefined` for a `204`. */
+  async #call(
+    name: RouteName,
+    params: Record<string, string>,
+    body: unknown,
+    query?: Query,
+    options: CallOptions & { extraMs?: number } = {},
+  ): Promise<unknown> {
+    const route = ROUTES[name];
+    let path: string = route.path;
+    for (const [key, value] of Object.entries(params)) {
+      if (typeof value !== "string" || value === "") throw new ConfigError(`${key}: expected a non-empty string`);
+      path = path.replace(`{${key}}`, segment(value));
+    }
+    if (query) {
+      const search = new URLSearchParams();
+      for (const [key, value] of Object.entries(query)) {
+        if (value !== undefined && value !== null) search.set(key, String(value));
+      }
+      if (search.size) path += `?${search}`;
+    }
+    let text: string | undefined;
+    if (body !== undefined) {
+      try {
+        text = JSON.stringify(body);
+      } catch (error) {
+        throw new ConfigError(`the request cannot be sent as JSON: ${(error as Error).message}`);
+      }
+    }
+    const where = `${route.method} ${this.url}${route.path}`;
+    const timeoutMs = this.timeoutMs + (options.extraMs ?? 0);
+    const timeout = AbortSignal.timeout(timeoutMs);
+    const signal = options.signal ? AbortSignal.any([options.signal, timeout]) : timeout;
+    let response: Response;
+    let answer: string;
+    try {
+      response = await fetch(this.url + path, { method: route.method, headers: this.#headers, body: text, signal });
+      answer = await response.text();
+    } catch (error) {
+      if (options.signal?.aborted) throw options.signal.reason;
+      if (timeout.aborted) throw new TransportError(`${where}: no answer within ${timeoutMs / 1000} s`);
+      throw new TransportError(`${where}: ${describeFetchError(error)}`);
+    }
+    if (response.status >= 400) throw apiError(response, answer);
+    if (response.status === 204) return undefined;
+    try {
+      const data: unknown = JSON.parse(answer);
+      if (typeof data === "object" && data !== null && !Array.isArray(data)) return data;
+    } catch {
+      // said below
+    }
+    throw new UnexpectedAnswer(`${where}: the answer is not qftrio's: is the URL a qftrio server?`);
+  }
+
+  // -- the worker protocol ----------------------------------------------------
+
+  /** Claim up to `max_jobs` jobs of *queue*, waiting up to `wait_secs` for
+   * the first. May answer none. */
+  async lease(queue: string, request: LeaseRequest = {}, options: CallOptions = {}): Promise<Lease[]> {
+    const data = await this.#call("lease", { queue }, request, undefined, {
+      ...options,
+      extraMs: (request.wait_secs ?? 0) * 1000,
+    });
+    return field<Lease[]>(data, "jobs", "lease");
+  }
+
+  /** Extend a lease by *extendSecs* from now. The answer's `status` is
+   * `running` while the job is ours; anything else, or an `ApiError` 409,
+   * means stop and report nothing. */
+  async heartbeat(jobId: string, leaseToken: string, extendSecs: number, options: CallOptions = {}): Promise<HeartbeatAnswer> {
+    const body = { lease_token: leaseToken, extend_secs: extendSecs };
+    return (await this.#call("heartbeat", { job_id: jobId }, body, undefined, options)) as HeartbeatAnswer;
+  }
+
+  /** Record success (replaying it with the same token changes nothing). */
+  async complete(jobId: string, leaseToken: string, result: JsonObject = {}, options: CallOptions = {}): Promise<void> {
+    await this.#call("complete", { job_id: jobId }, { lease_token: leaseToken, result }, undefined, options);
+  }
+
+  /** Record a failure: retried later when *retryable* and attempts are
+   * left, else dead-lettered. */
+  async fail(jobId: string, leaseToken: string, error: string, retryable = true, options: CallOptions = {}): Promise<void> {
+    await this.#call("fail", { job_id: jobId }, { lease_token: leaseToken, error, retryable }, undefined, options);
+  }
+
+  /** Heartbeat many leases in one call (at most 1000); one result per item, in order. */
+  async heartbeatMany(items: HeartbeatItem[], options: CallOptions = {}): Promise<ReportResult[]> {
+    return field<ReportResult[]>(await this.#call("heartbeatMany", {}, { items }, undefined, options), "results", "heartbeatMany");
+  }
+
+  /** Complete many jobs in one call (at most 1000). */
+  async completeMany(items: CompleteItem[], options: CallOptions = {}): Promise<ReportResult[]> {
+    return field<ReportResult[]>(await this.#call("completeMany", {}, { items }, undefined, options), "results", "completeMany");
+  }
+
+  /** Fail many jobs in one call (at most 1000). */
+  async failMany(items: FailItem[], options: CallOptions = {}): Promise<ReportResult[]> {
+    return field<ReportResult[]>(await this.#call("failMany", {}, { items }, undefined, options), "results", "failMany");
+  }
+
+  // -- the application API ----------------------------------------------------
+
+  /** Enqueue one job. A repeated `idempotency_key` answers the first job. */
+  async enqueue(kind: string, payload: JsonObject = {}, config: JobConfig = {}): Promise<Job> {
+    return (await this.#call("enqueue", {}, { kind, payload, config })) as Job;
+  }
+
+  /** Enqueue many jobs in one transaction (at most 1000). */
+  async enqueueMany(jobs: EnqueueRequest[]): Promise<Job[]> {
+    return field<Job[]>(await this.#call("enqueueMany", {}, { jobs }), "jobs", "enqueueMany");
+  }
+
+  async jobGet(jobId: string): Promise<Job> {
+    return (await this.#call("jobGet", { job_id: jobId }, undefined)) as Job;
+  }
+
+  /** One page of jobs, newest first; pass `next_cursor` as `cursor` for the next. */
+  async jobsList(filter: JobsFilter = {}): Promise<JobsPage> {
+    return (await this.#call("jobsList", {}, undefined, { ...filter })) as JobsPage;
+  }
+
+  async jobCancel(jobId: string): Promise<Job> {
+    return (await this.#call("jobCancel", { job_id: jobId }, undefined)) as Job;
+  }
+
+  async jobRetry(jobId: string): Promise<Job> {
+    return (await this.#call("jobRetry", { job_id: jobId }, undefined)) as Job;
+  }
+
+  async queues(): Promise<QueueStats[]> {
+    return field<QueueStats[]>(await this.#call("queues", {}, undefined), "queues", "queues");
+  }
+
+  async queueStats(queue: string): Promise<QueueStats> {
+    return (await this.#call("queueStats", { queue }, undefined)) as QueueStats;
+  }
+
+  /** Pause *queue* on every server (idempotent): leases hand out none of
+   * its jobs until `queueResume`; running jobs go on. */
+  async queuePause(queue: string): Promise<QueueStats> {
+    return (await this.#call("queuePause", { queue }, undefined)) as QueueStats;
+  }
+
+  async queueResume(queue: string): Promise<QueueStats> {
+    return (await this.#call("queueResume", { queue }, undefined)) as QueueStats;
+  }
+
+  /** `retry`, `cancel` or `delete` every job matching *filter* (at most
+   * `limit`, default 10,000); answers how many changed. */
+  async jobsBulk(action: "retry" | "cancel" | "delete", filter: BulkFilter = {}): Promise<number> {
+    const name = ({ retry: "jobsBulkRetry", cancel: "jobsBulkCancel", delete: "jobsBulkDelete" } as const)[action];
+    if (name === undefined) throw new ConfigError(`action: not one of retry, cancel, delete: ${JSON.stringify(action)}`);
+    return field<number>(await this.#call(name, {}, filter), "count", "jobsBulk");
+  }
+
+  /** The worker ids holding running jobs, most jobs first. */
+  async workers(): Promise<WorkerInfo[]> {
+    return field<WorkerInfo[]>(await this.#call("workers", {}, undefined), "workers", "workers");
+  }
+
+  /** `GET /healthz` (no credential needed). */
+  async health(): Promise<Health> {
+    return (await this.#call("health", {}, undefined)) as Health;
+  }
+
+  // -- workflows --------------------------------------------------------------
+
+  /** Create a workflow; a bad step graph is an `ApiError` 422 and stores nothing. */
+  async workflowCreate(name: string, steps: WorkflowStepRequest[], options: { context?: JsonObject } = {}): Promise<Workflow> {
+    return (await this.#call("workflowCreate", {}, { name, steps, context: options.context ?? {} })) as Workflow;
+  }
+
+  async workflowGet(workflowId: string): Promise<Workflow> {
+    return (await this.#call("workflowGet", { workflow_id: workflowId }, undefined)) as Workflow;
+  }
+
+  async workflowsList(filter: WorkflowsFilter = {}): Promise<WorkflowsPage> {
+    return (await this.#call("workflowsList", {}, undefined, { ...filter })) as WorkflowsPage;
+  }
+
+  async workflowCancel(workflowId: string): Promise<Workflow> {
+    return (await this.#call("workflowCancel", { workflow_id: workflowId }, undefined)) as Workflow;
+  }
+}
+
+/** `data[key]`, which a qftrio answer always has. */
+function field<T>(data: unknown, key: string, call: string): T {
+  const value = (data as Record<string, unknown> | undefined)?.[key];
+  if (value === undefined) throw new UnexpectedAnswer(`${call}: the answer has no ${key}: is the URL a qftrio server?`);
+  return value as T;
+}
+
+function apiError(response: Response, text: string): ApiError {
+  try {
+    const error = (JSON.parse(text) as { error?: { code?: unknown; message?: unknown } }).error;
+    if (typeof error?.code === "string" && typeof error.message === "string") {
+      return new ApiError(response.status, error.code, error.message);
+    }
+  } catch {
+    // not qftrio's error shape: said below
+  }
+  // A proxy's short text is worth passing on; another server's page is named, not repeated.
+  const kind = (response.headers.get("content-type") ?? "no content type").split(";")[0]!.trim();
+  const message =
+    kind === "text/plain" && text.trim() && !text.trim().includes("\n")
+      ? oneLine(text)
+      : `the answer is not qftrio's (${kind}): is the URL a qftrio server?`;
+  return new ApiError(response.status, null, message);
+}

@@ -1,0 +1,62 @@
+/**
+ * Every route the client calls: method, path, the OpenAPI schema titles of
+ * its request body and of its answer, and its query parameters.
+ * `test/openapi.test.ts` checks this table against the server's
+ * `/openapi.json`, both ways: every route here is the server's, and every
+ * route of the server (but `/metrics`) is here.
+ */
+
+export interface Route {
+  readonly method: "GET" | "POST";
+  readonly path: string;
+  /** The request body's schema, `null` for none. */
+  readonly request: string | null;
+  /** The success answer's schema, `null` for `204`. */
+  readonly answer: string | null;
+  readonly query?: readonly string[];
+}
+
+export const ROUTES = {
+  // The worker protocol (worker token).
+  lease: { method: "POST", path: "/api/v1/queues/{queue}/lease", request: "LeaseRequest", answer: "LeasesAnswer" },
+  heartbeat: { method: "POST", path: "/api/v1/jobs/{job_id}/heartbeat", request: "HeartbeatRequest", answer: "HeartbeatAnswer" },
+  complete: { method: "POST", path: "/api/v1/jobs/{job_id}/complete", request: "CompleteRequest", answer: null },
+  fail: { method: "POST", path: "/api/v1/jobs/{job_id}/fail", request: "FailRequest", answer: null },
+  heartbeatMany: { method: "POST", path: "/api/v1/leases/heartbeat", request: "HeartbeatManyRequest", answer: "ReportResultsAnswer" },
+  completeMany: { method: "POST", path: "/api/v1/leases/complete", request: "CompleteManyRequest", answer: "ReportResultsAnswer" },
+  failMany: { method: "POST", path: "/api/v1/leases/fail", request: "FailManyRequest", answer: "ReportResultsAnswer" },
+  // The application API (tenant token).
+  enqueue: { method: "POST", path: "/api/v1/jobs", request: "EnqueueRequest", answer: "JobAnswer" },
+  enqueueMany: { method: "POST", path: "/api/v1/jobs/batch", request: "EnqueueBatchRequest", answer: "JobsAnswer" },
+  jobGet: { method: "GET", path: "/api/v1/jobs/{job_id}", request: null, answer: "JobAnswer" },
+  jobsList: {
+    method: "GET",
+    path: "/api/v1/jobs",
+    request: null,
+    answer: "JobsPageAnswer",
+    query: ["queue", "status", "kind", "limit", "cursor"],
+  },
+  jobCancel: { method: "POST", path: "/api/v1/jobs/{job_id}/cancel", request: null, answer: "JobAnswer" },
+  jobRetry: { method: "POST", path: "/api/v1/jobs/{job_id}/retry", request: null, answer: "JobAnswer" },
+  jobsBulkRetry: { method: "POST", path: "/api/v1/jobs/bulk/retry", request: "BulkRequest", answer: "CountAnswer" },
+  jobsBulkCancel: { method: "POST", path: "/api/v1/jobs/bulk/cancel", request: "BulkRequest", answer: "CountAnswer" },
+  jobsBulkDelete: { method: "POST", path: "/api/v1/jobs/bulk/delete", request: "BulkRequest", answer: "CountAnswer" },
+  queues: { method: "GET", path: "/api/v1/queues", request: null, answer: "QueuesAnswer" },
+  queueStats: { method: "GET", path: "/api/v1/queues/{queue}/stats", request: null, answer: "QueueStatsAnswer" },
+  queuePause: { method: "POST", path: "/api/v1/queues/{queue}/pause", request: null, answer: "QueueStatsAnswer" },
+  queueResume: { method: "POST", path: "/api/v1/queues/{queue}/resume", request: null, answer: "QueueStatsAnswer" },
+  workers: { method: "GET", path: "/api/v1/workers", request: null, answer: "WorkersAnswer" },
+  workflowCreate: { method: "POST", path: "/api/v1/workflows", request: "WorkflowCreateRequest", answer: "WorkflowAnswer" },
+  workflowGet: { method: "GET", path: "/api/v1/workflows/{workflow_id}", request: null, answer: "WorkflowAnswer" },
+  workflowsList: {
+    method: "GET",
+    path: "/api/v1/workflows",
+    request: null,
+    answer: "WorkflowsPageAnswer",
+    query: ["status", "limit", "cursor"],
+  },
+  workflowCancel: { method: "POST", path: "/api/v1/workflows/{workflow_id}/cancel", request: null, answer: "WorkflowAnswer" },
+  health: { method: "GET", path: "/healthz", request: null, answer: "HealthAnswer" },
+} as const satisfies Record<string, Route>;
+
+export type RouteName = keyof typeof ROUTES;

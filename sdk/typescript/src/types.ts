@@ -1,0 +1,325 @@
+/**
+ * The wire's shapes, field for field as `docs/protocol.md` and the server's
+ * `/openapi.json` give them (snake_case, times as RFC 3339 strings).
+ *
+ * `@wire Name` names the schema of the server's OpenAPI document a type
+ * stands for: `test/openapi.test.ts` holds every such type to it (every
+ * field the server always sends is declared, none the server lacks, `null`
+ * where the server may send it), so that these types cannot drift.
+ */
+
+/** Any JSON value. */
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+/** A JSON object: payloads, results, contexts. */
+export type JsonObject = { [key: string]: Json };
+
+/** @wire Status */
+export type Status = "pending" | "running" | "completed" | "failed" | "cancelled";
+/** @wire WorkflowStatus */
+export type WorkflowStatus = "running" | "completed" | "failed" | "cancelled";
+/** @wire StepStatus */
+export type StepStatus = "waiting" | "pending" | "running" | "completed" | "failed" | "cancelled";
+
+/** @wire ErrorEntryAnswer */
+export interface ErrorEntry {
+  attempt: number;
+  error: string;
+  at: string;
+}
+
+/** A job, as every route shows it.
+ * @wire JobAnswer */
+export interface Job {
+  id: string;
+  tenant: string;
+  queue: string;
+  kind: string;
+  payload: JsonObject;
+  status: Status;
+  priority: number;
+  attempt: number;
+  max_attempts: number;
+  scheduled_at: string;
+  created_at: string;
+  updated_at: string;
+  locked_until: string | null;
+  worker_id: string | null;
+  result: JsonObject | null;
+  error: string | null;
+  errors: ErrorEntry[];
+  workflow_id: string | null;
+  step: string | null;
+  context: JsonObject | null;
+}
+
+/** A claimed job and the token that proves the claim.
+ * @wire LeaseAnswer */
+export interface Lease {
+  job: Job;
+  lease_token: string;
+}
+
+// -- worker protocol ---------------------------------------------------------
+
+/** @wire LeaseRequest */
+export interface LeaseRequest {
+  max_jobs?: number;
+  lease_secs?: number;
+  wait_secs?: number;
+  worker_id?: string | null;
+}
+
+/** @wire LeasesAnswer */
+export interface LeasesAnswer {
+  jobs: Lease[];
+}
+
+/** @wire HeartbeatRequest */
+export interface HeartbeatRequest {
+  lease_token: string;
+  extend_secs: number;
+}
+
+/** `status` is `running` (then `locked_until` is the new deadline) or the
+ * status the job has instead: stop, report nothing.
+ * @wire HeartbeatAnswer */
+export interface HeartbeatAnswer {
+  status: Status;
+  locked_until?: string | null;
+}
+
+/** @wire CompleteRequest */
+export interface CompleteRequest {
+  lease_token: string;
+  result?: JsonObject;
+}
+
+/** @wire FailRequest */
+export interface FailRequest {
+  lease_token: string;
+  error: string;
+  retryable?: boolean;
+}
+
+/** @wire HeartbeatManyItem */
+export interface HeartbeatItem {
+  id: string;
+  lease_token: string;
+  extend_secs: number;
+}
+
+/** @wire CompleteManyItem */
+export interface CompleteItem {
+  id: string;
+  lease_token: string;
+  result?: JsonObject;
+}
+
+/** @wire FailManyItem */
+export interface FailItem {
+  id: string;
+  lease_token: string;
+  error: string;
+  retryable?: boolean;
+}
+
+/** @wire HeartbeatManyRequest */
+export interface HeartbeatManyRequest {
+  items: HeartbeatItem[];
+}
+
+/** @wire CompleteManyRequest */
+export interface CompleteManyRequest {
+  items: CompleteItem[];
+}
+
+/** @wire FailManyRequest */
+export interface FailManyRequest {
+  items: FailItem[];
+}
+
+/** One item's answer in a batch report: `code` is what the single route
+ * would have answered (200 or 204, 404 unknown job, 409 lease lost); a
+ * heartbeat's 200 carries `status` (and `locked_until` when extended).
+ * @wire ReportResultAnswer */
+export interface ReportResult {
+  id: string;
+  code: 200 | 204 | 404 | 409;
+  status?: Status | null;
+  locked_until?: string | null;
+}
+
+/** @wire ReportResultsAnswer */
+export interface ReportResultsAnswer {
+  results: ReportResult[];
+}
+
+// -- application API ---------------------------------------------------------
+
+/** A job's `config` when enqueued: every field optional.
+ * @wire JobConfig */
+export interface JobConfig {
+  queue?: string;
+  priority?: number;
+  max_attempts?: number;
+  delay_secs?: number | null;
+  scheduled_at?: string | null;
+  idempotency_key?: string | null;
+}
+
+/** @wire EnqueueRequest */
+export interface EnqueueRequest {
+  kind: string;
+  payload?: JsonObject;
+  config?: JobConfig;
+}
+
+/** @wire EnqueueBatchRequest */
+export interface EnqueueBatchRequest {
+  jobs: EnqueueRequest[];
+}
+
+/** @wire JobsAnswer */
+export interface JobsAnswer {
+  jobs: Job[];
+}
+
+/** A page of jobs, newest first; `next_cursor` is `null` on the last page.
+ * @wire JobsPageAnswer */
+export interface JobsPage {
+  jobs: Job[];
+  next_cursor: string | null;
+}
+
+/** The query of `GET /api/v1/jobs`. */
+export interface JobsFilter {
+  queue?: string;
+  status?: Status;
+  kind?: string;
+  limit?: number;
+  cursor?: string;
+}
+
+/** @wire CountsAnswer */
+export interface Counts {
+  pending: number;
+  running: number;
+  completed: number;
+  failed: number;
+  cancelled: number;
+}
+
+/** @wire QueueStatsAnswer */
+export interface QueueStats {
+  queue: string;
+  counts: Counts;
+  oldest_ready_at: string | null;
+  next_available_at: string | null;
+  paused: boolean;
+}
+
+/** @wire QueuesAnswer */
+export interface QueuesAnswer {
+  queues: QueueStats[];
+}
+
+/** Which jobs a bulk action takes (`created_after <= created_at <
+ * created_before`) and at most how many.
+ * @wire BulkRequest */
+export interface BulkFilter {
+  queue?: string | null;
+  status?: Status | null;
+  kind?: string | null;
+  created_after?: string | null;
+  created_before?: string | null;
+  limit?: number;
+}
+
+/** @wire CountAnswer */
+export interface CountAnswer {
+  count: number;
+}
+
+/** @wire WorkerAnswer */
+export interface WorkerInfo {
+  worker_id: string;
+  jobs: number;
+  queues: string[];
+  last_seen_at: string;
+}
+
+/** @wire WorkersAnswer */
+export interface WorkersAnswer {
+  workers: WorkerInfo[];
+}
+
+/** @wire HealthAnswer */
+export interface Health {
+  status: "ok" | "unavailable";
+}
+
+// -- workflows ---------------------------------------------------------------
+
+/** @wire WorkflowStepRequest */
+export interface WorkflowStepRequest {
+  name: string;
+  kind: string;
+  payload?: JsonObject;
+  depends_on?: string[];
+  max_attempts?: number;
+}
+
+/** @wire WorkflowCreateRequest */
+export interface WorkflowCreateRequest {
+  name: string;
+  context?: JsonObject;
+  steps: WorkflowStepRequest[];
+}
+
+/** @wire WorkflowStepAnswer */
+export interface WorkflowStep {
+  name: string;
+  kind: string;
+  payload: JsonObject;
+  depends_on: string[];
+  max_attempts: number;
+  status: StepStatus;
+  job_id: string | null;
+  job?: Job | null;
+}
+
+/** @wire WorkflowAnswer */
+export interface Workflow {
+  id: string;
+  tenant: string;
+  name: string;
+  status: WorkflowStatus;
+  context: JsonObject;
+  steps: WorkflowStep[];
+  created_at: string;
+  updated_at: string;
+}
+
+/** @wire WorkflowsPageAnswer */
+export interface WorkflowsPage {
+  workflows: Workflow[];
+  next_cursor: string | null;
+}
+
+/** The query of `GET /api/v1/workflows`. */
+export interface WorkflowsFilter {
+  status?: WorkflowStatus;
+  limit?: number;
+  cursor?: string;
+}
+
+/** @wire ErrorDetail */
+export interface ErrorDetail {
+  code: string;
+  message: string;
+}
+
+/** @wire ErrorAnswer */
+export interface ErrorAnswer {
+  error: ErrorDetail;
+}
