@@ -64,8 +64,12 @@ async def test_enqueue_get_list_cancel_retry_stats(server, capsys: pytest.Captur
     assert "404" in capsys.readouterr().err
     assert await run_cli("enqueue", "k", "[1, 2]", *opts) == 2
     assert "JSON object" in capsys.readouterr().err
-    assert await run_cli("enqueue", "bad kind", *opts) == 1
-    assert "kind" in capsys.readouterr().err
+    # refused by the client before anything is sent: said plainly, and no 422 from a server
+    assert await run_cli("enqueue", "bad kind", *opts) == 2
+    assert capsys.readouterr().err == "qftrio: invalid argument: kind: must be 1-128 characters of A-Z a-z 0-9 _ . - (no spaces)\n"
+    assert await run_cli("enqueue", "k", "--queue", "a/b", *opts) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("qftrio: invalid argument: queue: must be") and "422" not in err and "String should" not in err
     assert await run_cli("jobs", "list", "--url", server.url, "--token", "wrong") == 1
     assert "401" in capsys.readouterr().err
 
