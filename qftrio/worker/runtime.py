@@ -10,6 +10,10 @@ Task tree of one :meth:`Worker.run` (DESIGN §7)::
         ├── reporter                  sends the reports of finished jobs in
         │   └── one task per call       batch calls, retried until each
         │                               job's lease ends
+        ├── drain deadline            (shutdown_timeout) cancel() that long
+        │                               after stop()
+        ├── watchdog                  (warn_blocked_secs) watch_blocking:
+        │                               warns when the loop was blocked
         └── jobs nursery
             ├── lease loop            cancel scope: Worker.stop()
             └── one task per job      until its handler is done
