@@ -244,7 +244,8 @@ def _workflows(args: argparse.Namespace) -> int:
 
     async def call(client: Any) -> Any:
         if args.workflows_command == "create":
-            return (await client.workflow_create(spec.get("name"), spec["steps"], context=spec.get("context"))).to_wire()
+            workflow = await client.workflow_create(spec.get("name"), spec["steps"], context=spec.get("context"))
+            return workflow.to_wire()
         if args.workflows_command == "list":
             workflows, cursor = await client.workflows_list(status=args.status, limit=args.limit, cursor=args.cursor)
             return {"workflows": [w.to_wire() for w in workflows], "next_cursor": cursor}
@@ -470,7 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", action="append", help="queue the in-process handlers lease from (repeatable; default 'default')")
     p.add_argument("--lanes", type=_positive_int, help="in-process jobs at a time per queue (default: as qftrio worker)")
     p.add_argument("--worker-token", help="the worker credential (QFTRIO_WORKER_TOKEN)")
-    p.add_argument("--tenant", action="append", metavar="NAME=TOKEN", help="a tenant credential (repeatable; QFTRIO_TENANTS)")
+    p.add_argument(
+        "--tenant", action="append", metavar="NAME=TOKEN", help="a tenant credential (repeatable; QFTRIO_TENANTS)"
+    )
     p.add_argument("--dev", action="store_true", help="development mode (QFTRIO_DEV=1): never on an open network")
     p.add_argument("--max-body-bytes", type=_positive_int, help="request body cap (default 1 MiB)")
     p.add_argument("--pool-size", type=_positive_int, help="PostgreSQL connections (default 10)")
@@ -494,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-id", help="this process's id (default host-pid)")
     p.add_argument(
         "--shutdown-timeout", type=_positive_float, metavar="SECS",
-        help="after the first SIGINT/SIGTERM, held jobs get this long to finish, then are cancelled (default: no limit)",
+        help="after the first SIGINT/SIGTERM, held jobs get this long to finish, then are cancelled (default: none)",
     )  # fmt: skip
     p.add_argument(
         "--warn-blocked-secs", type=_non_negative, metavar="SECS",

@@ -134,8 +134,7 @@ async def _main(
                     name = signal.Signals(signum).name
                     if not workers[0].statistics().stopping:
                         held = sum(worker.statistics().held for worker in workers)
-                        within = "" if options["shutdown_timeout"] is None else f" within {options['shutdown_timeout']:g} s"
-                        log.info("%s: finishing %d held job(s)%s; send it again to quit now", name, held, within)
+                        log.info("%s: finishing %d held job(s); send it again to quit now", name, held)
                         for worker in workers:
                             worker.stop()
                     else:

@@ -1088,15 +1088,19 @@ async def watch_blocking(threshold: float, workers: Sequence[Worker]) -> None:
     for worker in workers:
         worker._async_started = []
     before: list[Job] = []
-    while True:
-        due = trio.current_time() + step
-        await trio.sleep_until(due)
-        late = trio.current_time() - due
-        now = [job for worker in workers for job in worker._blocking_suspects()]
-        if late >= threshold:
-            suspects = list({job.id: job for job in [*before, *now]}.values())
-            log.warning("%s", _blocked_message(late, threshold, suspects))
-        before = now
+    try:
+        while True:
+            due = trio.current_time() + step
+            await trio.sleep_until(due)
+            late = trio.current_time() - due
+            now = [job for worker in workers for job in worker._blocking_suspects()]
+            if late >= threshold:
+                suspects = list({job.id: job for job in [*before, *now]}.values())
+                log.warning("%s", _blocked_message(late, threshold, suspects))
+            before = now
+    finally:
+        for worker in workers:
+            worker._async_started = None  # nobody looks: record nothing
 
 
 def _blocked_message(late: float, threshold: float, jobs: Sequence[Job]) -> str:
