@@ -628,7 +628,7 @@ class Worker:
         if type == "failed":
             # The server dead-letters a failure of the last attempt, whatever
             # the handler said: the log must not promise a retry.
-            kw["final"] = not kw["retryable"] or job.attempt >= job.max_attempts
+            kw["final"] = not kw.get("retryable", True) or job.attempt >= job.max_attempts
         self._emit(WorkerEvent(type=type, job_id=job.id, kind=job.kind, attempt=job.attempt, lane=held.lane, **kw))
 
     async def _wait_changed(self) -> None:
@@ -1104,17 +1104,19 @@ async def watch_blocking(threshold: float, workers: Sequence[Worker]) -> None:
 
 
 def _blocked_message(late: float, threshold: float, jobs: Sequence[Job]) -> str:
-    if jobs:
-        named = ", ".join(f"job {job.id} ({job.kind})" for job in jobs[:BLOCKED_NAMED])
-        more = f" and {len(jobs) - BLOCKED_NAMED} more" if len(jobs) > BLOCKED_NAMED else ""
-        running = f"async handlers running then: {named}{more}"
-    else:
-        running = "no async handler was running"
+    blocked = f"the Trio loop was blocked for {late:.1f} s (more than {threshold:g} s)"
+    meanwhile = "Meanwhile no heartbeat or report of this process was sent."
+    if not jobs:
+        return (
+            f"{blocked} while no async handler ran: other code of this process blocked it, or the process "
+            f"was stopped. {meanwhile}"
+        )
+    named = ", ".join(f"job {job.id} ({job.kind})" for job in jobs[:BLOCKED_NAMED])
+    more = f" and {len(jobs) - BLOCKED_NAMED} more" if len(jobs) > BLOCKED_NAMED else ""
     return (
-        f"the Trio loop was blocked for {late:.1f} s (more than {threshold:g} s); {running}. "
-        "A blocking call in an async handler is the likely cause (time.sleep, a synchronous client, "
-        "a long computation): make the handler synchronous (it then runs in a thread) or run the call "
-        "in trio.to_thread.run_sync. Meanwhile no heartbeat or report of this process was sent."
+        f"{blocked}; async handlers running then: {named}{more}. A blocking call in an async handler is "
+        "the likely cause (time.sleep, a synchronous client, a long computation): make the handler "
+        f"synchronous (it then runs in a thread) or run the call in trio.to_thread.run_sync. {meanwhile}"
     )
 
 
