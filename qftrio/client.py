@@ -148,9 +148,10 @@ def _build(model_cls: type[pydantic.BaseModel], **fields: Any) -> dict[str, Any]
         return _body(model_cls(**fields))
     except pydantic.ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        # The client takes a job's options as flat keyword arguments.
+        # The client takes a job's options as flat keyword arguments: a
+        # check of them together names them itself.
         where = ".".join(str(p) for p in first["loc"]).removeprefix("config.") or "body"
-        raise InvalidArgument(f"{where}: {_plain(first)}") from None
+        raise InvalidArgument(_plain(first) if where == "config" else f"{where}: {_plain(first)}") from None
 
 
 #: What a pydantic error type means, in words; ``{}`` fields come from its context.
@@ -183,6 +184,8 @@ _PLAIN = {
 def _plain(err: Any) -> str:
     """A pydantic error in the words the rest of qftrio uses."""
     kind = err["type"]
+    if kind == "value_error" and "error" in err.get("ctx", {}):
+        return str(err["ctx"]["error"])  # a model's own check: its words, without "Value error, "
     if kind == "string_pattern_mismatch":
         if err.get("ctx", {}).get("pattern") == NAME_PATTERN:
             return "must be 1-128 characters of A-Z a-z 0-9 _ . - (no spaces)"

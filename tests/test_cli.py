@@ -71,6 +71,12 @@ async def test_enqueue_get_list_cancel_retry_stats(server, capsys: pytest.Captur
     assert await run_cli("enqueue", "k", "--queue", "a/b", *opts) == 2
     err = capsys.readouterr().err
     assert err.startswith("qftrio: invalid argument: queue: must be") and "422" not in err and "String should" not in err
+    for argv, says in (
+        (["--scheduled-at", "soon"], "scheduled_at: must be an RFC 3339 time"),
+        (["--delay-secs", "1", "--scheduled-at", "2030-01-01T00:00:00Z"], "give delay_secs or scheduled_at, not both"),
+    ):
+        assert await run_cli("enqueue", "k", *argv, *opts) == 2
+        assert capsys.readouterr().err.startswith(f"qftrio: invalid argument: {says}")
     assert await run_cli("jobs", "list", "--url", server.url, "--token", "wrong") == 1
     assert "401" in capsys.readouterr().err
 
