@@ -158,7 +158,8 @@ class Procs:
         full_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(BENCH_DIR), full_env.get("PYTHONPATH", "")) if p
         )
-        full_env.pop("QUEUEFLOW_DEV", None)
+        for name in ("QFTRIO_DEV", "QUEUEFLOW_DEV"):
+            full_env.pop(name, None)
         if env:
             full_env.update(env)
         out = open(log, "wb")

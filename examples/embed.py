@@ -38,8 +38,9 @@ async def report_progress(worker: Worker) -> None:
 
 
 async def main() -> None:
-    url = os.environ.get("QUEUEFLOW_URL", "http://127.0.0.1:8000")
-    token = os.environ.get("QUEUEFLOW_WORKER_TOKEN", "dev")
+    env = os.environ.get
+    url = env("QFTRIO_URL") or env("QUEUEFLOW_URL") or "http://127.0.0.1:8000"
+    token = env("QFTRIO_WORKER_TOKEN") or env("QUEUEFLOW_WORKER_TOKEN") or "dev"
     async with Client(url, token) as client:
         worker = Worker(HttpTransport(client), "images", registry, lanes=8, lease_secs=30, on_event=on_event)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

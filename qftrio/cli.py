@@ -15,7 +15,6 @@ import argparse
 import functools
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -25,6 +24,7 @@ from typing import Any, NoReturn
 import trio
 
 from . import __version__, errors
+from ._env import env
 
 __all__ = ["main"]
 
@@ -73,7 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
         given = [flag for flag, value in (("--queue", args.queue), ("--lanes", args.lanes)) if value]
         if given:
             raise errors.ConfigError(f"{' and '.join(given)} configure in-process handlers: pass --handlers too")
-    if args.db and (args.database_url or os.environ.get("QUEUEFLOW_DATABASE_URL")):
+    if args.db and (args.database_url or env("DATABASE_URL")):
         raise errors.ConfigError("--db names the embedded store's file, which PostgreSQL (--database-url) does not use")
     config = Config.from_env(
         database_url=args.database_url,
@@ -108,19 +108,22 @@ async def _wait_for_signal() -> None:
 def _worker(args: argparse.Namespace) -> int:
     from .worker.process import run_worker_process
 
-    token = args.token or os.environ.get("QUEUEFLOW_WORKER_TOKEN")
+    token = args.token or env("WORKER_TOKEN")
     if not token:
-        raise errors.ConfigError("no worker token: pass --token or set QUEUEFLOW_WORKER_TOKEN")
+        raise errors.ConfigError("no worker token: pass --token or set QFTRIO_WORKER_TOKEN")
     return run_worker_process(
         url=args.url,
         token=token,
-        queue=args.queue,
+        queues=args.queue.split(","),
         registry_ref=args.registry,
         lanes=args.lanes,
         batch=args.batch,
         lease_secs=args.lease_secs,
         wait_secs=args.wait_secs,
         worker_id=args.worker_id,
+        shutdown_timeout=args.shutdown_timeout,
+        # not given: the runtime's default; 0: no watchdog
+        **({} if args.warn_blocked_secs is None else {"warn_blocked_secs": args.warn_blocked_secs or None}),
     )
 
 
@@ -130,9 +133,9 @@ def _worker(args: argparse.Namespace) -> int:
 def _client_call(args: argparse.Namespace, call: Callable[[Any], Awaitable[Any]]) -> int:
     from .client import Client
 
-    token = args.token or os.environ.get("QUEUEFLOW_TOKEN")
+    token = args.token or env("TOKEN")
     if not token:
-        raise errors.ConfigError("no tenant token: pass --token or set QUEUEFLOW_TOKEN")
+        raise errors.ConfigError("no tenant token: pass --token or set QFTRIO_TOKEN")
 
     async def run() -> Any:
         async with Client(args.url, token) as client:
@@ -145,7 +148,7 @@ def _client_call(args: argparse.Namespace, call: Callable[[Any], Awaitable[Any]]
 
 
 def _enqueue(args: argparse.Namespace) -> int:
-    payload = _json_object(args.payload, "the payload") if args.payload else {}
+    payload = _read_payload(args.payload) if args.payload else {}
     config: dict[str, Any] = {"queue": args.queue}
     for key in ("priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key"):
         value = getattr(args, key)
@@ -195,23 +198,44 @@ def _bulk_call(args: argparse.Namespace) -> Callable[[Any], Awaitable[Any]]:
     return call
 
 
+def _read_object(path: str, what: str) -> dict[str, Any]:
+    """A JSON object from the file *path*, or stdin for ``-``."""
+    if path == "-":
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError:
+            raise errors.ConfigError(f"cannot read {what} on stdin: not UTF-8 text") from None
+        return _json_object(text, f"{what} on stdin")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise errors.ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise errors.ConfigError(f"cannot read {path}: not UTF-8 text") from None
+    return _json_object(text, path)
+
+
+def _read_payload(arg: str) -> dict[str, Any]:
+    """The payload argument: JSON itself, ``@FILE``, or ``-`` for stdin
+    (a command line holds no more than about 128 KiB)."""
+    if arg == "-":
+        return _read_object("-", "the payload")
+    if arg.startswith("@"):
+        return _read_object(arg[1:], "the payload")
+    return _json_object(arg, "the payload")
+
+
 def _read_workflow(path: str) -> dict[str, Any]:
     """A workflow definition from a JSON file, or stdin for ``-``."""
-    if path == "-":
-        text, what = sys.stdin.read(), "the workflow on stdin"
-    else:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as exc:
-            raise errors.ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise errors.ConfigError(f"cannot read {path}: not UTF-8 text") from None
-        what = path
-    spec = _json_object(text, what)
+    from .client import InvalidArgument
+
+    spec = _read_object(path, "the workflow")
     unknown = sorted(set(spec) - {"name", "context", "steps"})
     if unknown:
-        raise errors.InvalidInput(f"{unknown[0]}: unknown field")
+        raise InvalidArgument(f"{unknown[0]}: unknown field")
+    if not isinstance(spec.get("steps"), list):
+        raise InvalidArgument("steps: must be a list of steps")
     return spec
 
 
@@ -220,10 +244,8 @@ def _workflows(args: argparse.Namespace) -> int:
 
     async def call(client: Any) -> Any:
         if args.workflows_command == "create":
-            steps = spec.get("steps")
-            if not isinstance(steps, list):
-                raise errors.InvalidInput("steps: must be a list of steps")
-            return (await client.workflow_create(spec.get("name"), steps, context=spec.get("context"))).to_wire()
+            workflow = await client.workflow_create(spec.get("name"), spec["steps"], context=spec.get("context"))
+            return workflow.to_wire()
         if args.workflows_command == "list":
             workflows, cursor = await client.workflows_list(status=args.status, limit=args.limit, cursor=args.cursor)
             return {"workflows": [w.to_wire() for w in workflows], "next_cursor": cursor}
@@ -368,9 +390,9 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    url = args.database_url or os.environ.get("QUEUEFLOW_DATABASE_URL")
+    url = args.database_url or env("DATABASE_URL")
     if not url:
-        raise errors.ConfigError("no database: pass --database-url or set QUEUEFLOW_DATABASE_URL")
+        raise errors.ConfigError("no database: pass --database-url or set QFTRIO_DATABASE_URL")
 
     async def run() -> list[str]:
         from .server.store.postgres import migrate
@@ -388,9 +410,9 @@ def _migrate(args: argparse.Namespace) -> int:
 def _add_client_options(parser: argparse.ArgumentParser, *, inherited: bool = False) -> None:
     """``--url`` and ``--token``. *inherited*: the parser is a subcommand of
     one that takes them too, whose values stand unless given again."""
-    url_default = argparse.SUPPRESS if inherited else os.environ.get("QUEUEFLOW_URL", DEFAULT_URL)
-    parser.add_argument("--url", default=url_default, help="server URL (QUEUEFLOW_URL)")
-    parser.add_argument("--token", default=argparse.SUPPRESS if inherited else None, help="tenant token (QUEUEFLOW_TOKEN)")
+    url_default = argparse.SUPPRESS if inherited else env("URL") or DEFAULT_URL
+    parser.add_argument("--url", default=url_default, help="server URL (QFTRIO_URL)")
+    parser.add_argument("--token", default=argparse.SUPPRESS if inherited else None, help="tenant token (QFTRIO_TOKEN)")
 
 
 _STATUSES = ["pending", "running", "completed", "failed", "cancelled"]
@@ -415,6 +437,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = _non_negative(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
 def _non_negative(text: str) -> float:
     try:
         value = float(text)
@@ -434,38 +463,51 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_LoggingParser)
 
     p = sub.add_parser("serve", help="run the job server")
-    p.add_argument("--database-url", help="postgresql://... (QUEUEFLOW_DATABASE_URL); default: the embedded store")
+    p.add_argument("--database-url", help="postgresql://... (QFTRIO_DATABASE_URL); default: the embedded store")
     p.add_argument("--db", help="the embedded store's SQLite file (default ./qftrio.db)")
     p.add_argument("--bind", help="HOST:PORT to listen on (default 127.0.0.1:8000)")
     p.add_argument("--mode", choices=["api", "worker", "all"], help="what to run (default all)")
     p.add_argument("--handlers", metavar="MODULE:REGISTRY", help="run this registry's handlers in-process")
     p.add_argument("--queue", action="append", help="queue the in-process handlers lease from (repeatable; default 'default')")
     p.add_argument("--lanes", type=_positive_int, help="in-process jobs at a time per queue (default: as qftrio worker)")
-    p.add_argument("--worker-token", help="the worker credential (QUEUEFLOW_WORKER_TOKEN)")
-    p.add_argument("--tenant", action="append", metavar="NAME=TOKEN", help="a tenant credential (repeatable; QUEUEFLOW_TENANTS)")
-    p.add_argument("--dev", action="store_true", help="development mode (QUEUEFLOW_DEV=1): never on an open network")
+    p.add_argument("--worker-token", help="the worker credential (QFTRIO_WORKER_TOKEN)")
+    p.add_argument(
+        "--tenant", action="append", metavar="NAME=TOKEN", help="a tenant credential (repeatable; QFTRIO_TENANTS)"
+    )
+    p.add_argument("--dev", action="store_true", help="development mode (QFTRIO_DEV=1): never on an open network")
     p.add_argument("--max-body-bytes", type=_positive_int, help="request body cap (default 1 MiB)")
     p.add_argument("--pool-size", type=_positive_int, help="PostgreSQL connections (default 10)")
     p.add_argument("--retention-secs", type=_non_negative, help="keep completed and cancelled jobs this long (default 7 days)")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("worker", help="run a worker pool process")
-    p.add_argument("queue", help="the queue to lease from")
+    p.add_argument(
+        "queue", metavar="QUEUE[,QUEUE...]",
+        help="the queue to lease from; several, comma-separated (images,default), each get lanes of their own",
+    )  # fmt: skip
     p.add_argument("registry", metavar="MODULE:REGISTRY", help="where the handlers are, e.g. handlers:registry")
-    p.add_argument("--url", default=os.environ.get("QUEUEFLOW_URL", DEFAULT_URL), help="server URL (QUEUEFLOW_URL)")
-    p.add_argument("--token", help="the worker token (QUEUEFLOW_WORKER_TOKEN)")
-    p.add_argument("--lanes", type=_positive_int, default=None, help="jobs run at a time (default 200)")
+    p.add_argument("--url", default=env("URL") or DEFAULT_URL, help="server URL (QFTRIO_URL)")
+    p.add_argument("--token", help="the worker token (QFTRIO_WORKER_TOKEN)")
+    p.add_argument("--lanes", type=_positive_int, default=None, help="jobs run at a time, per queue (default 200)")
     p.add_argument(
         "--batch", type=_positive_int, default=None, help="jobs leased per call at most (default: the free lanes)"
     )
     p.add_argument("--lease-secs", type=_positive_int, default=60, help="lease length (default 60)")
     p.add_argument("--wait-secs", type=_non_negative, default=20, help="long-poll wait (default 20)")
     p.add_argument("--worker-id", help="this process's id (default host-pid)")
+    p.add_argument(
+        "--shutdown-timeout", type=_positive_float, metavar="SECS",
+        help="after the first SIGINT/SIGTERM, held jobs get this long to finish, then are cancelled (default: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--warn-blocked-secs", type=_non_negative, metavar="SECS",
+        help="warn when an async handler blocks the event loop this long (default 1; 0: never)",
+    )  # fmt: skip
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("enqueue", help="enqueue a job")
     p.add_argument("kind")
-    p.add_argument("payload", nargs="?", help="a JSON object (default {})")
+    p.add_argument("payload", nargs="?", help="a JSON object (default {}); @FILE reads it from a file, - from stdin")
     p.add_argument("--queue", default="default")
     p.add_argument("--priority", type=int)
     p.add_argument("--max-attempts", type=_positive_int)
@@ -549,7 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_workers)
 
     p = sub.add_parser("migrate", help="apply the PostgreSQL schema")
-    p.add_argument("--database-url", help="postgresql://... (QUEUEFLOW_DATABASE_URL)")
+    p.add_argument("--database-url", help="postgresql://... (QFTRIO_DATABASE_URL)")
     p.set_defaults(func=_migrate)
     return parser
 
@@ -567,6 +609,14 @@ def _single_leaf(group: BaseExceptionGroup) -> BaseException:
 
     walk(group)
     return leaves[0] if len(leaves) == 1 else group
+
+
+def _refused_here(exc: errors.ApiError) -> bool:
+    """Whether the client refused *exc*'s request before sending it: then
+    no server answered anything."""
+    from .client import InvalidArgument  # loaded already by whatever raised it
+
+    return isinstance(exc, InvalidArgument)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -594,6 +644,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"qftrio: unavailable: {exc.message}", file=sys.stderr)
         return 1
     except errors.ApiError as exc:
+        if _refused_here(exc):
+            print(f"qftrio: invalid argument: {exc.message}", file=sys.stderr)
+            return 2
         print(f"qftrio: {exc.status_code} {exc.code}: {exc.message}", file=sys.stderr)
         return 1
     except errors.TransportError as exc:

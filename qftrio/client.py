@@ -37,6 +37,7 @@ from .models import (
     Job,
     Lease,
     LeaseRequest,
+    NAME_PATTERN,
     QueueStats,
     Status,
     WorkerInfo,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Client",
+    "InvalidArgument",
     "HeartbeatItem",
     "CompleteItem",
     "FailItem",
@@ -60,6 +62,13 @@ __all__ = [
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class InvalidArgument(errors.InvalidInput):
+    """An argument the client refused before sending anything: the server
+    was not asked. The message names the field and says what is wrong."""
+
+    code = "invalid_argument"
 
 
 # --------------------------------------------------------------------------
@@ -123,7 +132,7 @@ def _body(model: pydantic.BaseModel) -> dict[str, Any]:
 def _check_finite(value: Any, where: str) -> None:
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise errors.InvalidInput(f"{where or 'body'}: {value!r} is not a JSON number")
+            raise InvalidArgument(f"{where or 'body'}: {value!r} is not a JSON number")
     elif isinstance(value, dict):
         for key, item in value.items():
             _check_finite(item, f"{where}.{key}" if where else str(key))
@@ -138,9 +147,56 @@ def _build(model_cls: type[pydantic.BaseModel], **fields: Any) -> dict[str, Any]
     try:
         return _body(model_cls(**fields))
     except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise errors.InvalidInput(f"{where}: {first.get('msg', 'invalid')}") from None
+        first = exc.errors(include_url=False)[0]
+        # The client takes a job's options as flat keyword arguments: a
+        # check of them together names them itself.
+        where = ".".join(str(p) for p in first["loc"]).removeprefix("config.") or "body"
+        raise InvalidArgument(_plain(first) if where == "config" else f"{where}: {_plain(first)}") from None
+
+
+#: What a pydantic error type means, in words; ``{}`` fields come from its context.
+_PLAIN = {
+    "missing": "is required",
+    "extra_forbidden": "unknown field",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "dict_type": "must be a JSON object",
+    "list_type": "must be a list",
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be at most {le}",
+    "less_than": "must be less than {lt}",
+    "string_too_short": "must have at least {min_length} character(s)",
+    "string_too_long": "must have at most {max_length} characters",
+    "too_short": "must have at least {min_length} item(s)",
+    "too_long": "must have at most {max_length} items",
+    "datetime_type": "must be an RFC 3339 time, e.g. 2026-11-30T12:00:00Z",
+    "datetime_parsing": "must be an RFC 3339 time, e.g. 2026-11-30T12:00:00Z",
+    "datetime_from_date_parsing": "must be an RFC 3339 time, e.g. 2026-11-30T12:00:00Z",
+}
+
+
+def _plain(err: Any) -> str:
+    """A pydantic error in the words the rest of qftrio uses."""
+    kind = err["type"]
+    if kind == "value_error" and "error" in err.get("ctx", {}):
+        return str(err["ctx"]["error"])  # a model's own check: its words, without "Value error, "
+    if kind == "string_pattern_mismatch":
+        if err.get("ctx", {}).get("pattern") == NAME_PATTERN:
+            return "must be 1-128 characters of A-Z a-z 0-9 _ . - (no spaces)"
+        return f"must match {err['ctx']['pattern']}"
+    template = _PLAIN.get(kind)
+    if template is None:
+        return str(err.get("msg", "invalid"))
+    try:
+        return template.format(**err.get("ctx", {}))
+    except (KeyError, IndexError):
+        return str(err.get("msg", "invalid"))
 
 
 def _time(value: Any) -> Any:
@@ -172,7 +228,7 @@ def _job_body(spec: Mapping[str, Any]) -> dict[str, Any]:
             config[key] = spec.pop(key)
     body: dict[str, Any] = {"kind": spec.pop("kind", None), "payload": spec.pop("payload", None) or {}}
     if spec:
-        raise errors.InvalidInput(f"{sorted(spec)[0]}: unknown field")
+        raise InvalidArgument(f"{sorted(spec)[0]}: unknown field")
     body["config"] = _config(config)
     return body
 
@@ -337,7 +393,7 @@ class Client:
             try:
                 body = json_dumps(json_body)
             except ValueError as exc:
-                raise errors.InvalidInput(f"the request cannot be sent as JSON: {exc}") from None
+                raise InvalidArgument(f"the request cannot be sent as JSON: {exc}") from None
         target = path
         if params:
             target += "?" + urlencode({k: v for k, v in params.items() if v is not None})
@@ -565,7 +621,7 @@ class Client:
                 running; delete: completed, failed, cancelled).
         """
         if action not in ("retry", "cancel", "delete"):
-            raise errors.InvalidInput(f"action: not one of retry, cancel, delete: {action!r}")
+            raise InvalidArgument(f"action: not one of retry, cancel, delete: {action!r}")
         body = _build(
             BulkRequest,
             queue=queue,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import json
 import socket
 import subprocess
@@ -64,10 +65,70 @@ async def test_enqueue_get_list_cancel_retry_stats(server, capsys: pytest.Captur
     assert "404" in capsys.readouterr().err
     assert await run_cli("enqueue", "k", "[1, 2]", *opts) == 2
     assert "JSON object" in capsys.readouterr().err
-    assert await run_cli("enqueue", "bad kind", *opts) == 1
-    assert "kind" in capsys.readouterr().err
+    # refused by the client before anything is sent: said plainly, and no 422 from a server
+    assert await run_cli("enqueue", "bad kind", *opts) == 2
+    assert capsys.readouterr().err == "qftrio: invalid argument: kind: must be 1-128 characters of A-Z a-z 0-9 _ . - (no spaces)\n"
+    assert await run_cli("enqueue", "k", "--queue", "a/b", *opts) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("qftrio: invalid argument: queue: must be") and "422" not in err and "String should" not in err
+    for argv, says in (
+        (["--scheduled-at", "soon"], "scheduled_at: must be an RFC 3339 time"),
+        (["--delay-secs", "1", "--scheduled-at", "2030-01-01T00:00:00Z"], "give delay_secs or scheduled_at, not both"),
+    ):
+        assert await run_cli("enqueue", "k", *argv, *opts) == 2
+        assert capsys.readouterr().err.startswith(f"qftrio: invalid argument: {says}")
     assert await run_cli("jobs", "list", "--url", server.url, "--token", "wrong") == 1
     assert "401" in capsys.readouterr().err
+
+
+async def test_enqueue_reads_the_payload_from_a_file_or_stdin(
+    server, tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    opts = ["--url", server.url, "--token", server.tenants["acme"]]
+    big = {"blob": "x" * 200_000}  # more than a command line holds
+    (tmp_path / "payload.json").write_text(json.dumps(big))
+    assert await run_cli("enqueue", "k", f"@{tmp_path / 'payload.json'}", *opts) == 0
+    assert json.loads(capsys.readouterr().out)["payload"] == big
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"from": "stdin"}'))
+    assert await run_cli("enqueue", "k", "-", *opts) == 0
+    assert json.loads(capsys.readouterr().out)["payload"] == {"from": "stdin"}
+    for arg, says in ((f"@{tmp_path / 'missing.json'}", "cannot read"), ("@" + str(tmp_path), "cannot read")):
+        assert await run_cli("enqueue", "k", arg, *opts) == 2
+        assert says in capsys.readouterr().err
+    monkeypatch.setattr("sys.stdin", io.StringIO("[1]"))
+    assert await run_cli("enqueue", "k", "-", *opts) == 2
+    assert "the payload on stdin must be a JSON object" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("storage", ["sqlite"], indirect=True)  # the variables are the command's, whatever the store
+async def test_qftrio_variables_are_read_first_and_the_old_ones_still_honoured(server) -> None:
+    token = server.tenants["acme"]
+    for env, code in (
+        ({"QFTRIO_URL": server.url, "QFTRIO_TOKEN": token}, 0),
+        ({"QUEUEFLOW_URL": server.url, "QUEUEFLOW_TOKEN": token}, 0),
+        ({"QFTRIO_URL": server.url, "QFTRIO_TOKEN": "wrong", "QUEUEFLOW_TOKEN": token}, 1),
+    ):
+        proc = await trio.to_thread.run_sync(lambda env=env: run_process("jobs", "list", env=env))
+        assert proc.returncode == code, (env, proc.stderr)
+        if code:
+            assert "401" in one_line_error(proc)
+
+
+def test_the_server_reads_qftrio_variables_first() -> None:
+    from qftrio.server.config import Config
+
+    config = Config.from_env({
+        "QFTRIO_WORKER_TOKEN": "new", "QUEUEFLOW_WORKER_TOKEN": "old", "QUEUEFLOW_TENANTS": "acme=t",
+        "QFTRIO_DATABASE_URL": "postgresql://h/db", "QFTRIO_DEV": "1",
+    })  # fmt: skip
+    assert (config.worker_token, config.tenants, config.database_url, config.dev) == ("new", {"acme": "t"}, "postgresql://h/db", True)
+    assert Config.from_env({"QFTRIO_DEV": "0", "QUEUEFLOW_DEV": "1"}).dev is False
+
+
+def test_help_names_the_qftrio_variables() -> None:
+    for argv in (["serve", "--help"], ["worker", "--help"], ["jobs", "list", "--help"], ["migrate", "--help"]):
+        out = run_process(*argv).stdout
+        assert "QFTRIO_" in out and "QUEUEFLOW" not in out, argv
 
 
 async def test_operations_commands_answer_json_when_piped(server, capsys: pytest.CaptureFixture[str]) -> None:
@@ -207,6 +268,7 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path) -> None:
         proc = run_process("serve", "--dev", "--db", str(tmp_path / "q.db"), "--bind", f"127.0.0.1:{port}")
     assert proc.returncode == 2
     assert "cannot listen" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "q.db").exists()  # the failed start leaves no database behind
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,9 @@ in-process transport with switches to break the network on demand."""
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -425,6 +427,26 @@ async def test_exception_fails_retryably_with_its_text(server: Faults, autojump_
     assert rec.of("failed")[0].retryable is True
 
 
+async def test_the_last_attempts_failure_is_logged_as_dead_lettered(server: Faults, autojump_clock: Any) -> None:
+    reg = Registry()
+
+    @reg.handler("boom")
+    async def boom(job: Job) -> dict[str, Any]:
+        raise ValueError("bad size 0x0")
+
+    job_id = await server.add("boom", max_attempts=2)
+    worker, rec = make_worker(server, reg)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await server.wait_status(Status.FAILED, job_id)
+        await server.wait_for(lambda: len(rec.of("failed")) == 2)
+        worker.stop()
+    first, last = rec.of("failed")
+    assert (first.attempt, first.final, last.attempt, last.final) == (1, False, 2, True)
+    assert "retryable" in str(first) and "dead-lettered" not in str(first)
+    assert "its last attempt: dead-lettered" in str(last) and "retryable" not in str(last)
+
+
 async def test_permanent_error_fails_without_retry(server: Faults, autojump_clock: Any) -> None:
     reg = Registry()
 
@@ -777,6 +799,33 @@ async def test_stop_drains_held_jobs_and_leases_no_more(server: Faults, autojump
     assert rec.of("stopping")
 
 
+async def test_shutdown_timeout_cancels_held_jobs_that_outlast_it(server: Faults, autojump_clock: Any) -> None:
+    reg, cancelled_at = forever_registry()
+    job_id = await server.add("forever")
+    worker, rec = make_worker(server, reg, shutdown_timeout=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await server.wait_status(Status.RUNNING, job_id)
+        worker.stop()
+        stopped_at = trio.current_time()
+    assert cancelled_at == [pytest.approx(stopped_at + 5)]
+    assert trio.current_time() == pytest.approx(stopped_at + 5)
+    assert worker.statistics().cancelled
+    # nothing reported: the lease expires and another worker runs the job
+    assert server.reports(job_id) == [] and await server.status(job_id) is Status.RUNNING
+
+
+async def test_jobs_done_within_the_shutdown_timeout_report_as_usual(server: Faults, autojump_clock: Any) -> None:
+    job_id = await server.add("echo", {"secs": 3})
+    worker, rec = make_worker(server, echo_registry(), shutdown_timeout=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await server.wait_status(Status.RUNNING, job_id)
+        worker.stop()
+    assert await server.status(job_id) is Status.COMPLETED
+    assert not worker.statistics().cancelled
+
+
 async def test_cancel_stops_at_once_and_reports_nothing(server: Faults, autojump_clock: Any) -> None:
     ids = [await server.add("echo", {"secs": 100}) for _ in range(2)]
     worker, rec = make_worker(server, echo_registry(), lanes=2, batch=2)
@@ -822,7 +871,8 @@ async def test_open_worker_cancels_on_error(server: Faults, autojump_clock: Any)
 def test_bad_options_are_refused() -> None:
     reg = echo_registry()
     transport = Faults.__new__(Faults)
-    for kw in ({"lanes": 0}, {"batch": 101}, {"lease_secs": 0}, {"wait_secs": 61}, {"worker_id": "w" * 201}):
+    for kw in ({"lanes": 0}, {"batch": 101}, {"lease_secs": 0}, {"wait_secs": 61}, {"worker_id": "w" * 201},
+               {"shutdown_timeout": 0}, {"warn_blocked_secs": -1}, {"shutdown_timeout": float("nan")}):  # fmt: skip
         with pytest.raises(errors.ConfigError):
             Worker(transport, "q", reg, **kw)
     with pytest.raises(errors.ConfigError):
@@ -1003,3 +1053,33 @@ async def test_leases_again_while_a_report_is_in_flight(server: Faults, autojump
     # One lane, and its job's handler is done: the next job is leased while
     # the first one's completion is still on its way.
     assert claimed[second] < completed[first]
+
+
+# --------------------------------------------------------------------------
+# A blocked event loop
+
+
+async def test_a_blocking_call_in_an_async_handler_is_named_in_a_warning(
+    server: Faults, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On the real clock: ``time.sleep`` blocks the loop for real, which
+    Trio's mock clock does not see. The lease (1 s) runs out meanwhile, so
+    the job's report is lost, as the warning says it may be."""
+    reg = Registry()
+
+    @reg.handler("blocks")
+    async def blocks(job: Job) -> dict[str, Any]:
+        time.sleep(1.5)  # the mistake: a blocking call in an async handler
+        return {}
+
+    job_id = await server.add("blocks")
+    worker, rec = make_worker(server, reg, lease_secs=1, warn_blocked_secs=0.5)
+    with caplog.at_level(logging.WARNING, logger="qftrio.worker"):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await server.wait_for(lambda: bool(rec.of("completed") or rec.of("lost") or rec.of("unreported")))
+            worker.stop()
+    # (a machine busy enough to starve the process may add warnings of its own)
+    (warning, *_) = [w for r in caplog.records if f"job {job_id} (blocks)" in (w := r.getMessage()) and "blocked" in w]
+    assert warning.startswith("the Trio loop was blocked for ")
+    assert "blocking call in an async handler" in warning and "trio.to_thread.run_sync" in warning

@@ -445,6 +445,36 @@ async def test_second_signal_cancels_at_once_with_130(procs: Procs, api: Client)
     assert "Traceback" not in procs.log("impatient")
 
 
+async def test_a_shutdown_timeout_cancels_a_handler_that_outlasts_it(procs: Procs, api: Client) -> None:
+    job = await api.enqueue("sleep", {"secs": 600}, queue="stuck")
+    w = procs.worker("stuck", "stuck", lease_secs=2, extra=["--shutdown-timeout", "0.5"])
+    await wait_until(lambda: _async(procs.marked(job.id, "started-1")))
+    w.send_signal(signal.SIGTERM)
+    assert await wait_exit(w, 10) == 130, procs.log("stuck")
+    assert procs.marked(job.id, "cancelled") is not None
+    after = await api.job_get(job.id)
+    assert after.status is Status.RUNNING and after.result is None  # nothing reported; the lease will expire
+    await api.job_cancel(job.id)
+    log = procs.log("stuck")
+    assert "shutdown timeout (0.5 s) ran out" in log and "Traceback" not in log
+
+
+async def test_one_worker_process_serves_several_queues_each_with_its_lanes(procs: Procs, api: Client) -> None:
+    backlog = [await api.enqueue("sleep", {"secs": 1}, queue="multi-a") for _ in range(3)]
+    other = await api.enqueue("sleep", {"secs": 0}, queue="multi-b")
+    w = procs.worker("multi", "multi-a,multi-b", lanes=1)
+    try:
+        done = await wait_until(lambda: _completed(api, other.id), timeout=20)
+        # the backlog on multi-a did not hold multi-b's job back
+        assert not all([(await api.job_get(j.id)).status is Status.COMPLETED for j in backlog])
+        finished = [await wait_until(lambda j=j: _completed(api, j.id), timeout=20) for j in backlog]
+    finally:
+        assert stop(w) == 0
+    assert done.result == {"attempt": 1, "worker": "multi"}
+    assert all(j.result == {"attempt": 1, "worker": "multi"} for j in finished)
+    assert "leasing from 'multi-a', 'multi-b'" in procs.log("multi")
+
+
 def _run_cli(procs: Procs, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*QFTRIO, *args],
@@ -464,6 +494,9 @@ def test_a_refused_token_is_one_line_and_exit_2(procs: Procs) -> None:
     assert "Traceback" not in res.stderr
     res = _run_cli(procs, ["worker", "q", "e2e_handlers:registry", "--url", procs.url], QUEUEFLOW_WORKER_TOKEN=TENANT_TOKEN)
     assert res.returncode == 2 and "worker token" in res.stderr and "Traceback" not in res.stderr
+    # QFTRIO_WORKER_TOKEN is read first (the valid QUEUEFLOW_WORKER_TOKEN of procs.env is set too)
+    res = _run_cli(procs, ["worker", "q", "e2e_handlers:registry", "--url", procs.url], QFTRIO_WORKER_TOKEN="nope")
+    assert res.returncode == 2 and "refused the worker token" in res.stderr, res.stderr
 
 
 def test_an_unimportable_registry_is_one_line_and_exit_2(procs: Procs) -> None:
@@ -477,6 +510,18 @@ def test_an_unimportable_registry_is_one_line_and_exit_2(procs: Procs) -> None:
         assert res.returncode == 2, (ref, res.stderr)
         assert words in res.stderr and "Traceback" not in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_an_import_error_names_its_file_and_line_and_shows_the_traceback_at_debug(procs: Procs) -> None:
+    (procs.tmp / "broken_handlers.py").write_text("import qftrio\nregistry = qftrio.Registry()\nraise RuntimeError('no API key')\n")
+    (procs.tmp / "typo_handlers.py").write_text("import qftrio\n\ndef f(:\n    pass\n")
+    for module, line, error in (("broken_handlers", 3, "RuntimeError: no API key"), ("typo_handlers", 3, "SyntaxError")):
+        res = _run_cli(procs, ["worker", "q", f"{module}:registry", "--url", procs.url])
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        (said,) = res.stderr.strip().splitlines()
+        assert f"{procs.tmp / module}.py:{line}: {error}" in said
+    res = _run_cli(procs, ["worker", "q", "broken_handlers:registry", "--url", procs.url, "--log-level", "DEBUG"])
+    assert res.returncode == 2 and "Traceback" in res.stderr and "raise RuntimeError('no API key')" in res.stderr
 
 
 class _Impostor(http.server.BaseHTTPRequestHandler):
@@ -534,6 +579,8 @@ def test_a_url_where_qftrio_does_not_answer_is_one_line_and_exit_2(
 
 def test_settings_the_server_always_refuses_are_one_line_and_exit_2(procs: Procs) -> None:
     worker = ["worker", "q", "e2e_handlers:registry", "--url", procs.url]
+    for queues, says in (("a,a", "'a' is given twice"), ("a,,b", "queue ''"), ("a,b c", "queue 'b c'")):
+        _one_line_exit_2(_run_cli(procs, ["worker", queues, "e2e_handlers:registry", "--url", procs.url]), says)
     _one_line_exit_2(_run_cli(procs, [*worker, "--worker-id", "w" * 201]), "worker_id")
     for token in ("line\nbreak", "caf\u00e9"):
         _one_line_exit_2(_run_cli(procs, worker, QUEUEFLOW_WORKER_TOKEN=token), "token")

@@ -115,7 +115,13 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
-        err = errors.error_for_status(status, None, exc.description or exc.name)
+        message = exc.description or exc.name
+        if status == 404:
+            # The path as it was sent (%2F stays %2F), not Werkzeug's page of advice.
+            raw = request.scope.get("raw_path") or request.path.encode()
+            path = raw.decode("latin-1").split("?", 1)[0]
+            message = f"no route {request.method} {path} (every route is listed at /docs)"
+        err = errors.error_for_status(status, None, message)
         err.code = exc.name.lower().replace(" ", "_")
         response = _json(err.to_wire(), status)
         for name, value in exc.get_headers():

@@ -54,11 +54,11 @@ class Credentials:
             return
         if self._worker is None:
             raise errors.ConfigError(
-                "no worker token: pass --worker-token or set QUEUEFLOW_WORKER_TOKEN (or --dev for development)"
+                "no worker token: pass --worker-token or set QFTRIO_WORKER_TOKEN (or --dev for development)"
             )
         if not self._tenants:
             raise errors.ConfigError(
-                "no tenant credential: pass --tenant NAME=TOKEN or set QUEUEFLOW_TENANTS (or --dev for development)"
+                "no tenant credential: pass --tenant NAME=TOKEN or set QFTRIO_TENANTS (or --dev for development)"
             )
 
     def identify(self, authorization: str | None) -> Principal:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from .. import errors
+from .._env import env
 
 __all__ = ["Config", "parse_tenants"]
 
@@ -64,16 +65,17 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> Config:
-        """Defaults, then ``QUEUEFLOW_*`` variables, then *overrides* (None
-        values in *overrides* are ignored)."""
+        """Defaults, then ``QFTRIO_*`` variables (or the older
+        ``QUEUEFLOW_*`` ones), then *overrides* (None values in *overrides*
+        are ignored)."""
         values: dict[str, object] = {}
-        if environ.get("QUEUEFLOW_DATABASE_URL"):
-            values["database_url"] = environ["QUEUEFLOW_DATABASE_URL"]
-        if environ.get("QUEUEFLOW_WORKER_TOKEN"):
-            values["worker_token"] = environ["QUEUEFLOW_WORKER_TOKEN"]
-        if environ.get("QUEUEFLOW_TENANTS"):
-            values["tenants"] = parse_tenants(environ["QUEUEFLOW_TENANTS"])
-        if environ.get("QUEUEFLOW_DEV", "").lower() in ("1", "true", "yes", "on"):
+        if database_url := env("DATABASE_URL", environ):
+            values["database_url"] = database_url
+        if worker_token := env("WORKER_TOKEN", environ):
+            values["worker_token"] = worker_token
+        if tenants := env("TENANTS", environ):
+            values["tenants"] = parse_tenants(tenants)
+        if (env("DEV", environ) or "").lower() in ("1", "true", "yes", "on"):
             values["dev"] = True
         values.update({k: v for k, v in overrides.items() if v is not None})
         config = cls(**values)  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from .engine import Engine
 from .http11 import serve_asgi
 from .protocol import ProtocolFront
 from .store.sqlite import open_sqlite_store
+from ..worker.runtime import DEFAULT_WARN_BLOCKED_SECS, Worker, watch_blocking
 
 __all__ = ["serve", "run_server", "open_engine"]
 
@@ -35,13 +36,17 @@ async def open_engine(config: Config, *, clock: Callable[[], float] | None = Non
     """An engine on the store *config* names."""
     extra = {} if clock is None else {"clock": clock}
     if config.database_url:
+        from .store.pgasync import read_url
         from .store.postgres import open_postgres_store
 
         async with open_postgres_store(config.database_url, pool_size=config.pool_size) as store:
+            target = read_url(config.database_url)
+            log.info("store: PostgreSQL at %s, database %r, as %r", target.where, target.database, target.user)
             yield Engine(store, safety_poll_secs=config.safety_poll_secs, **extra)
     else:
         with _only_process(config.sqlite_path):
             async with open_sqlite_store(config.sqlite_path) as store:
+                log.info("store: the embedded SQLite file %s", os.path.abspath(config.sqlite_path))
                 yield Engine(store, safety_poll_secs=config.safety_poll_secs, **extra)
 
 
@@ -98,8 +103,36 @@ async def serve(
             "DEVELOPMENT MODE: any valid credential acts as a worker%s. Never expose this server.",
             "; tenant 'default' has the token 'dev'" if not config.tenants else "",
         )
-    async with open_engine(config) as engine:
-        await run_server(engine, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    creates = None if config.database_url or os.path.exists(config.sqlite_path) else config.sqlite_path
+    status = _Started(task_status)
+    try:
+        async with open_engine(config) as engine:
+            await run_server(engine, config, shutdown_trigger=shutdown_trigger, task_status=status)
+    except BaseException:
+        if creates is not None and not status.done:
+            # A start that failed (a busy port, handlers that do not
+            # import) leaves no database file behind it; nothing can have
+            # been stored in it yet.
+            _remove_sqlite_files(creates)
+        raise
+
+
+class _Started:
+    """*task_status*, noting whether the server got as far as starting."""
+
+    def __init__(self, task_status: trio.TaskStatus[list[str]]) -> None:
+        self._task_status = task_status
+        self.done = False
+
+    def started(self, value: list[str] | None = None) -> None:
+        self.done = True
+        self._task_status.started([] if value is None else value)
+
+
+def _remove_sqlite_files(path: str) -> None:
+    for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name)
 
 
 async def run_server(
@@ -132,9 +165,11 @@ async def run_server(
             stop.set()
 
         async with trio.open_nursery() as front:
-            stoppers: list[Callable[[], None]] = []
+            workers: list[Worker] = []
             if config.handlers and config.mode in ("worker", "all"):
-                stoppers = await _start_handlers(front, engine, config)
+                workers = await _start_handlers(front, engine, config)
+                # One watchdog for them all: one blocked loop, one warning.
+                background.start_soon(watch_blocking, DEFAULT_WARN_BLOCKED_SECS, workers)
             if config.mode in ("api", "all"):
                 app = ProtocolFront(
                     create_app(engine, credentials, max_body_bytes=config.max_body_bytes),
@@ -165,21 +200,19 @@ async def run_server(
             await stop.wait()
             # the HTTP server drains its requests on its own; in-process workers
             # stop leasing and finish what they hold, within the same grace.
-            for stop_worker in stoppers:
-                stop_worker()
+            for worker in workers:
+                worker.stop()
             front.cancel_scope.deadline = trio.current_time() + config.graceful_timeout_secs
         background.cancel_scope.cancel()
 
 
-async def _start_handlers(nursery: trio.Nursery, engine: Engine, config: Config) -> list[Callable[[], None]]:
+async def _start_handlers(nursery: trio.Nursery, engine: Engine, config: Config) -> list[Worker]:
     from ..worker.registry import load_registry
-    from ..worker.runtime import Worker
     from .inprocess import EngineTransport
 
     registry = load_registry(config.handlers or "")
-    stoppers = []
+    workers = []
     for queue in config.handler_queues:
-        worker = Worker(EngineTransport(engine), queue, registry, lanes=config.handler_lanes)
-        handle = await nursery.start(worker.run)
-        stoppers.append(handle.stop)
-    return stoppers
+        worker = Worker(EngineTransport(engine), queue, registry, lanes=config.handler_lanes, warn_blocked_secs=None)
+        workers.append(await nursery.start(worker.run))
+    return workers

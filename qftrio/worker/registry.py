@@ -24,8 +24,10 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import logging
 import os
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -42,6 +44,8 @@ HandlerFn = Callable[[Job], HandlerResult]
 #: returns unchanged: a type checker still sees its own signature, sync or
 #: async, and refuses one that cannot take a job or returns something else.
 H = TypeVar("H", bound=HandlerFn)
+
+log = logging.getLogger("qftrio.worker")
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -130,7 +134,9 @@ def load_registry(ref: str) -> Registry:
     Raises:
         ConfigError: one clear sentence for anything that goes wrong (a bad
             reference, an import that fails, a missing attribute, not a
-            registry). The importing module's own traceback is not shown.
+            registry). An import that fails is named with the file and line
+            where it did; its traceback goes to the ``qftrio.worker`` logger
+            at DEBUG.
     """
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
@@ -141,14 +147,16 @@ def load_registry(ref: str) -> Registry:
             sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise ConfigError(f"registry {ref!r}: no module named {module_name!r}") from None
-        raise ConfigError(f"registry {ref!r}: importing {module_name!r} failed: {exc}") from None
     except BaseException as exc:  # a user's module can raise anything while importing
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        raise ConfigError(f"registry {ref!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+        if isinstance(exc, ModuleNotFoundError) and exc.name and module_name.startswith(exc.name):
+            raise ConfigError(f"registry {ref!r}: no module named {module_name!r}") from None
+        log.debug("importing %r failed", module_name, exc_info=exc)
+        raise ConfigError(
+            f"registry {ref!r}: importing {module_name!r} failed at {_where(exc)}: {type(exc).__name__}: {exc}"
+            " (--log-level DEBUG shows the traceback)"
+        ) from None
     obj: Any = module
     for part in attr.split("."):
         try:
@@ -158,3 +166,14 @@ def load_registry(ref: str) -> Registry:
     if not isinstance(obj, Registry):
         raise ConfigError(f"registry {ref!r} is a {type(obj).__name__}, not a qftrio Registry")
     return obj
+
+
+def _where(exc: BaseException) -> str:
+    """``file:line`` where *exc* was raised: the innermost frame that is not
+    the import machinery's, or the place of a syntax error."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen ")]
+    if not frames:
+        return "an unknown place"
+    return f"{frames[-1].filename}:{frames[-1].lineno}"

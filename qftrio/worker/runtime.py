@@ -10,6 +10,10 @@ Task tree of one :meth:`Worker.run` (DESIGN §7)::
         ├── reporter                  sends the reports of finished jobs in
         │   └── one task per call       batch calls, retried until each
         │                               job's lease ends
+        ├── drain deadline            (shutdown_timeout) cancel() that long
+        │                               after stop()
+        ├── watchdog                  (warn_blocked_secs) watch_blocking:
+        │                               warns when the loop was blocked
         └── jobs nursery
             ├── lease loop            cancel scope: Worker.stop()
             └── one task per job      until its handler is done
@@ -41,6 +45,11 @@ Rules (DESIGN §7, and the protocol's "rules that keep at-least-once honest"):
   (``waiting``), forever: a server restart is ridden out. Answers that never
   change (``401``/``403``, a refused request, an answer that is not
   qftrio's) stop the worker.
+* After :meth:`Worker.stop`, held jobs get ``shutdown_timeout`` seconds at
+  most; then they are cancelled as by :meth:`Worker.cancel`.
+* A watchdog (:func:`watch_blocking`) warns when the Trio loop did not run
+  for ``warn_blocked_secs``: a handler that blocks it stops every heartbeat
+  and report of the worker with it.
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ import math
 import os
 import random
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import trio
@@ -78,7 +87,15 @@ from .registry import Handler, Registry
 from ..errors import UnexpectedAnswer
 from .transport import HeartbeatReply, Transport
 
-__all__ = ["Worker", "validate_options", "WorkerEvent", "WorkerStatistics", "open_worker", "default_worker_id"]
+__all__ = [
+    "Worker",
+    "validate_options",
+    "WorkerEvent",
+    "WorkerStatistics",
+    "open_worker",
+    "default_worker_id",
+    "watch_blocking",
+]
 
 log = logging.getLogger("qftrio.worker")
 
@@ -112,6 +129,13 @@ RESULT_ROOM = 1024
 #: Lease calls in flight at once while the queue has a backlog.
 LEASES_IN_FLIGHT = 2
 
+#: Seconds the Trio loop may go without running before the watchdog warns,
+#: unless told otherwise.
+DEFAULT_WARN_BLOCKED_SECS = 1.0
+
+#: Jobs a blocked-loop warning names; it counts the others.
+BLOCKED_NAMED = 5
+
 #: Seconds allowed between the server claiming a job and the worker getting
 #: the answer; the worker reckons its lease from then.
 CLAIM_SLACK = 0.1
@@ -143,6 +167,8 @@ class WorkerEvent:
         error: what went wrong, in words.
         retryable: for ``failed``, whether the job will be retried (if
             attempts are left).
+        final: for ``failed``, whether the job is dead-lettered now: not
+            retryable, or its last attempt.
         delay: for ``waiting``, seconds until the next lease call.
     """
 
@@ -153,6 +179,7 @@ class WorkerEvent:
     lane: int | None = None
     error: str | None = None
     retryable: bool | None = None
+    final: bool | None = None
     delay: float | None = None
 
     def __str__(self) -> str:
@@ -162,7 +189,12 @@ class WorkerEvent:
         if self.lane is not None:
             parts.append(f"lane {self.lane}")
         if self.retryable is not None:
-            parts.append("retryable" if self.retryable else "not retryable")
+            if not self.retryable:
+                parts.append("not retryable: dead-lettered")
+            elif self.final:
+                parts.append("its last attempt: dead-lettered")
+            else:
+                parts.append("retryable")
         if self.delay is not None:
             parts.append(f"retrying in {self.delay:.1f} s")
         if self.error:
@@ -172,13 +204,15 @@ class WorkerEvent:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerStatistics:
-    """Held jobs (running or waiting for a lane), those running, and
-    whether the worker is draining."""
+    """Held jobs (running or waiting for a lane), those running, whether
+    the worker is draining, and whether it cancelled its held jobs (a hard
+    stop, or a drain that outlasted ``shutdown_timeout``)."""
 
     held: int
     running: int
     lanes: int
     stopping: bool
+    cancelled: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -302,6 +336,8 @@ def validate_options(
     lease_secs: int,
     wait_secs: float,
     worker_id: str | None = None,
+    shutdown_timeout: float | None = None,
+    warn_blocked_secs: float | None = None,
 ) -> None:
     """Raise :class:`~qftrio.errors.ConfigError` for a :class:`Worker`
     option out of range, or a registry with no handler. ``None`` lanes
@@ -322,6 +358,9 @@ def validate_options(
         raise errors.ConfigError(f"wait_secs must be from 0 to {MAX_WAIT_SECS}, not {wait_secs!r}")
     if worker_id is not None and not (1 <= len(worker_id) <= MAX_WORKER_ID):
         raise errors.ConfigError(f"worker_id must have 1 to {MAX_WORKER_ID} characters, not {len(worker_id)}")
+    for name, secs in (("shutdown_timeout", shutdown_timeout), ("warn_blocked_secs", warn_blocked_secs)):
+        if secs is not None and not (isinstance(secs, (int, float)) and 0 < secs < math.inf):
+            raise errors.ConfigError(f"{name} must be a positive number of seconds, not {secs!r}")
 
 
 class Worker:
@@ -347,6 +386,15 @@ class Worker:
         on_event: called with every :class:`WorkerEvent` (also logged to the
             ``qftrio.worker`` logger). It must not block; what it raises is
             logged and ignored.
+        shutdown_timeout: after :meth:`stop`, seconds the held jobs get to
+            finish; then they are cancelled as by :meth:`cancel` (nothing is
+            reported; their leases expire and other workers run them).
+            ``None`` (the default): as long as they take.
+        warn_blocked_secs: warn (``qftrio.worker`` logger) when the Trio
+            loop did not run for this long, naming the jobs running then: a
+            blocking call in an async handler holds up every other job's
+            heartbeats and reports (see :func:`watch_blocking`). ``None``
+            turns the watchdog off.
 
     Raises:
         ConfigError: an argument out of range, or a registry with no handler.
@@ -364,9 +412,19 @@ class Worker:
         wait_secs: float = 20,
         worker_id: str | None = None,
         on_event: Callable[[WorkerEvent], object] | None = None,
+        shutdown_timeout: float | None = None,
+        warn_blocked_secs: float | None = DEFAULT_WARN_BLOCKED_SECS,
     ) -> None:
         validate_options(
-            queue, registry, lanes=lanes, batch=batch, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id
+            queue,
+            registry,
+            lanes=lanes,
+            batch=batch,
+            lease_secs=lease_secs,
+            wait_secs=wait_secs,
+            worker_id=worker_id,
+            shutdown_timeout=shutdown_timeout,
+            warn_blocked_secs=warn_blocked_secs,
         )
         self.transport = transport
         self.queue = queue
@@ -377,6 +435,8 @@ class Worker:
         self.wait_secs = wait_secs
         self.worker_id = worker_id or default_worker_id()
         self.on_event = on_event
+        self.shutdown_timeout = shutdown_timeout
+        self.warn_blocked_secs = warn_blocked_secs
         #: Heartbeat period.
         self.heartbeat_secs = lease_secs / 2
         #: How long before the lease ends a job whose renewals fail is given
@@ -386,6 +446,10 @@ class Worker:
         self._ran = False
         self._stopping = False
         self._cancelled = False
+        self._stop_requested = trio.Event()  # set by stop(): the drain's clock starts
+        # Jobs whose async handler started since the watchdog last looked;
+        # None while no watchdog looks.
+        self._async_started: list[Job] | None = None
         self._fatal: BaseException | None = None
         self._root_scope: trio.CancelScope | None = None
         self._lease_scope = trio.CancelScope()
@@ -426,7 +490,9 @@ class Worker:
         if self._stopping or self._cancelled:
             return
         self._stopping = True
-        self._emit(WorkerEvent(type="stopping", error=f"finishing {len(self._held)} held job(s)"))
+        within = "" if self.shutdown_timeout is None else f" within {self.shutdown_timeout:g} s"
+        self._emit(WorkerEvent(type="stopping", error=f"finishing {len(self._held)} held job(s){within}"))
+        self._stop_requested.set()
         self._lease_scope.cancel()
         if self._poll is not None:
             self._poll.cancel()
@@ -445,7 +511,13 @@ class Worker:
             self._root_scope.cancel()
 
     def statistics(self) -> WorkerStatistics:
-        return WorkerStatistics(held=len(self._held), running=self._lanes.busy, lanes=self.lanes, stopping=self._stopping)
+        return WorkerStatistics(
+            held=len(self._held),
+            running=self._lanes.busy,
+            lanes=self.lanes,
+            stopping=self._stopping,
+            cancelled=self._cancelled,
+        )
 
     # -- main --------------------------------------------------------------
 
@@ -481,6 +553,10 @@ class Worker:
                 async with trio.open_nursery() as worker:
                     worker.start_soon(self._heartbeat_loop)
                     worker.start_soon(self._report_loop)
+                    if self.shutdown_timeout is not None:
+                        worker.start_soon(self._drain_deadline, self.shutdown_timeout)
+                    if self.warn_blocked_secs is not None:
+                        worker.start_soon(watch_blocking, self.warn_blocked_secs, [self])
                     async with trio.open_nursery() as jobs:
                         jobs.start_soon(self._lease_loop, jobs)
                         task_status.started(self)
@@ -496,6 +572,35 @@ class Worker:
                 self._held.clear()  # after a hard stop: abandoned, their leases run out
         if self._fatal is not None:
             raise self._fatal
+
+    async def _drain_deadline(self, timeout: float) -> None:
+        """Once :meth:`stop` is called, give the held jobs *timeout*
+        seconds, then cancel them: a handler that never returns must not
+        hold the worker for ever."""
+        await self._stop_requested.wait()
+        await trio.sleep(timeout)
+        log.warning(
+            "worker %s: the shutdown timeout (%g s) ran out: cancelling %d held job(s); "
+            "their leases expire and other workers run them",
+            self.worker_id,
+            timeout,
+            len(self._held),
+        )
+        self.cancel()
+
+    def _blocking_suspects(self) -> list[Job]:
+        """The jobs whose async handler ran since the last call: those
+        running now, and those that started since (they may be done
+        already). Synchronous handlers run in threads and cannot block the
+        loop. For :func:`watch_blocking`."""
+        jobs = self._async_started or []
+        self._async_started = []
+        for held in self._held.values():
+            if held.lane is not None and held.outcome is None:
+                handler = self.registry.get(held.job.kind)
+                if handler is not None and handler.is_async:
+                    jobs.append(held.job)
+        return jobs
 
     def _die(self, exc: BaseException) -> None:
         """Stop everything because of *exc*, which :meth:`run` raises."""
@@ -520,6 +625,10 @@ class Worker:
         if self.on_event is None and not log.isEnabledFor(_LEVELS[type]):
             return
         job = held.job
+        if type == "failed":
+            # The server dead-letters a failure of the last attempt, whatever
+            # the handler said: the log must not promise a retry.
+            kw["final"] = not kw.get("retryable", True) or job.attempt >= job.max_attempts
         self._emit(WorkerEvent(type=type, job_id=job.id, kind=job.kind, attempt=job.attempt, lane=held.lane, **kw))
 
     async def _wait_changed(self) -> None:
@@ -788,6 +897,8 @@ class Worker:
         with trio.move_on_after(timeout) if handler.timeout is not None else _NO_TIMEOUT as timer:
             try:
                 if handler.is_async:
+                    if self._async_started is not None:
+                        self._async_started.append(job)
                     result = await handler.fn(job)
                 else:
                     # A thread cannot be interrupted: on cancel it is left to
@@ -958,6 +1069,55 @@ class Worker:
                 retry_at = min(now + backoff(held.failures, *REPORT_BACKOFF), held.deadline)
                 heapq.heappush(self._retries, (retry_at, self._retry_seq, held))
         self._wake_reporter()
+
+
+async def watch_blocking(threshold: float, workers: Sequence[Worker]) -> None:
+    """Warn when the Trio loop did not run for *threshold* seconds, naming
+    the jobs of *workers* running then. Runs until cancelled.
+
+    A blocking call in an async handler (``time.sleep``, a synchronous HTTP
+    client, a long computation) stops the whole loop: no heartbeat, report
+    or other handler runs meanwhile, so leases run out and jobs that did
+    nothing wrong are lost. The watchdog sleeps in short steps and measures
+    how late each wake-up comes, which costs one task step a step. It names
+    the async handlers that ran before or during the gap, those done within
+    it included. One watchdog serves every worker of a process, so that one
+    gap gives one warning.
+    """
+    step = min(threshold / 4, 0.25)
+    for worker in workers:
+        worker._async_started = []
+    before: list[Job] = []
+    try:
+        while True:
+            due = trio.current_time() + step
+            await trio.sleep_until(due)
+            late = trio.current_time() - due
+            now = [job for worker in workers for job in worker._blocking_suspects()]
+            if late >= threshold:
+                suspects = list({job.id: job for job in [*before, *now]}.values())
+                log.warning("%s", _blocked_message(late, threshold, suspects))
+            before = now
+    finally:
+        for worker in workers:
+            worker._async_started = None  # nobody looks: record nothing
+
+
+def _blocked_message(late: float, threshold: float, jobs: Sequence[Job]) -> str:
+    blocked = f"the Trio loop was blocked for {late:.1f} s (more than {threshold:g} s)"
+    meanwhile = "Meanwhile no heartbeat or report of this process was sent."
+    if not jobs:
+        return (
+            f"{blocked} while no async handler ran: other code of this process blocked it, or the process "
+            f"was stopped. {meanwhile}"
+        )
+    named = ", ".join(f"job {job.id} ({job.kind})" for job in jobs[:BLOCKED_NAMED])
+    more = f" and {len(jobs) - BLOCKED_NAMED} more" if len(jobs) > BLOCKED_NAMED else ""
+    return (
+        f"{blocked}; async handlers running then: {named}{more}. A blocking call in an async handler is "
+        "the likely cause (time.sleep, a synchronous client, a long computation): make the handler "
+        f"synchronous (it then runs in a thread) or run the call in trio.to_thread.run_sync. {meanwhile}"
+    )
 
 
 @contextlib.asynccontextmanager

@@ -164,10 +164,12 @@ class Target:
     Attributes:
         where: ``host:port`` (or a socket path) of each host, comma-separated.
         user: the role it logs in as.
+        database: the database it opens.
     """
 
     where: str
     user: str
+    database: str
 
 
 def read_url(url: str) -> Target:
@@ -183,23 +185,28 @@ def read_url(url: str) -> Target:
     # each at connect()'s default (None) but the URL.
     parse = connect_utils._parse_connect_dsn_and_args
     arguments: dict[str, Any] = dict.fromkeys(inspect.signature(parse).parameters)
+    # A password holding @ / ? or # ends the user part early: the rest of it
+    # becomes the host, or a port that is not a number.
+    hint = "; percent-encode @ / ? # in the password (@ as %40, / as %2F, ? as %3F, # as %23)" if "@" in url else ""
     try:
         addresses, params = parse(**{**arguments, "dsn": url})
     except asyncpg.exceptions.ClientConfigurationError as exc:
-        raise errors.ConfigError(f"the database URL is not usable: {_redacted(str(exc), url)}") from None
+        raise errors.ConfigError(f"the database URL is not usable: {_redacted(str(exc), url)}{hint}") from None
     except ValueError as exc:  # int() of a port, the only plain ValueError it raises
         message = _redacted(str(exc), url)
-        raise errors.ConfigError(f"the database URL has a port that is not a number: {message}") from None
+        raise errors.ConfigError(f"the database URL has a port that is not a number: {message}{hint}") from None
     hosts = []
     for address in addresses:
         if isinstance(address, str):  # a Unix socket
             hosts.append(address)
             continue
         host, port = address
+        if "@" in host:
+            raise errors.ConfigError(f"the database URL has more than one @ before its host{hint}")
         if not 0 < port < 65536:
             raise errors.ConfigError(f"the database URL's port {port} is out of range (1 to 65535)")
         hosts.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-    return Target(where=", ".join(hosts), user=params.user)
+    return Target(where=", ".join(hosts), user=params.user, database=params.database)
 
 
 def _redacted(text: str, url: str) -> str:
