@@ -13,6 +13,9 @@ Security:
   token, so it is per session, needs no server-side state, and cannot be
   computed by a page that cannot read the cookie. It is compared in
   constant time. A POST whose ``Origin`` is another site is refused first.
+- A bulk action (retry, cancel or delete all matching) acts only from its
+  confirmation page, which shows how many jobs match; with no queue chosen
+  it also needs the form's explicit ``every_queue`` choice.
 - Templates are autoescaped (payloads holding HTML show as text), and every
   answer carries a Content-Security-Policy allowing only the package's own
   script and style, no framing, and ``nosniff``.
