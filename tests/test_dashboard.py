@@ -440,6 +440,9 @@ async def test_the_queues_page_sums_up_pending_running_failed_in_the_last_hour_a
     shown = dict(re.findall(r'data-summary="(\w+)">(?:<a[^>]*>)?([^<]*)<', page))
     assert shown == expected
     assert live["summary"] == expected
+    # The two rates say which is which: the table's and the chart's.
+    assert ">Completed/s, last minute</th>" in page
+    assert "Completed jobs per second, all queues, between refreshes 2 seconds apart" in page
     # Past the page it counts among, "at least".
     assert await server.engine.jobs_failed_since("acme", server.engine.clock() - 3600, limit=2) == (2, True)
 
@@ -478,5 +481,15 @@ async def test_big_payloads_results_and_errors_are_cut_with_a_link_to_the_whole_
         whole = (await client.get(f"/dashboard/jobs/{done}/json")).json()
         assert whole["payload"] == {"blob": blob} and whole["result"] == {"blob": answer_blob}
         assert (await client.get(f"/dashboard/jobs/{dead}/json")).json()["error"] == error
+    body = WorkflowCreateRequest.model_validate(
+        {"name": "wf", "context": {"blob": blob}, "steps": [{"name": "a", "kind": "k"}]}
+    )
+    workflow = await server.engine.workflow_create("acme", body)
+    async with signed_in(server) as client:
+        page = await client.get(f"/dashboard/workflows/{workflow.id}")
+        assert len(page.content) < 64_000 and f'href="/dashboard/workflows/{workflow.id}/json"' in page.text
+        whole = (await client.get(f"/dashboard/workflows/{workflow.id}/json")).json()
+        assert whole["context"] == {"blob": blob}
     async with signed_in(server, "globex-secret") as client:
         assert (await client.get(f"/dashboard/jobs/{done}/json")).status_code == 404
+        assert (await client.get(f"/dashboard/workflows/{workflow.id}/json")).status_code == 404
