@@ -61,6 +61,13 @@ async def signed_in(server: RunningServer, token: str = ACME) -> AsyncIterator[h
         yield client
 
 
+def form_csrf(page: str) -> str:
+    """The CSRF token the forms of a page carry."""
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, "no form with a CSRF token"
+    return found[1]
+
+
 # -- in the browser ---------------------------------------------------------
 
 
@@ -385,11 +392,11 @@ async def test_a_bulk_action_shows_its_count_and_changes_nothing_until_confirmed
         jobs = [await server.engine.job_get("acme", job_id) for job_id in in_q + elsewhere]
         return sum(job.status is Status.PENDING for job in jobs)
 
-    csrf = csrf_token(ACME)
     async with signed_in(server) as client:
         # The jobs page only links to the confirmation: no form there acts.
         assert 'action="/dashboard/jobs/bulk"' not in (await client.get("/dashboard/jobs")).text
         confirm = await client.get("/dashboard/jobs/bulk?action=cancel")
+        csrf = form_csrf(confirm.text)
         assert confirm.status_code == 200
         assert re.search(r'<span id="count">5</span>', confirm.text)
         assert 'name="every_queue"' in confirm.text and "every queue" in confirm.text
@@ -459,7 +466,8 @@ async def test_error_pages_are_headed_in_words(server: RunningServer) -> None:
             assert "text/html" in answer.headers["content-type"], path
             assert f"<h1>{heading}</h1>" in answer.text, path
             assert "not_found" not in answer.text and "invalid_input" not in answer.text, path
-        answer = await client.post("/dashboard/jobs/nope/cancel", data={"csrf": csrf_token(ACME)})
+        csrf = form_csrf((await client.get("/dashboard/")).text)
+        answer = await client.post("/dashboard/jobs/nope/cancel", data={"csrf": csrf})
         assert answer.status_code == 404 and "<h1>Page not found</h1>" in answer.text
 
 
