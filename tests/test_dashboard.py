@@ -86,6 +86,7 @@ async def test_counts_go_live_as_a_worker_completes_jobs_then_sign_out(server: R
         # No reload: the page's refresh brings the new counts.
         expect(row.locator('[data-field="completed"]')).to_have_text("3")
         expect(row.locator('[data-field="pending"]')).to_have_text("0")
+        expect(page.locator('[data-summary="pending"]')).to_have_text("0")
         expect(page.locator("#throughput")).to_be_visible()
 
         page.click('tr[data-queue="q"] [data-field="completed"] a')
