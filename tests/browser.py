@@ -27,9 +27,17 @@ needs_chromium = pytest.mark.skipif(
 STEP_MS = 8_000
 
 
-async def in_browser(scenario: Callable[..., None], *args: Any, javascript: bool = True) -> None:
+#: A phone's viewport (an iPhone 12 to 15 is 390 CSS pixels wide).
+PHONE = {"width": 390, "height": 844}
+#: A desktop's.
+DESKTOP = {"width": 1280, "height": 800}
+
+
+async def in_browser(
+    scenario: Callable[..., None], *args: Any, javascript: bool = True, viewport: dict[str, int] = DESKTOP
+) -> None:
     """Run ``scenario(page, *args)`` in a fresh chromium, in a thread,
-    with JavaScript on or off."""
+    with JavaScript on or off, in a window of *viewport*'s size."""
 
     def run() -> None:
         from playwright.sync_api import expect, sync_playwright
@@ -43,7 +51,7 @@ async def in_browser(scenario: Callable[..., None], *args: Any, javascript: bool
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=CHROMIUM)
                 try:
-                    page = browser.new_page(java_script_enabled=javascript)
+                    page = browser.new_page(java_script_enabled=javascript, viewport=viewport)
                     page.set_default_timeout(STEP_MS)
                     scenario(page, *args)
                 finally:

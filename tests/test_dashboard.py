@@ -19,7 +19,7 @@ from qftrio.server.engine import Engine
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import open_sqlite_store
 
-from .browser import in_browser, needs_chromium, sign_in
+from .browser import PHONE, in_browser, needs_chromium, sign_in
 from .conftest import RunningServer
 
 ACME = "acme-secret"
@@ -61,6 +61,13 @@ async def signed_in(server: RunningServer, token: str = ACME) -> AsyncIterator[h
         yield client
 
 
+def form_csrf(page: str) -> str:
+    """The CSRF token the forms of a page carry."""
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, "no form with a CSRF token"
+    return found[1]
+
+
 # -- in the browser ---------------------------------------------------------
 
 
@@ -79,6 +86,7 @@ async def test_counts_go_live_as_a_worker_completes_jobs_then_sign_out(server: R
         # No reload: the page's refresh brings the new counts.
         expect(row.locator('[data-field="completed"]')).to_have_text("3")
         expect(row.locator('[data-field="pending"]')).to_have_text("0")
+        expect(page.locator('[data-summary="pending"]')).to_have_text("0")
         expect(page.locator("#throughput")).to_be_visible()
 
         page.click('tr[data-queue="q"] [data-field="completed"] a')
@@ -97,9 +105,14 @@ async def test_counts_go_live_as_a_worker_completes_jobs_then_sign_out(server: R
 
 
 @needs_chromium
-async def test_retry_a_dead_letter_then_all_and_cancel_a_job_with_javascript_off(server: RunningServer) -> None:
+async def test_retry_a_dead_letter_then_all_after_confirming_and_cancel_a_job_with_javascript_off(
+    server: RunningServer,
+) -> None:
     first, *rest = await dead_letters(server.engine, 3)
     (pending,) = await enqueue(server.engine, 1, queue="other")
+
+    async def statuses() -> list[Status]:
+        return [(await server.engine.job_get("acme", job_id)).status for job_id in rest]
 
     def scenario(page: Any) -> None:
         from playwright.sync_api import expect
@@ -112,7 +125,16 @@ async def test_retry_a_dead_letter_then_all_and_cancel_a_job_with_javascript_off
 
         page.click("header nav >> text=Dead letters")
         expect(page.locator("table.jobs tbody tr")).to_have_count(2)
-        page.click('button:text-is("Retry all")')
+        page.click('a:text-is("Retry all…")')
+        # The count first, and nothing retried yet.
+        expect(page.locator("h1")).to_have_text("Retry 2 jobs?")
+        assert trio.from_thread.run(statuses) == [Status.FAILED] * 2
+        # No queue is chosen: the browser asks for the explicit choice first.
+        page.click('button:text-is("Retry 2 jobs")')
+        expect(page.locator("h1")).to_have_text("Retry 2 jobs?")
+        assert trio.from_thread.run(statuses) == [Status.FAILED] * 2
+        page.check('input[name="every_queue"]')
+        page.click('button:text-is("Retry 2 jobs")')
         expect(page.locator(".notice")).to_have_text("2 jobs retried")
         expect(page.locator("td.empty")).to_have_text("No jobs match.")
 
@@ -170,10 +192,80 @@ async def test_a_script_in_a_payload_shows_as_text_and_a_cross_site_post_is_refu
         )
         with page.expect_navigation():
             page.click("button")
-        expect(page.locator("h1")).to_contain_text("40")
+        expect(page.locator("h1")).to_have_text("Not allowed")
 
     await in_browser(scenario)
     assert (await server.engine.job_get("acme", job_id)).status is Status.PENDING
+
+
+async def every_kind_of_page(engine: Engine) -> list[str]:
+    """Jobs, a dead letter, a workflow and a running job with long names
+    and a long error, as a worst case for narrow screens; the path of
+    every page."""
+    long_queue, long_kind = "q-" + "x" * 60, "k-" + "y" * 60
+    inserted = await engine.enqueue(
+        "acme", [EnqueueRequest(kind=long_kind, payload={"n": 1}, config=JobConfig(queue=long_queue))] * 3
+    )
+    await engine.lease(long_queue, max_jobs=1, worker_id="worker-" + "w" * 60)
+    (dead,) = await enqueue(engine, 1, queue="d", max_attempts=1)
+    (lease,) = await engine.lease("d")
+    await engine.fail([FailItem(dead, lease.lease_token, "Traceback: " + "boom " * 400, False)])
+    body = WorkflowCreateRequest.model_validate({"name": "wf", "steps": [{"name": "a", "kind": long_kind}]})
+    workflow = await engine.workflow_create("acme", body)
+    return [
+        "/dashboard/",
+        f"/dashboard/queues/{long_queue}",
+        "/dashboard/jobs",
+        f"/dashboard/jobs/{inserted[0].job.id}",
+        f"/dashboard/jobs/{dead}",
+        "/dashboard/dead",
+        "/dashboard/jobs/bulk?action=cancel",
+        "/dashboard/workflows",
+        f"/dashboard/workflows/{workflow.id}",
+        "/dashboard/workers",
+        "/dashboard/no-such-page",
+    ]
+
+
+@needs_chromium
+async def test_on_a_phone_no_page_is_wider_than_the_screen_and_the_header_keeps_sign_out_on_its_line(
+    server: RunningServer,
+) -> None:
+    paths = await every_kind_of_page(server.engine)
+
+    def scenario(page: Any) -> None:
+        sign_in(page, server.url, ACME)
+        for path in paths:
+            page.goto(server.url + path)
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= PHONE["width"], (path, width)
+            brand = page.locator("header .brand").bounding_box()
+            button = page.locator("header form.signout button").bounding_box()
+            # One line of text, inside the screen, on the brand's line.
+            assert button["height"] < 2 * brand["height"], (path, button)
+            assert button["x"] + button["width"] <= PHONE["width"], (path, button)
+            assert abs((button["y"] + button["height"] / 2) - (brand["y"] + brand["height"] / 2)) < brand["height"], path
+
+    await in_browser(scenario, viewport=PHONE)
+
+
+@needs_chromium
+async def test_on_a_desktop_ids_and_ages_stay_on_one_line(server: RunningServer) -> None:
+    paths = await every_kind_of_page(server.engine)
+    lines = """(selector) => [...document.querySelectorAll(selector)].map((el) => {
+        const range = document.createRange();
+        range.selectNodeContents(el);
+        return new Set([...range.getClientRects()].map((r) => Math.round(r.top))).size;
+    })"""
+
+    def scenario(page: Any) -> None:
+        sign_in(page, server.url, ACME)
+        for path in paths:
+            page.goto(server.url + path)
+            counts = page.evaluate(lines, "td .mono, td.age")
+            assert set(counts) <= {1}, (path, counts)
+
+    await in_browser(scenario)
 
 
 # -- over HTTP -------------------------------------------------------------
@@ -290,3 +382,123 @@ def test_throughput_is_completed_jobs_per_second_over_the_last_minute() -> None:
     assert observe(70, 130) == (None, [5.0, 10.0, 0.0])
     # Deleting completed jobs is not negative throughput.
     assert observe(71, 0) == (0.0, [5.0, 10.0, 0.0, 0.0])
+
+
+async def test_a_bulk_action_shows_its_count_and_changes_nothing_until_confirmed(server: RunningServer) -> None:
+    await dead_letters(server.engine, 1, queue="other")
+    in_q = await enqueue(server.engine, 3)
+    elsewhere = await enqueue(server.engine, 2, queue="other")
+
+    async def pending() -> int:
+        jobs = [await server.engine.job_get("acme", job_id) for job_id in in_q + elsewhere]
+        return sum(job.status is Status.PENDING for job in jobs)
+
+    async with signed_in(server) as client:
+        # The jobs page only links to the confirmation: no form there acts.
+        assert 'action="/dashboard/jobs/bulk"' not in (await client.get("/dashboard/jobs")).text
+        confirm = await client.get("/dashboard/jobs/bulk?action=cancel")
+        csrf = form_csrf(confirm.text)
+        assert confirm.status_code == 200
+        assert re.search(r'<span id="count">5</span>', confirm.text)
+        assert 'name="every_queue"' in confirm.text and "every queue" in confirm.text
+        assert await pending() == 5
+
+        # Every queue needs the explicit choice.
+        answer = await client.post("/dashboard/jobs/bulk", data={"csrf": csrf, "action": "cancel"})
+        assert answer.status_code == 422 and "every_queue" in answer.text
+        assert await pending() == 5
+        # Without the session's CSRF token, nothing either.
+        form = {"action": "cancel", "every_queue": "yes"}
+        assert (await client.post("/dashboard/jobs/bulk", data=form)).status_code == 403
+        assert await pending() == 5
+
+        confirm = await client.get("/dashboard/jobs/bulk?action=cancel&queue=q")
+        assert '<span id="count">3</span>' in confirm.text and 'name="every_queue"' not in confirm.text
+        answer = await client.post("/dashboard/jobs/bulk", data={"csrf": csrf, "action": "cancel", "queue": "q"})
+        assert answer.status_code == 303 and "done=cancel&count=3" in answer.headers["Location"]
+        assert await pending() == 2
+
+        # The counts are per queue and status: a kind filter is an upper bound.
+        confirm = await client.get("/dashboard/jobs/bulk?action=cancel&kind=k")
+        assert re.search(r'Cancel up to <span id="count">2</span> jobs\?', confirm.text)
+        # One dead letter and the three cancelled jobs.
+        assert '<span id="count">4</span>' in (await client.get("/dashboard/jobs/bulk?action=retry")).text
+        for query in ["action=drop", "action=retry&status=pending", "action=cancel&queue=a%20b"]:
+            answer = await client.get(f"/dashboard/jobs/bulk?{query}")
+            assert answer.status_code == 422 and "<h1>Invalid input</h1>" in answer.text, query
+
+        answer = await client.post("/dashboard/jobs/bulk", data={"csrf": csrf, **form})
+        assert answer.status_code == 303 and "count=2" in answer.headers["Location"]
+    assert await pending() == 0
+
+
+async def test_the_queues_page_sums_up_pending_running_failed_in_the_last_hour_and_oldest_ready(
+    server: RunningServer,
+) -> None:
+    await dead_letters(server.engine, 1, queue="d")
+    server.clock.advance(2 * 3600)
+    await enqueue(server.engine, 3)
+    await server.engine.lease("q", worker_id="w1", lease_secs=600)
+    server.clock.advance(125)
+    await dead_letters(server.engine, 2, queue="d")
+    expected = {"pending": "2", "running": "1", "failed_last_hour": "2", "oldest_ready": "2m 05s ago"}
+    async with signed_in(server) as client:
+        page = (await client.get("/dashboard/")).text
+        live = (await client.get("/dashboard/queues.json")).json()
+    shown = dict(re.findall(r'data-summary="(\w+)">(?:<a[^>]*>)?([^<]*)<', page))
+    assert shown == expected
+    assert live["summary"] == expected
+    # The two rates say which is which: the table's and the chart's.
+    assert ">Completed/s, last minute</th>" in page
+    assert "Completed jobs per second, all queues, between refreshes 2 seconds apart" in page
+    # Past the page it counts among, "at least".
+    assert await server.engine.jobs_failed_since("acme", server.engine.clock() - 3600, limit=2) == (2, True)
+
+
+async def test_error_pages_are_headed_in_words(server: RunningServer) -> None:
+    async with signed_in(server) as client:
+        for path, status, heading in [
+            ("/dashboard/jobs/no-such-job", 404, "Page not found"),
+            ("/dashboard/no/such/page", 404, "Page not found"),
+            ("/dashboard/jobs?status=bogus", 422, "Invalid input"),
+        ]:
+            answer = await client.get(path)
+            assert answer.status_code == status, path
+            assert "text/html" in answer.headers["content-type"], path
+            assert f"<h1>{heading}</h1>" in answer.text, path
+            assert "not_found" not in answer.text and "invalid_input" not in answer.text, path
+        csrf = form_csrf((await client.get("/dashboard/")).text)
+        answer = await client.post("/dashboard/jobs/nope/cancel", data={"csrf": csrf})
+        assert answer.status_code == 404 and "<h1>Page not found</h1>" in answer.text
+
+
+async def test_big_payloads_results_and_errors_are_cut_with_a_link_to_the_whole_job(server: RunningServer) -> None:
+    blob, answer_blob, error = "p" * 300_000, "r" * 300_000, "e" * 60_000
+    (done,) = await enqueue(server.engine, 1, payload={"blob": blob})
+    (lease,) = await server.engine.lease("q")
+    await server.engine.complete([CompleteItem(done, lease.lease_token, {"blob": answer_blob})])
+    (dead,) = await enqueue(server.engine, 1, max_attempts=1, payload={"blob": blob})
+    (lease,) = await server.engine.lease("q")
+    await server.engine.fail([FailItem(dead, lease.lease_token, error, False)])
+    async with signed_in(server) as client:
+        for job_id in (done, dead):
+            page = await client.get(f"/dashboard/jobs/{job_id}")
+            assert page.status_code == 200 and len(page.content) < 64_000, len(page.content)
+            assert f'href="/dashboard/jobs/{job_id}/json"' in page.text and "more in" in page.text
+        for path in ["/dashboard/jobs", "/dashboard/dead"]:
+            assert len((await client.get(path)).content) < 32_000, path
+        whole = (await client.get(f"/dashboard/jobs/{done}/json")).json()
+        assert whole["payload"] == {"blob": blob} and whole["result"] == {"blob": answer_blob}
+        assert (await client.get(f"/dashboard/jobs/{dead}/json")).json()["error"] == error
+    body = WorkflowCreateRequest.model_validate(
+        {"name": "wf", "context": {"blob": blob}, "steps": [{"name": "a", "kind": "k"}]}
+    )
+    workflow = await server.engine.workflow_create("acme", body)
+    async with signed_in(server) as client:
+        page = await client.get(f"/dashboard/workflows/{workflow.id}")
+        assert len(page.content) < 64_000 and f'href="/dashboard/workflows/{workflow.id}/json"' in page.text
+        whole = (await client.get(f"/dashboard/workflows/{workflow.id}/json")).json()
+        assert whole["context"] == {"blob": blob}
+    async with signed_in(server, "globex-secret") as client:
+        assert (await client.get(f"/dashboard/jobs/{done}/json")).status_code == 404
+        assert (await client.get(f"/dashboard/workflows/{workflow.id}/json")).status_code == 404

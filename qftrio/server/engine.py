@@ -476,6 +476,17 @@ class Engine:
             after = batch.last
         return changed
 
+    async def jobs_failed_since(self, tenant: str, since: float, *, limit: int = 50) -> tuple[int, bool]:
+        """How many of the tenant's dead letters (jobs ``failed`` for good)
+        failed at or after *since*, counted among its *limit* newest dead
+        letters (by creation), and whether that count reached *limit* (more
+        may have failed). One page of the filtered list, so the cost does not
+        grow with the dead letters kept; a job created before the newest
+        *limit* dead letters that failed since goes uncounted."""
+        jobs = await self.store.jobs_list(tenant=tenant, status=Status.FAILED, limit=limit)
+        failed = sum(1 for job in jobs if job.updated_at >= since)
+        return failed, failed >= limit
+
     async def workers(self, tenant: str) -> list[WorkerInfo]:
         """The worker ids holding the tenant's running jobs, most jobs first:
         how many, on which queues, last seen (their latest claim or

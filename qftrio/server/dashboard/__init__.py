@@ -13,6 +13,9 @@ Security:
   token, so it is per session, needs no server-side state, and cannot be
   computed by a page that cannot read the cookie. It is compared in
   constant time. A POST whose ``Origin`` is another site is refused first.
+- A bulk action (retry, cancel or delete all matching) acts only from its
+  confirmation page, which shows how many jobs match; with no queue chosen
+  it also needs the form's explicit ``every_queue`` choice.
 - Templates are autoescaped (payloads holding HTML show as text), and every
   answer carries a Content-Security-Policy allowing only the package's own
   script and style, no framing, and ``nosniff``.
@@ -21,6 +24,7 @@ Security:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -32,12 +36,14 @@ from typing import Any
 
 from quart import Blueprint, Response, redirect, render_template, request, send_from_directory
 from quart_schema import hide
+from werkzeug.exceptions import HTTPException
 
 from ... import errors
 from ...models import MAX_JOB_ID, Job, QueueStats, Status, WorkflowStatus, format_time, valid_name
 from ..auth import Credentials
 from ..engine import Engine
-from ..transitions import BULK_STATUSES
+from ..store.base import BulkAction
+from ..transitions import BULK_STATUSES, bulk_statuses
 
 __all__ = ["create_dashboard"]
 
@@ -51,6 +57,19 @@ PAGE = 50
 RATE_WINDOW_SECS = 60.0
 #: Samples kept per queue for the throughput chart.
 CHART_POINTS = 60
+#: Jobs a bulk action changes at most per click.
+BULK_LIMIT = 10_000
+#: How far back the queues page's "failed in the last hour" looks.
+FAILED_WINDOW_SECS = 3600.0
+#: Characters of a payload, result, error or context a page shows; the rest
+#: is one link away (the whole job as JSON), so that no page is megabytes.
+SHOWN_CHARS = 16 * 1024
+#: Characters of one failed attempt's error on a job's page, and of a
+#: job's last error in a list.
+ERROR_CHARS = 2000
+LIST_ERROR_CHARS = 200
+#: Failed attempts a job's page lists (the latest).
+ERRORS_SHOWN = 20
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -65,6 +84,20 @@ SECURITY_HEADERS = {
 
 _BULK_ACTIONS = {"retry": "Retry", "cancel": "Cancel", "delete": "Delete"}
 _BULK_DONE = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}
+
+#: The heading of an error page, by status.
+ERROR_TITLES = {
+    400: "Bad request",
+    401: "Not signed in",
+    403: "Not allowed",
+    404: "Page not found",
+    405: "Not allowed here",
+    409: "Not possible now",
+    413: "Too large",
+    422: "Invalid input",
+    429: "Too many attempts",
+    503: "Temporarily unavailable",
+}
 
 
 def csrf_token(token: str) -> str:
@@ -164,6 +197,24 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
+def clip(text: str | None, limit: int = LIST_ERROR_CHARS) -> str:
+    """*text* cut to *limit* characters, an ellipsis saying it was cut."""
+    if text is None:
+        return ""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _shown(value: Any) -> tuple[str, int]:
+    """JSON as a page shows it: pretty, its first :data:`SHOWN_CHARS`
+    characters, and how many it leaves out."""
+    text = _pretty(value)
+    return text[:SHOWN_CHARS], max(0, len(text) - SHOWN_CHARS)
+
+
+def _json_answer(value: Any) -> Response:
+    return Response(json.dumps(value, ensure_ascii=False), content_type="application/json; charset=utf-8")
+
+
 def _name(field: str, value: str | None) -> str | None:
     """A queue or kind filter: None when blank, 422 when not a name."""
     if not value:
@@ -192,6 +243,60 @@ def _job_id(value: str) -> str:
 def _query(**params: str | None) -> str:
     """A query string of the given parameters that are set."""
     return urllib.parse.urlencode({k: v for k, v in params.items() if v})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Bulk:
+    """A bulk action and its filters, as a jobs page asks for it, its
+    confirmation shows it and the confirming form carries it."""
+
+    action: BulkAction
+    queue: str | None
+    kind: str | None
+    status: Status | None
+    #: Asked from the dead letters page (whose status is always failed).
+    dead: bool
+
+    @classmethod
+    def parse(cls, fields: Any) -> Bulk:
+        """From a query string or a form: 422 naming the field for anything
+        malformed, or for a status the action never applies to."""
+        action = fields.get("action", "")
+        if action not in _BULK_ACTIONS:
+            raise errors.InvalidInput(f"action: not one of retry, cancel, delete: {action!r}")
+        bulk = cls(
+            action=action,
+            queue=_name("queue", fields.get("queue")),
+            kind=_name("kind", fields.get("kind")),
+            status=_enum("status", Status, fields.get("status")),
+            dead=fields.get("from") == "dead",
+        )
+        bulk_statuses(action, bulk.status)
+        return bulk
+
+    @property
+    def statuses(self) -> tuple[Status, ...]:
+        """The statuses of the jobs it acts on."""
+        return bulk_statuses(self.action, self.status)
+
+    @property
+    def fields(self) -> dict[str, str | None]:
+        """The confirming form's fields."""
+        status = self.status.value if self.status else None
+        return {
+            "action": self.action,
+            "queue": self.queue,
+            "kind": self.kind,
+            "status": status,
+            "from": "dead" if self.dead else None,
+        }
+
+    def back(self, **extra: str) -> str:
+        """The page it was asked from, with its filters (and *extra*)."""
+        path = f"{PREFIX}/dead" if self.dead else f"{PREFIX}/jobs"
+        status = None if self.dead or self.status is None else self.status.value
+        query = _query(queue=self.queue, kind=self.kind, status=status, **extra)
+        return f"{path}?{query}" if query else path
 
 
 def _over_tls() -> bool:
@@ -247,6 +352,7 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
             age=_age,
             time=_time,
             rate=_rate,
+            clip=clip,
             **context,
         )
         return Response(body, status=status, content_type="text/html; charset=utf-8")
@@ -306,7 +412,12 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
 
     @bp.errorhandler(errors.ApiError)
     async def api_error(exc: errors.ApiError) -> Response:
-        return await page("dashboard/error.html", exc.status_code, error=exc)
+        title = ERROR_TITLES.get(exc.status_code, "Something went wrong")
+        return await page("dashboard/error.html", exc.status_code, error=exc, title=title)
+
+    @bp.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        return await api_error(errors.error_for_status(exc.code or 500, None, exc.description or exc.name))
 
     # -- signing in and out ------------------------------------------------
 
@@ -364,18 +475,39 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
             )
         return rows
 
+    async def summary(tenant: str, stats: list[QueueStats]) -> dict[str, str]:
+        """The queues page's summary row: jobs pending and running in every
+        queue, dead letters of the last hour, the oldest ready job's wait."""
+        now = engine.clock()
+        failed, more = await engine.jobs_failed_since(tenant, now - FAILED_WINDOW_SECS, limit=PAGE)
+        ready = [s.oldest_ready_at for s in stats if s.oldest_ready_at is not None]
+        return {
+            "pending": str(sum(s.counts.get(Status.PENDING.value, 0) for s in stats)),
+            "running": str(sum(s.counts.get(Status.RUNNING.value, 0) for s in stats)),
+            "failed_last_hour": f"{failed}+" if more else str(failed),
+            "oldest_ready": _age(min(ready, default=None), now),
+        }
+
     @bp.get("/")
     @view
     async def queues(tenant: str) -> Response:
-        rows = queue_rows(tenant, await engine.queues_stats(tenant))
-        return await page("dashboard/queues.html", rows=rows, statuses=[s.value for s in Status])
+        stats = await engine.queues_stats(tenant)
+        return await page(
+            "dashboard/queues.html",
+            rows=queue_rows(tenant, stats),
+            summary=await summary(tenant, stats),
+            statuses=[s.value for s in Status],
+        )
 
     @bp.get("/queues.json")
     @view
     async def queues_json(tenant: str) -> Response:
         queue = _name("queue", request.args.get("queue"))
-        rows = queue_rows(tenant, await engine.queues_stats(tenant, queue))
-        return Response(json.dumps({"queues": rows}), content_type="application/json")
+        stats = await engine.queues_stats(tenant, queue)
+        answer: dict[str, Any] = {"queues": queue_rows(tenant, stats)}
+        if queue is None:
+            answer["summary"] = await summary(tenant, stats)
+        return _json_answer(answer)
 
     @bp.get("/queues/<queue>")
     @view
@@ -400,7 +532,7 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
 
     # -- jobs --------------------------------------------------------------
 
-    async def jobs_page(tenant: str, template: str, status: Status | None) -> Response:
+    async def jobs_page(tenant: str, template: str, status: Status | None, source: str | None = None) -> Response:
         queue = _name("queue", request.args.get("queue"))
         kind = _name("kind", request.args.get("kind"))
         cursor = request.args.get("cursor") or None
@@ -408,10 +540,11 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
             tenant, queue=queue, status=status, kind=kind, limit=PAGE, cursor=cursor
         )
         filters = {"queue": queue, "status": status.value if status else None, "kind": kind}
-        # Without a status filter, deleting is offered nowhere: one click
-        # would delete every finished job of the tenant.
+        # Without a status filter, deleting is offered nowhere: it would
+        # delete every finished job of the tenant. Each button leads to the
+        # confirmation, which shows the count and acts.
         bulk = [
-            (name, label)
+            (name, label, f"{PREFIX}/jobs/bulk?{_query(action=name, **filters, **{'from': source})}")
             for name, label in _BULK_ACTIONS.items()
             if (status is None and name != "delete") or status in BULK_STATUSES[name]
         ]
@@ -438,21 +571,39 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
     @bp.get("/dead")
     @view
     async def dead(tenant: str) -> Response:
-        return await jobs_page(tenant, "dashboard/dead.html", Status.FAILED)
+        return await jobs_page(tenant, "dashboard/dead.html", Status.FAILED, "dead")
+
+    @bp.get("/jobs/bulk")
+    @view
+    async def jobs_bulk_confirm(tenant: str) -> Response:
+        # Changes nothing: the count, and the form that confirms. The
+        # counts are per queue and status; a kind filter can only lower it.
+        bulk = Bulk.parse(request.args)
+        stats = await engine.queues_stats(tenant, bulk.queue)
+        matching = sum(s.counts.get(status.value, 0) for s in stats for status in bulk.statuses)
+        return await page(
+            "dashboard/bulk.html",
+            bulk=bulk,
+            label=_BULK_ACTIONS[bulk.action],
+            matching=matching,
+            exact=bulk.kind is None,
+            limit=BULK_LIMIT,
+        )
 
     @bp.post("/jobs/bulk")
     @action
     async def jobs_bulk(tenant: str, form: Any) -> Response:
-        name = form.get("action", "")
-        if name not in _BULK_ACTIONS:
-            raise errors.InvalidInput(f"action: not one of retry, cancel, delete: {name!r}")
-        queue = _name("queue", form.get("queue"))
-        kind = _name("kind", form.get("kind"))
-        status = _enum("status", Status, form.get("status"))
-        count = await engine.jobs_bulk(tenant, name, queue=queue, status=status, kind=kind)
-        back = f"{PREFIX}/dead" if form.get("from") == "dead" else f"{PREFIX}/jobs"
-        filters = {"queue": queue, "kind": kind, "status": None if back.endswith("dead") else form.get("status")}
-        return redirect(f"{back}?{_query(**filters, done=name, count=str(count))}", 303)
+        bulk = Bulk.parse(form)
+        # As the command line refuses a bare `qftrio jobs cancel`.
+        if bulk.queue is None and form.get("every_queue") != "yes":
+            raise errors.InvalidInput(
+                "every_queue: no queue is chosen, so this acts on the jobs of every queue: "
+                "choose a queue, or tick \"in every queue\" to confirm"
+            )
+        count = await engine.jobs_bulk(
+            tenant, bulk.action, queue=bulk.queue, status=bulk.status, kind=bulk.kind, limit=BULK_LIMIT
+        )
+        return redirect(bulk.back(done=bulk.action, count=str(count)), 303)
 
     @bp.get("/jobs/<job_id>")
     @view
@@ -461,10 +612,20 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
         return await page(
             "dashboard/job.html",
             job=job,
-            payload=_pretty(job.payload),
-            result=None if job.result is None else _pretty(job.result),
+            payload=_shown(job.payload),
+            result=None if job.result is None else _shown(job.result),
+            failures=job.errors[-ERRORS_SHOWN:],
+            error_chars=ERROR_CHARS,
+            shown_chars=SHOWN_CHARS,
             events=timeline(job),
         )
+
+    @bp.get("/jobs/<job_id>/json")
+    @view
+    async def job_json(tenant: str, job_id: str) -> Response:
+        # The whole job, as the API's GET /api/v1/jobs/{id} answers it: a
+        # page shows only the start of a big payload, result or error.
+        return _json_answer((await engine.job_get(tenant, _job_id(job_id))).to_wire())
 
     @bp.post("/jobs/<job_id>/retry")
     @action
@@ -499,7 +660,14 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
     @view
     async def workflow_page(tenant: str, workflow_id: str) -> Response:
         workflow = await engine.workflow_get(tenant, _job_id(workflow_id))
-        return await page("dashboard/workflow.html", workflow=workflow, context_json=_pretty(workflow.context))
+        return await page(
+            "dashboard/workflow.html", workflow=workflow, context=_shown(workflow.context), shown_chars=SHOWN_CHARS
+        )
+
+    @bp.get("/workflows/<workflow_id>/json")
+    @view
+    async def workflow_json(tenant: str, workflow_id: str) -> Response:
+        return _json_answer((await engine.workflow_get(tenant, _job_id(workflow_id))).to_wire())
 
     @bp.post("/workflows/<workflow_id>/cancel")
     @action
@@ -511,6 +679,11 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
     @view
     async def workers(tenant: str) -> Response:
         return await page("dashboard/workers.html", workers=await engine.workers(tenant))
+
+    @bp.get("/<path:unknown>")
+    @view
+    async def not_found(tenant: str, unknown: str) -> Response:
+        raise errors.NotFound(f"no dashboard page at {request.path}")
 
     @bp.record_once
     def hide_from_the_document(state: Any) -> None:

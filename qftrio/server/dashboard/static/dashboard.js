@@ -5,13 +5,21 @@
 const REFRESH_MS = 2000;
 
 function drawChart(canvas, series) {
+  // Drawn at the size the page shows it (a phone shrinks the box), so
+  // that the scale's text stays readable and the line sharp.
+  const ratio = window.devicePixelRatio || 1;
+  const w = canvas.clientWidth || canvas.width, h = canvas.clientHeight || canvas.height, pad = 4;
+  canvas.width = Math.round(w * ratio);
+  canvas.height = Math.round(h * ratio);
   const ctx = canvas.getContext("2d");
-  const w = canvas.width, h = canvas.height, pad = 4;
+  ctx.scale(ratio, ratio);
   ctx.clearRect(0, 0, w, h);
   const top = Math.max(1, ...series);
   ctx.fillStyle = "#5b6672";
   ctx.font = "11px sans-serif";
-  ctx.fillText(top.toFixed(1) + "/s", pad, 12);
+  // The top of the scale: the line's jobs per second, not the table's
+  // average over the last minute.
+  ctx.fillText(top.toFixed(1) + " completed/s", pad, 12);
   if (series.length < 2) return;
   ctx.strokeStyle = "#2457c5";
   ctx.lineWidth = 2;
@@ -42,7 +50,11 @@ function setCell(row, field, text) {
 async function refresh(chart, canvas) {
   const answer = await fetch(chart.dataset.live, { credentials: "same-origin", headers: { Accept: "application/json" } });
   if (!answer.ok) return;
-  const { queues } = await answer.json();
+  const { queues, summary } = await answer.json();
+  for (const [field, text] of Object.entries(summary || {})) {
+    const cell = document.querySelector(`[data-summary="${field}"]`);
+    if (cell) (cell.querySelector("a") || cell).textContent = text;
+  }
   // The chart sums the queues' series, aligned on their latest samples.
   const length = Math.max(0, ...queues.map((q) => q.series.length));
   const total = Array(length).fill(0);
