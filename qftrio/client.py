@@ -252,7 +252,9 @@ def _workflows_page(data: Any) -> tuple[list[Workflow], str | None]:
 # a thread; neither driver knows any route, and no route knows its driver.
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass takes several times as long to make, and
+# every call makes one.
+@dataclasses.dataclass(slots=True)
 class Call(Generic[T]):
     """One call: *method* *path* (its parameters encoded already, with
     :func:`_segment`), an optional JSON body and query, and *read*, which
