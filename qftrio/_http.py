@@ -406,6 +406,11 @@ def _httpx_errors() -> Iterator[None]:
     except httpx.TimeoutException:
         raise HttpError("timed out") from None
     except httpx.ConnectError as exc:
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, ssl.SSLError):
+            cause = cause.__cause__ or cause.__context__  # httpcore re-raises "from None"
+        if cause is not None:  # as the Trio pool says it
+            raise HttpError(f"TLS handshake failed: {cause}") from None
         raise HttpError(f"cannot connect: {exc}") from None
     except httpx.HTTPError as exc:
         raise HttpError(str(exc) or type(exc).__name__) from None

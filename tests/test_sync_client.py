@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import re
 import socket
+import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,7 +29,7 @@ from qftrio.models import Status, WorkflowStatus
 
 from .conftest import RunningServer
 from .test_client import dripping
-from .test_http_client import ScriptedServer, answer, start
+from .test_http_client import ScriptedServer, answer, certificate, echo, start
 from .test_workflows import DIAMOND
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -243,6 +244,34 @@ async def test_answers_that_are_not_qftrio_s(nursery: trio.Nursery) -> None:
     with qftrio.SyncClient(scripted.url, max_body_size=10) as client:
         with pytest.raises(errors.TransportError, match="larger than 10 bytes"):
             await in_thread(client.job_get, "x")
+    nursery.cancel_scope.cancel()
+
+
+async def test_https_and_proxies(
+    nursery: trio.Nursery, certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(*certificate)
+    scripted = ScriptedServer(echo)
+    listeners = await nursery.start(
+        functools.partial(trio.serve_ssl_over_tcp, scripted._handle, 0, server_context, host="127.0.0.1")
+    )
+    url = f"https://127.0.0.1:{listeners[0].transport_listener.socket.getsockname()[1]}"
+    # Trusted as the async client trusts it (SSL_CERT_FILE), and checked.
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
+    with qftrio.SyncClient(url) as client:
+        assert await in_thread(client.health) == {"target": "/healthz", "body": ""}
+    monkeypatch.delenv("SSL_CERT_FILE")
+    with qftrio.SyncClient(url) as client:
+        with pytest.raises(errors.TransportError, match="TLS handshake failed"):
+            await in_thread(client.health)
+
+    proxy = await start(nursery, echo)  # it sees the absolute URL sent to a proxy
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with qftrio.SyncClient("http://qftrio.invalid:8000") as client:
+        assert await in_thread(client.health) == {"target": "http://qftrio.invalid:8000/healthz", "body": ""}
     nursery.cancel_scope.cancel()
 
 
