@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import re
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol, TypedDict
@@ -485,14 +486,21 @@ class HttpxTransport:
 
 
 class HttpxSyncTransport:
-    """Calls through an ``httpx.Client``, from any number of threads at once
-    (httpx's pool is thread-safe): what :class:`qftrio.SyncClient` sends
-    through, with proxies from the environment as :class:`HttpxTransport`.
+    """Calls through an ``httpx.Client``, from any number of threads at once:
+    what :class:`qftrio.SyncClient` sends through, with proxies from the
+    environment as :class:`HttpxTransport`.
 
-    Blocking code has no cancel scope: httpx bounds waiting for a connection,
-    connecting, each send and each read by *timeout*, and the body is read
-    only while the call is within it, so that an answer dripping in ends
-    with "timed out" at most one read after the bound.
+    At most *max_connections* calls are in httpx's pool at once; the others
+    wait here. httpcore's blocking pool can close a kept-alive connection it
+    has just handed to a thread that waited for one (encode/httpcore#1110),
+    which fails that call; with no call waiting inside the pool, none is
+    handed over that way.
+
+    Blocking code has no cancel scope: the wait for a free connection, and
+    then httpx's connecting, each send and each read, are bounded by what is
+    left of *timeout*, and the body is read only while the call is within
+    it, so that an answer dripping in ends with "timed out" at most one read
+    after the bound.
 
     Args: as :class:`HttpxTransport`'s, with *transport* an
     ``httpx.BaseTransport``.
@@ -510,25 +518,42 @@ class HttpxSyncTransport:
         import httpx
 
         self._max_body_size = max_body_size
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._closed = False
         self._client = httpx.Client(**_httpx_options(url, headers, max_connections), transport=transport)
 
     def request(self, method: str, target: str, body: bytes | None, *, timeout: float) -> Response:
         """Send one call and read its whole answer, as :meth:`Transport.request`."""
         deadline = time.monotonic() + timeout
-        with _httpx_errors():
-            with self._client.stream(
-                method, target, content=body, headers=_json_headers(body), timeout=timeout
-            ) as answer:
-                content = bytearray()
-                for piece in answer.iter_bytes():
-                    content += piece
-                    if len(content) > self._max_body_size:
-                        raise HttpError(f"the answer's body is larger than {self._max_body_size} bytes")
-                    if time.monotonic() > deadline:
-                        raise HttpError("timed out")
-                return Response(answer.status_code, dict(answer.headers), content)
+        if not self._slots.acquire(timeout=timeout):
+            raise HttpError("timed out")
+        try:
+            if self._closed:
+                raise HttpError("the client is closed")
+            with _httpx_errors():
+                left = max(deadline - time.monotonic(), 0.001)
+                with self._client.stream(
+                    method, target, content=body, headers=_json_headers(body), timeout=left
+                ) as answer:
+                    content = bytearray()
+                    for piece in answer.iter_bytes():
+                        content += piece
+                        if len(content) > self._max_body_size:
+                            raise HttpError(f"the answer's body is larger than {self._max_body_size} bytes")
+                        if time.monotonic() > deadline:
+                            raise HttpError("timed out")
+                    return Response(answer.status_code, dict(answer.headers), content)
+        except (HttpError, RuntimeError):
+            # Closed by another thread during the call: httpx fails it on
+            # the closed connection, or refuses to send (RuntimeError).
+            if self._closed:
+                raise HttpError("the client is closed") from None
+            raise
+        finally:
+            self._slots.release()
 
     def close(self) -> None:
         """Close every connection. Idempotent."""
+        self._closed = True
         with contextlib.suppress(HttpError), _httpx_errors():
             self._client.close()

@@ -740,10 +740,10 @@ class SyncClient(_Api["httpx.BaseTransport"]):
     Args:
         url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
         token: a worker token or a tenant token; ``None`` sends no credential.
-        timeout: seconds allowed for waiting for a connection, for
-            connecting, for each send and each read; the whole answer must
-            have arrived within it too. A long poll (:meth:`lease`) gets its
-            ``wait_secs`` on top.
+        timeout: seconds allowed for each call: waiting for a connection,
+            then connecting, each send and each read within what is left;
+            the body stops being read once it has passed. A long poll
+            (:meth:`lease`) gets its ``wait_secs`` on top.
         max_connections: connections open at once; further calls wait.
         max_body_size: the largest answer body accepted, in bytes; a larger
             one ends the call with :class:`~qftrio.errors.TransportError`.

@@ -15,6 +15,7 @@ import importlib.util
 import re
 import socket
 import ssl
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -228,8 +229,9 @@ async def test_a_silent_or_dripping_server_times_out(nursery: trio.Nursery) -> N
 
 async def test_answers_that_are_not_qftrio_s(nursery: trio.Nursery) -> None:
     async def reply(stream: trio.SocketStream, head: bytes, body: bytes) -> bool:
-        if b"/healthz" in head:
-            await stream.send_all(answer(b"upstream went away", "502 Bad Gateway").replace(b"application/json", b"text/plain"))
+        if b"/healthz" in head:  # a proxy's own error
+            gone = answer(b"upstream went away", "502 Bad Gateway")
+            await stream.send_all(gone.replace(b"application/json", b"text/plain"))
         else:
             await stream.send_all(answer(b'{"not": "a job"}'))
         return True
@@ -275,15 +277,31 @@ async def test_https_and_proxies(
     nursery.cancel_scope.cancel()
 
 
+async def test_a_transport_of_the_caller_s_own(server: RunningServer) -> None:
+    import httpx
+
+    sent: list[str] = []
+
+    class Recording(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            sent.append(f"{request.method} {request.url.path}")
+            return super().handle_request(request)
+
+    with qftrio.SyncClient(server.url, server.tenants["acme"], transport=Recording()) as client:
+        job = await in_thread(client.enqueue, "x", queue="own")
+        assert (await in_thread(client.job_get, job.id)).queue == "own"
+    assert sent == ["POST /api/v1/jobs", f"GET /api/v1/jobs/{job.id}"]
+
+
 # -- threads and closing --------------------------------------------------------------
 
 
 async def test_one_client_shared_by_many_threads(tenant: qftrio.SyncClient) -> None:
-    def view(n: int) -> tuple[str, str]:
+    def view(n: int) -> tuple[str, int]:
         job = tenant.enqueue("from-a-thread", {"n": n}, queue="threads")
         return job.id, tenant.job_get(job.id).payload["n"]
 
-    def many_threads() -> list[tuple[str, str]]:
+    def many_threads() -> list[tuple[str, int]]:
         with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
             return list(pool.map(view, range(200)))
 
@@ -294,21 +312,30 @@ async def test_one_client_shared_by_many_threads(tenant: qftrio.SyncClient) -> N
 
 
 async def test_threads_share_kept_alive_connections_up_to_the_limit(nursery: trio.Nursery) -> None:
+    held = 0
+    three_at_once = trio.Event()
+
     async def ok(stream: trio.SocketStream, head: bytes, body: bytes) -> bool:
-        await trio.sleep(0.001)  # long enough for calls to overlap
+        # No answer until three calls are in flight at once: calls made one
+        # at a time would wait here until their timeout.
+        nonlocal held
+        held += 1
+        if held == 3:
+            three_at_once.set()
+        await three_at_once.wait()
         await stream.send_all(answer(b'{"status": "ok"}'))
         return True
 
     scripted: ScriptedServer = await start(nursery, ok)
-    with qftrio.SyncClient(scripted.url, max_connections=3) as client:
+    with qftrio.SyncClient(scripted.url, max_connections=3, timeout=30) as client:
 
-        def many_threads() -> None:
+        def many_threads() -> list[dict[str, Any]]:
             with concurrent.futures.ThreadPoolExecutor(max_workers=12) as pool:
-                assert all(r == {"status": "ok"} for r in pool.map(lambda _: client.health(), range(120)))
+                return list(pool.map(lambda _: client.health(), range(600)))
 
-        await in_thread(many_threads)
-    assert len(scripted.requests) == 120
-    assert scripted.most_open <= 3 and scripted.connections <= 3
+        assert await in_thread(many_threads) == [{"status": "ok"}] * 600
+    assert len(scripted.requests) == 600
+    assert scripted.most_open == 3 and scripted.connections == 3  # kept alive, reused, never more
     nursery.cancel_scope.cancel()
 
 
@@ -323,6 +350,30 @@ async def test_closing(server: RunningServer) -> None:
         await in_thread(scoped.health)
     with pytest.raises(errors.TransportError, match="the client is closed"):
         await in_thread(scoped.enqueue, "x")
+
+
+async def test_closing_while_other_threads_call(server: RunningServer) -> None:
+    client = qftrio.SyncClient(server.url, server.tenants["acme"], max_connections=2, timeout=5)
+    calls = threading.Semaphore(0)
+
+    def caller() -> str:
+        while True:
+            try:
+                client.health()
+            except errors.TransportError as exc:  # and nothing else, httpx's own errors least of all
+                return str(exc)
+            calls.release()
+
+    def close_midway() -> list[str]:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+            ends = [pool.submit(caller) for _ in range(6)]
+            for _ in range(60):
+                calls.acquire()
+            client.close()
+            return [end.result() for end in ends]
+
+    ends = await in_thread(close_midway)
+    assert ends == [f"GET {server.url}/healthz: the client is closed"] * 6
 
 
 def test_methods_match_the_async_client() -> None:
