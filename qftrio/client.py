@@ -752,8 +752,9 @@ class SyncClient(_Api["httpx.BaseTransport"]):
 
     Calls go through an ``httpx.Client``, which reads proxies from the
     environment (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``)
-    and verifies ``https://`` as :class:`Client` does. Make a client in each
-    process: connections do not survive a ``fork``.
+    and verifies ``https://`` as :class:`Client` does. It connects at its
+    first call; connections opened before a ``fork`` must not be used after
+    it, so make the client in each process, or make no call before the fork.
 
     Raises:
         ConfigError: *url* is not a usable ``http://`` or ``https://`` URL,
