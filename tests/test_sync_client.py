@@ -171,11 +171,11 @@ async def test_error_answers_carry_status_and_code(server: RunningServer, tenant
         tenant.job_cancel(job.id)
         with pytest.raises(errors.Conflict) as conflict:
             tenant.job_cancel(job.id)
-        assert conflict.value.status_code == 409 and conflict.value.code
+        assert (conflict.value.status_code, conflict.value.code) == (409, "conflict")
 
         with pytest.raises(errors.InvalidInput) as invalid:
             tenant.jobs_list(limit=5000)  # the server's rule
-        assert invalid.value.status_code == 422 and "limit" in invalid.value.message
+        assert (invalid.value.status_code, invalid.value.code) == (422, "invalid") and "limit" in invalid.value.message
 
         with pytest.raises(errors.Forbidden):
             tenant.lease("q")
