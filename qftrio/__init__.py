@@ -2,11 +2,11 @@
 
 The public surface: write handlers with :class:`Registry`, run them with
 :class:`Worker` / :func:`open_worker` (or ``qftrio worker``), talk to a server
-with :class:`Client`. Everything else lives in submodules whose API is not
-stable.
+with :class:`Client` (async) or :class:`SyncClient` (blocking). Everything
+else lives in submodules whose API is not stable.
 """
 
-from .client import Client as Client
+from .client import Client as Client, SyncClient as SyncClient
 from .errors import (
     ApiError as ApiError,
     BadRequest as BadRequest,
@@ -40,6 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client",
+    "SyncClient",
     "ApiError",
     "BadRequest",
     "ConfigError",

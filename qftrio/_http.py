@@ -1,5 +1,7 @@
-"""The transports :class:`qftrio.Client` sends its calls through: one
-interface, :class:`Transport`, and two implementations.
+"""The transports the clients send their calls through.
+
+:class:`qftrio.Client` sends through one interface, :class:`Transport`, with
+two implementations:
 
 * :class:`HttpPool`, HTTP/1.1 on Trio sockets with answers parsed by llhttp
   (the parser of Node.js, through ``httptools``): what a client under Trio
@@ -7,12 +9,16 @@ interface, :class:`Transport`, and two implementations.
 * :class:`HttpxTransport`, an ``httpx.AsyncClient``: for callers on asyncio,
   proxies named by the environment, and a caller's own httpx transport.
 
-Both take a target already percent-encoded, bound the whole call (waiting
-for a connection, connecting, sending, the whole answer) by its *timeout*,
-cap the answer's body at *max_body_size* bytes, return a :class:`Response`,
-and raise :class:`HttpError` for anything that kept the call from an
-answer. Neither sends a call again after a failure: an enqueue without an
-idempotency key is not safe to repeat.
+:class:`qftrio.SyncClient` sends through :class:`HttpxSyncTransport`, an
+``httpx.Client`` shared by the threads that call it.
+
+Each takes a target already percent-encoded, bounds the call by its
+*timeout* (the async ones the whole call: waiting for a connection,
+connecting, sending, the whole answer), caps the answer's body at
+*max_body_size* bytes, returns a :class:`Response`, and raises
+:class:`HttpError` for anything that kept the call from an answer. None
+sends a call again after a failure: an enqueue without an idempotency key
+is not safe to repeat.
 
 Why a pool of its own under Trio: an ``httpx.AsyncClient`` spends several
 times the CPU of :class:`HttpPool` per call (``benchmarks/http_client.py``,
@@ -25,8 +31,10 @@ from __future__ import annotations
 import contextlib
 import re
 import ssl
-from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Protocol
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol, TypedDict
 from urllib.parse import urlsplit
 
 import httptools
@@ -39,6 +47,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_SIZE",
     "HttpError",
     "HttpPool",
+    "HttpxSyncTransport",
     "HttpxTransport",
     "Response",
     "Transport",
@@ -368,6 +377,50 @@ class HttpPool:
         return Response(conn.status, conn.headers, conn.body)
 
 
+class _HttpxOptions(TypedDict):
+    base_url: str
+    headers: Mapping[str, str]
+    timeout: None
+    limits: httpx.Limits
+
+
+def _httpx_options(url: str, headers: Mapping[str, str], max_connections: int) -> _HttpxOptions:
+    """The settings both httpx clients are made with."""
+    import httpx
+
+    check_headers(headers)
+    return {
+        "base_url": url,
+        "headers": headers,
+        "timeout": None,  # each call's own, in request
+        "limits": httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+    }
+
+
+@contextlib.contextmanager
+def _httpx_errors() -> Iterator[None]:
+    """httpx's exceptions, raised around a call, as :class:`HttpError`."""
+    import httpx
+
+    try:
+        yield
+    except httpx.TimeoutException:
+        raise HttpError("timed out") from None
+    except httpx.ConnectError as exc:
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, ssl.SSLError):
+            cause = cause.__cause__ or cause.__context__  # httpcore re-raises "from None"
+        if cause is not None:  # as the Trio pool says it
+            raise HttpError(f"TLS handshake failed: {cause}") from None
+        raise HttpError(f"cannot connect: {exc}") from None
+    except httpx.HTTPError as exc:
+        raise HttpError(str(exc) or type(exc).__name__) from None
+
+
+def _json_headers(body: bytes | None) -> dict[str, str] | None:
+    return {"Content-Type": "application/json"} if body is not None else None
+
+
 class HttpxTransport:
     """Calls through an ``httpx.AsyncClient``, under Trio or asyncio.
 
@@ -396,36 +449,23 @@ class HttpxTransport:
         import anyio  # httpx's own dependency: one cancel scope under Trio or asyncio
         import httpx
 
-        check_headers(headers)
         self._anyio = anyio
         self._httpx = httpx
         self._max_body_size = max_body_size
-        self._client = httpx.AsyncClient(
-            base_url=url,
-            headers=headers,
-            timeout=None,  # the call's own bound, in request, covers every phase
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
-        )
+        self._client = httpx.AsyncClient(**_httpx_options(url, headers, max_connections), transport=transport)
 
     async def request(self, method: str, target: str, body: bytes | None, *, timeout: float) -> Response:
         """See :meth:`Transport.request`."""
-        headers = {"Content-Type": "application/json"} if body is not None else None
-        with self._anyio.move_on_after(timeout):
-            try:
-                async with self._client.stream(method, target, content=body, headers=headers) as answer:
-                    content = bytearray()
-                    pieces = answer.aiter_bytes()
-                    async for piece in pieces:
-                        content += piece
-                        if len(content) > self._max_body_size:
-                            await self._abandon(answer, pieces)
-                            raise HttpError(f"the answer's body is larger than {self._max_body_size} bytes")
-                    return Response(answer.status_code, dict(answer.headers), content)
-            except self._httpx.ConnectError as exc:
-                raise HttpError(f"cannot connect: {exc}") from None
-            except self._httpx.HTTPError as exc:
-                raise HttpError(str(exc) or type(exc).__name__) from None
+        with self._anyio.move_on_after(timeout), _httpx_errors():
+            async with self._client.stream(method, target, content=body, headers=_json_headers(body)) as answer:
+                content = bytearray()
+                pieces = answer.aiter_bytes()
+                async for piece in pieces:
+                    content += piece
+                    if len(content) > self._max_body_size:
+                        await self._abandon(answer, pieces)
+                        raise HttpError(f"the answer's body is larger than {self._max_body_size} bytes")
+                return Response(answer.status_code, dict(answer.headers), content)
         raise HttpError("timed out")
 
     async def _abandon(self, answer: httpx.Response, pieces: AsyncIterator[bytes]) -> None:
@@ -443,3 +483,77 @@ class HttpxTransport:
             await self._client.aclose()
         except self._httpx.HTTPError:  # a broken connection while closing changes nothing
             pass
+
+
+class HttpxSyncTransport:
+    """Calls through an ``httpx.Client``, from any number of threads at once:
+    what :class:`qftrio.SyncClient` sends through, with proxies from the
+    environment as :class:`HttpxTransport`.
+
+    At most *max_connections* calls are in httpx's pool at once; the others
+    wait here. httpcore's blocking pool can close a kept-alive connection it
+    has just handed to a thread that waited for one (encode/httpcore#1110),
+    which fails that call; with no call waiting inside the pool, none is
+    handed over that way.
+
+    Blocking code has no cancel scope: the wait for a free connection, and
+    then httpx's connecting, each send and each read, are bounded by what is
+    left of *timeout*, and the body is read only while the call is within
+    it, so that an answer dripping in ends with "timed out" at most one read
+    after the bound.
+
+    Args: as :class:`HttpxTransport`'s, with *transport* an
+    ``httpx.BaseTransport``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        *,
+        max_connections: int = 10,
+        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        import httpx
+
+        self._max_body_size = max_body_size
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._closed = False
+        self._client = httpx.Client(**_httpx_options(url, headers, max_connections), transport=transport)
+
+    def request(self, method: str, target: str, body: bytes | None, *, timeout: float) -> Response:
+        """Send one call and read its whole answer, as :meth:`Transport.request`."""
+        deadline = time.monotonic() + timeout
+        if not self._slots.acquire(timeout=timeout):
+            raise HttpError("timed out")
+        try:
+            if self._closed:
+                raise HttpError("the client is closed")
+            with _httpx_errors():
+                left = max(deadline - time.monotonic(), 0.001)
+                with self._client.stream(
+                    method, target, content=body, headers=_json_headers(body), timeout=left
+                ) as answer:
+                    content = bytearray()
+                    for piece in answer.iter_bytes():
+                        content += piece
+                        if len(content) > self._max_body_size:
+                            raise HttpError(f"the answer's body is larger than {self._max_body_size} bytes")
+                        if time.monotonic() > deadline:
+                            raise HttpError("timed out")
+                    return Response(answer.status_code, dict(answer.headers), content)
+        except (HttpError, RuntimeError):
+            # Closed by another thread during the call: httpx fails it on
+            # the closed connection, or refuses to send (RuntimeError).
+            if self._closed:
+                raise HttpError("the client is closed") from None
+            raise
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        """Close every connection. Idempotent."""
+        self._closed = True
+        with contextlib.suppress(HttpError), _httpx_errors():
+            self._client.close()

@@ -1,9 +1,12 @@
-"""The HTTP client: typed calls of the worker protocol and the application API.
-
-::
+"""The HTTP clients: typed calls of the worker protocol and the application API,
+for async code (:class:`Client`, on Trio or asyncio) and for synchronous code
+(:class:`SyncClient`)::
 
     async with qftrio.Client("http://127.0.0.1:8000", token) as client:
         job = await client.enqueue("resize-image", {"src": "a.png"}, queue="images")
+
+    with qftrio.SyncClient("http://127.0.0.1:8000", token) as client:
+        job = client.enqueue("resize-image", {"src": "a.png"}, queue="images")
 
 Every error answer raises the matching :mod:`qftrio.errors` class (a ``404`` is
 :class:`~qftrio.errors.NotFound`, and so on); a server that cannot be reached,
@@ -17,15 +20,24 @@ import dataclasses
 import datetime as _dt
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Self, TypeVar, cast, overload
 from urllib.parse import quote, urlencode, urlsplit
 
 import pydantic
 import sniffio
 
 from . import errors
-from ._http import DEFAULT_MAX_BODY_SIZE, HttpError, HttpPool, HttpxTransport, Response, Transport, check_headers
+from ._http import (
+    DEFAULT_MAX_BODY_SIZE,
+    HttpError,
+    HttpPool,
+    HttpxSyncTransport,
+    HttpxTransport,
+    Response,
+    Transport,
+    check_headers,
+)
 from ._json import dumps_strict as json_dumps, loads as json_loads
 from .models import (
     BulkRequest,
@@ -54,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Client",
     "InvalidArgument",
+    "SyncClient",
     "HeartbeatItem",
     "CompleteItem",
     "FailItem",
@@ -234,9 +247,10 @@ def _job_body(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # Readers of answers: JSON in, records out. A KeyError or TypeError in one
-# means the answer is not qftrio's (Client._json says so).
+# means the answer is not qftrio's (Call.answer says so).
 
 
 def _leases(data: Any) -> list[Lease]:
@@ -288,34 +302,111 @@ def _workflows_page(data: Any) -> tuple[list[Workflow], str | None]:
     return [Workflow.from_wire(w) for w in data["workflows"]], data.get("next_cursor")
 
 
-class Client:
-    """An async client of one qftrio server.
+# --------------------------------------------------------------------------
+# Each call of the API is described once, as a Call: the request to send and
+# the reader of its answer. Client sends it on an event loop, SyncClient from
+# a thread; neither driver knows any route, and no route knows its driver.
 
-    Args:
-        url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
-        token: a worker token (for the protocol calls) or a tenant token (for
-            the application API); ``None`` sends no credential.
-        timeout: seconds allowed for each whole call (waiting for a
-            connection, connecting, sending, reading the answer). A long
-            poll (:meth:`lease`) gets its ``wait_secs`` on top.
-        max_connections: the connection pool's size. The worker runtime
-            keeps it small on purpose: it batches its reports instead.
-        max_body_size: the largest answer body accepted, in bytes; a larger
-            one ends the call with :class:`~qftrio.errors.TransportError`.
-        transport: an httpx transport to send through instead of the
-            network (tests, or a transport of the caller's own).
 
-    Calls go through one :class:`~qftrio._http.Transport`, chosen at the
-    first call: under Trio, qftrio's own HTTP/1.1 pool; through httpx when
-    *transport* is given, when the environment names a proxy for *url*
-    (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, minus ``NO_PROXY``), or
-    under asyncio. A client serves the event loop it is first used under.
+# Not frozen: a frozen dataclass takes several times as long to make, and
+# every call makes one.
+@dataclasses.dataclass(slots=True)
+class Call(Generic[T]):
+    """One call: *method* *path* (its parameters encoded already, with
+    :func:`_segment`), an optional JSON body and query, and *read*, which
+    turns the answer's JSON into records (``None``: the answer has no body).
+    A long poll's *wait_secs* is added to the client's timeout."""
 
-    Raises:
-        ConfigError: *url* is not a usable ``http://`` or ``https://`` URL,
-            or *token* cannot be sent as a header (a line break, a control
-            or non-ASCII character, surrounding spaces).
-    """
+    method: str
+    path: str
+    read: Callable[[Any], T] | None
+    json_body: Any = None
+    params: Mapping[str, Any] | None = None
+    wait_secs: float = 0
+
+    def encode(self) -> tuple[str, bytes | None]:
+        """The request target (path and query) and body to send."""
+        body = None
+        if self.json_body is not None:
+            try:
+                body = json_dumps(self.json_body)
+            except ValueError as exc:
+                raise InvalidArgument(f"the request cannot be sent as JSON: {exc}") from None
+        query = {k: v for k, v in (self.params or {}).items() if v is not None}
+        return (f"{self.path}?{urlencode(query)}" if query else self.path), body
+
+    def answer(self, url: str, response: Response) -> T:
+        """The call's result, from the server's *response*.
+
+        Raises:
+            ApiError: the matching subclass, for an error status.
+            UnexpectedAnswer: the answer is not JSON, or not of the shape
+                *read* expects: not a qftrio server.
+        """
+        if response.status_code >= 400:
+            raise _error(response)
+        if self.read is None:
+            return cast(T, None)
+        try:
+            return self.read(json_loads(response.content))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise errors.UnexpectedAnswer(
+                f"{self.method} {url}{self.path}: the answer is not qftrio's ({type(exc).__name__}: {exc})"[:300]
+            ) from None
+
+
+def _error(response: Response) -> errors.ApiError:
+    code = message = None
+    try:
+        err = json_loads(response.content)["error"]
+        code, message = err.get("code"), err.get("message")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        # not qftrio's error shape: a proxy's short text is worth passing
+        # on; another server's page is named, not repeated
+        kind = response.headers.get("content-type", "no content type").split(";")[0].strip()
+        text = response.text.strip()
+        if kind == "text/plain" and text and "\n" not in text:
+            message = text[:200]
+        else:
+            message = f"the answer is not qftrio's ({kind}): is the URL a qftrio server?"
+    return errors.error_for_status(response.status_code, code, message)
+
+
+class _method(Generic[P, T]):
+    """A method of both clients, made from the one function that describes
+    its :class:`Call`: a coroutine function on a :class:`Client`, a plain
+    function on a :class:`SyncClient`. The arguments' types reach both
+    through the ParamSpec, for type checkers too, so that the two clients
+    cannot drift apart."""
+
+    def __init__(self, describe: Callable[P, Call[T]]) -> None:
+        self.describe = describe
+        self.__doc__ = describe.__doc__
+        self.__wrapped__ = describe  # inspect.signature(Client.enqueue) shows the description's
+
+    @overload
+    def __get__(self, client: None, owner: type) -> Self: ...
+    @overload
+    def __get__(self, client: Client, owner: type) -> Callable[P, Awaitable[T]]: ...
+    @overload
+    def __get__(self, client: SyncClient, owner: type) -> Callable[P, T]: ...
+    def __get__(self, client: Any, owner: type) -> Any:
+        if client is None:
+            return self
+        bound = client._bind(self.describe)
+        # help(client.enqueue) and inspect.signature show the description's.
+        bound.__name__ = bound.__qualname__ = self.describe.__name__
+        bound.__doc__ = self.__doc__
+        bound.__wrapped__ = self.describe
+        return bound
+
+
+X = TypeVar("X")
+
+
+class _Api(Generic[X]):
+    """What both clients share: their arguments and checks, and every call.
+    *X* is the type of the httpx transport each accepts."""
 
     def __init__(
         self,
@@ -325,7 +416,7 @@ class Client:
         timeout: float = 10.0,
         max_connections: int = 10,
         max_body_size: int = DEFAULT_MAX_BODY_SIZE,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: X | None = None,
     ) -> None:
         headers = {"User-Agent": "qftrio-client"}
         if token:
@@ -351,8 +442,312 @@ class Client:
         self._max_connections = max_connections
         self._max_body_size = max_body_size
         self._caller_transport = transport
-        self._transport: Transport | None = None
         self._closed = False
+        self._open()
+
+    def _open(self) -> None:
+        """Make what the driver needs to send calls."""
+        raise NotImplementedError
+
+    def _request(self, call: Call[Any]) -> tuple[str, bytes | None, float]:
+        """*call*'s target, body and timeout, once the client is known open."""
+        target, body = call.encode()
+        if self._closed:
+            raise errors.TransportError(f"{call.method} {self.url}{call.path}: the client is closed")
+        return target, body, self.timeout + call.wait_secs
+
+    def _transport_error(self, call: Call[Any], exc: HttpError) -> errors.TransportError:
+        return errors.TransportError(f"{call.method} {self.url}{call.path}: {exc}")
+
+    # -- worker protocol ---------------------------------------------------
+
+    @_method
+    def lease(
+        queue: str,
+        *,
+        max_jobs: int = 1,
+        lease_secs: int = 60,
+        wait_secs: float = 0,
+        worker_id: str | None = None,
+    ) -> Call[list[Lease]]:
+        """Claim up to *max_jobs* jobs of *queue*, long-polling up to
+        *wait_secs* for the first. May return an empty list."""
+        body = _build(
+            LeaseRequest, max_jobs=max_jobs, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id
+        )
+        return Call(
+            "POST",
+            f"/api/v1/queues/{_segment(queue)}/lease",
+            _leases,
+            json_body=body,
+            wait_secs=wait_secs,
+        )
+
+    @_method
+    def heartbeat(job_id: str, lease_token: str, extend_secs: int) -> Call[tuple[str, float | None]]:
+        """Extend a lease. Returns the job's status and, when it is still
+        ``running``, the new deadline. Raises :class:`~qftrio.errors.Conflict`
+        when the token is stale."""
+        return Call(
+            "POST",
+            f"/api/v1/jobs/{_segment(job_id)}/heartbeat",
+            _heartbeat,
+            json_body={"lease_token": lease_token, "extend_secs": extend_secs},
+        )
+
+    @_method
+    def complete(job_id: str, lease_token: str, result: Mapping[str, Any] | None = None) -> Call[None]:
+        """Record success (idempotent with the same token)."""
+        return Call(
+            "POST",
+            f"/api/v1/jobs/{_segment(job_id)}/complete",
+            None,
+            json_body={"lease_token": lease_token, "result": dict(result or {})},
+        )
+
+    @_method
+    def fail(job_id: str, lease_token: str, error: str, retryable: bool = True) -> Call[None]:
+        """Record a failure: retried later if *retryable* and attempts are
+        left, else dead-lettered."""
+        return Call(
+            "POST",
+            f"/api/v1/jobs/{_segment(job_id)}/fail",
+            None,
+            json_body={"lease_token": lease_token, "error": error, "retryable": retryable},
+        )
+
+    @_method
+    def heartbeat_many(items: Sequence[HeartbeatItem]) -> Call[list[HeartbeatReply]]:
+        """Heartbeat many leases in one call (at most 1000); one reply per
+        item, in order."""
+        body = {
+            "items": [
+                {"id": i.job_id, "lease_token": i.lease_token, "extend_secs": int(i.extend_secs)} for i in items
+            ]
+        }
+        return Call("POST", "/api/v1/leases/heartbeat", _heartbeat_replies, json_body=body)
+
+    @_method
+    def complete_many(items: Sequence[CompleteItem]) -> Call[list[ReportReply]]:
+        """Complete many jobs in one call (at most 1000)."""
+        body = {"items": [{"id": i.job_id, "lease_token": i.lease_token, "result": i.result} for i in items]}
+        return Call("POST", "/api/v1/leases/complete", _report_replies, json_body=body)
+
+    @_method
+    def fail_many(items: Sequence[FailItem]) -> Call[list[ReportReply]]:
+        """Fail many jobs in one call (at most 1000)."""
+        body = {
+            "items": [
+                {"id": i.job_id, "lease_token": i.lease_token, "error": i.error, "retryable": i.retryable}
+                for i in items
+            ]
+        }
+        return Call("POST", "/api/v1/leases/fail", _report_replies, json_body=body)
+
+    # -- application API ---------------------------------------------------
+
+    @_method
+    def enqueue(
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        delay_secs: float | None = None,
+        scheduled_at: float | _dt.datetime | None = None,
+        idempotency_key: str | None = None,
+    ) -> Call[Job]:
+        """Enqueue one job. *scheduled_at* is epoch seconds or an aware
+        datetime. A repeated *idempotency_key* returns the first job."""
+        body = _job_body(
+            {
+                "kind": kind,
+                "payload": dict(payload or {}),
+                "queue": queue,
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "delay_secs": delay_secs,
+                "scheduled_at": scheduled_at,
+                "idempotency_key": idempotency_key,
+            }
+        )
+        return Call("POST", "/api/v1/jobs", Job.from_wire, json_body=_build(EnqueueRequest, **body))
+
+    @_method
+    def enqueue_many(jobs: Iterable[Mapping[str, Any]]) -> Call[list[Job]]:
+        """Enqueue many jobs in one transaction (at most 1000). Each item is
+        ``{"kind", "payload", "config": {...}}`` or the same with the config
+        keys (``queue``, ``priority``, ...) at the top level."""
+        body = _build(EnqueueBatchRequest, jobs=[_job_body(j) for j in jobs])
+        return Call("POST", "/api/v1/jobs/batch", _jobs, json_body=body)
+
+    @_method
+    def job_get(job_id: str) -> Call[Job]:
+        return Call("GET", f"/api/v1/jobs/{_segment(job_id)}", Job.from_wire)
+
+    @_method
+    def jobs_list(
+        *,
+        queue: str | None = None,
+        status: Status | str | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Call[tuple[list[Job], str | None]]:
+        """One page of jobs, newest first, and the cursor of the next page
+        (``None`` on the last)."""
+        params = {
+            "queue": queue,
+            "status": str(status) if status is not None else None,
+            "kind": kind,
+            "limit": limit,
+            "cursor": cursor,
+        }
+        return Call("GET", "/api/v1/jobs", _jobs_page, params=params)
+
+    @_method
+    def job_cancel(job_id: str) -> Call[Job]:
+        return Call("POST", f"/api/v1/jobs/{_segment(job_id)}/cancel", Job.from_wire)
+
+    @_method
+    def job_retry(job_id: str) -> Call[Job]:
+        return Call("POST", f"/api/v1/jobs/{_segment(job_id)}/retry", Job.from_wire)
+
+    @_method
+    def queues() -> Call[list[QueueStats]]:
+        return Call("GET", "/api/v1/queues", _queues)
+
+    @_method
+    def queue_stats(queue: str) -> Call[QueueStats]:
+        return Call("GET", f"/api/v1/queues/{_segment(queue)}/stats", QueueStats.from_wire)
+
+    @_method
+    def queue_pause(queue: str) -> Call[QueueStats]:
+        """Pause *queue* on every server (idempotent): leases hand out none
+        of its jobs until :meth:`queue_resume`; running jobs go on and report."""
+        return Call("POST", f"/api/v1/queues/{_segment(queue)}/pause", QueueStats.from_wire)
+
+    @_method
+    def queue_resume(queue: str) -> Call[QueueStats]:
+        """Resume a paused *queue* (idempotent)."""
+        return Call("POST", f"/api/v1/queues/{_segment(queue)}/resume", QueueStats.from_wire)
+
+    @_method
+    def jobs_bulk(
+        action: str,
+        *,
+        queue: str | None = None,
+        status: Status | str | None = None,
+        kind: str | None = None,
+        created_after: float | _dt.datetime | None = None,
+        created_before: float | _dt.datetime | None = None,
+        limit: int | None = None,
+    ) -> Call[int]:
+        """``retry``, ``cancel`` or ``delete`` every job matching the filters
+        (at most *limit*, default 10,000), each as the single-job call would;
+        returns how many changed. Times are epoch seconds or aware datetimes
+        (``created_after <= created_at < created_before``).
+
+        Raises:
+            InvalidInput: an unknown *action*, or a *status* the action does
+                not apply to (retry: failed, cancelled; cancel: pending,
+                running; delete: completed, failed, cancelled).
+        """
+        if action not in ("retry", "cancel", "delete"):
+            raise InvalidArgument(f"action: not one of retry, cancel, delete: {action!r}")
+        body = _build(
+            BulkRequest,
+            queue=queue,
+            status=status,
+            kind=kind,
+            created_after=_time(created_after),
+            created_before=_time(created_before),
+            **({} if limit is None else {"limit": limit}),
+        )
+        return Call("POST", f"/api/v1/jobs/bulk/{action}", _count, json_body=body)
+
+    @_method
+    def workers() -> Call[list[WorkerInfo]]:
+        """The worker ids holding running jobs, most jobs first."""
+        return Call("GET", "/api/v1/workers", _workers)
+
+    @_method
+    def health() -> Call[dict[str, Any]]:
+        """``GET /healthz`` (no credential needed)."""
+        return Call("GET", "/healthz", _health)
+
+    # -- workflows ---------------------------------------------------------
+
+    @_method
+    def workflow_create(
+        name: str,
+        steps: Iterable[Mapping[str, Any]],
+        *,
+        context: Mapping[str, Any] | None = None,
+    ) -> Call[Workflow]:
+        """Create a workflow (at most 1000 steps). Each step is ``{"name",
+        "kind", "payload", "depends_on", "max_attempts"}`` (the last three
+        optional). A bad graph (duplicate names, unknown dependencies, a
+        cycle) raises :class:`~qftrio.errors.InvalidInput` and stores
+        nothing."""
+        body = _build(WorkflowCreateRequest, name=name, context=dict(context or {}), steps=[dict(s) for s in steps])
+        return Call("POST", "/api/v1/workflows", Workflow.from_wire, json_body=body)
+
+    @_method
+    def workflow_get(workflow_id: str) -> Call[Workflow]:
+        """The workflow, with every step and its job."""
+        return Call("GET", f"/api/v1/workflows/{_segment(workflow_id)}", Workflow.from_wire)
+
+    @_method
+    def workflows_list(
+        *,
+        status: WorkflowStatus | str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Call[tuple[list[Workflow], str | None]]:
+        """One page of workflows, newest first (steps without their jobs),
+        and the cursor of the next page (``None`` on the last)."""
+        params = {"status": str(status) if status is not None else None, "limit": limit, "cursor": cursor}
+        return Call("GET", "/api/v1/workflows", _workflows_page, params=params)
+
+    @_method
+    def workflow_cancel(workflow_id: str) -> Call[Workflow]:
+        """Cancel a running workflow and its unfinished steps."""
+        return Call("POST", f"/api/v1/workflows/{_segment(workflow_id)}/cancel", Workflow.from_wire)
+
+
+class Client(_Api["httpx.AsyncBaseTransport"]):
+    """An async client of one qftrio server, for Trio or asyncio.
+
+    Args:
+        url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
+        token: a worker token (for the protocol calls) or a tenant token (for
+            the application API); ``None`` sends no credential.
+        timeout: seconds allowed for each whole call (waiting for a
+            connection, connecting, sending, reading the answer). A long
+            poll (:meth:`lease`) gets its ``wait_secs`` on top.
+        max_connections: the connection pool's size. The worker runtime
+            keeps it small on purpose: it batches its reports instead.
+        max_body_size: the largest answer body accepted, in bytes; a larger
+            one ends the call with :class:`~qftrio.errors.TransportError`.
+        transport: an ``httpx.AsyncBaseTransport`` to send through instead
+            of the network (tests, or a transport of the caller's own).
+
+    Calls go through one :class:`~qftrio._http.Transport`, chosen at the
+    first call: under Trio, qftrio's own HTTP/1.1 pool; through httpx when
+    *transport* is given, when the environment names a proxy for *url*
+    (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, minus ``NO_PROXY``), or
+    under asyncio. A client serves the event loop it is first used under.
+
+    Raises:
+        ConfigError: *url* is not a usable ``http://`` or ``https://`` URL,
+            or *token* cannot be sent as a header (a line break, a control
+            or non-ASCII character, surrounding spaces).
+    """
+
+    def _open(self) -> None:
+        self._transport: Transport | None = None
 
     def _open_transport(self) -> Transport:
         """The transport every call goes through, made at the first call."""
@@ -376,304 +771,82 @@ class Client:
         if self._transport is not None:
             await self._transport.aclose()
 
-    # -- plumbing ----------------------------------------------------------
+    def _bind(self, describe: Callable[P, Call[T]]) -> Callable[P, Awaitable[T]]:
+        async def method(*args: P.args, **kwargs: P.kwargs) -> T:
+            return await self._send(describe(*args, **kwargs))
 
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json_body: Any = None,
-        params: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> Response:
-        """One call. *path* has its parameters encoded already (:func:`_segment`)."""
-        body = None
-        if json_body is not None:
-            try:
-                body = json_dumps(json_body)
-            except ValueError as exc:
-                raise InvalidArgument(f"the request cannot be sent as JSON: {exc}") from None
-        target = path
-        if params:
-            target += "?" + urlencode({k: v for k, v in params.items() if v is not None})
-        if self._closed:
-            raise errors.TransportError(f"{method} {self.url}{path}: the client is closed")
+        return method
+
+    async def _send(self, call: Call[T]) -> T:
+        target, body, timeout = self._request(call)
         try:
-            response = await self._open_transport().request(
-                method, target, body, timeout=self.timeout if timeout is None else timeout
-            )
+            response = await self._open_transport().request(call.method, target, body, timeout=timeout)
         except HttpError as exc:
-            raise errors.TransportError(f"{method} {self.url}{path}: {exc}") from None
-        if response.status_code >= 400:
-            raise self._error(response)
-        return response
+            raise self._transport_error(call, exc) from None
+        return call.answer(self.url, response)
 
-    @staticmethod
-    def _error(response: Response) -> errors.ApiError:
-        code = message = None
+
+class SyncClient(_Api["httpx.BaseTransport"]):
+    """A client of one qftrio server for synchronous code (Django, Flask,
+    scripts), with the methods, arguments, results and errors of
+    :class:`Client`, each call blocking until its answer. One instance may
+    be shared by every thread of a process: calls from many threads run at
+    once, over a pool of kept-alive connections.
+
+    Args:
+        url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
+        token: a worker token or a tenant token; ``None`` sends no credential.
+        timeout: seconds allowed for each call: waiting for a connection,
+            then connecting, each send and each read within what is left;
+            the body stops being read once it has passed. A long poll
+            (:meth:`lease`) gets its ``wait_secs`` on top.
+        max_connections: connections open at once; further calls wait.
+        max_body_size: the largest answer body accepted, in bytes; a larger
+            one ends the call with :class:`~qftrio.errors.TransportError`.
+        transport: an ``httpx.BaseTransport`` to send through instead of
+            the network (tests, or a transport of the caller's own).
+
+    Calls go through an ``httpx.Client``, which reads proxies from the
+    environment (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``)
+    and verifies ``https://`` as :class:`Client` does. It connects at its
+    first call; connections opened before a ``fork`` must not be used after
+    it, so make the client in each process, or make no call before the fork.
+
+    Raises:
+        ConfigError: *url* is not a usable ``http://`` or ``https://`` URL,
+            or *token* cannot be sent as a header.
+    """
+
+    def _open(self) -> None:
+        self._transport = HttpxSyncTransport(
+            self.url,
+            self._headers,
+            max_connections=self._max_connections,
+            max_body_size=self._max_body_size,
+            transport=self._caller_transport,
+        )
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool. Idempotent."""
+        self._closed = True
+        self._transport.close()
+
+    def _bind(self, describe: Callable[P, Call[T]]) -> Callable[P, T]:
+        def method(*args: P.args, **kwargs: P.kwargs) -> T:
+            return self._send(describe(*args, **kwargs))
+
+        return method
+
+    def _send(self, call: Call[T]) -> T:
+        target, body, timeout = self._request(call)
         try:
-            err = json_loads(response.content)["error"]
-            code, message = err.get("code"), err.get("message")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            # not qftrio's error shape: a proxy's short text is worth passing
-            # on; another server's page is named, not repeated
-            kind = response.headers.get("content-type", "no content type").split(";")[0].strip()
-            text = response.text.strip()
-            if kind == "text/plain" and text and "\n" not in text:
-                message = text[:200]
-            else:
-                message = f"the answer is not qftrio's ({kind}): is the URL a qftrio server?"
-        return errors.error_for_status(response.status_code, code, message)
-
-    async def _json(self, method: str, path: str, read: Callable[[Any], T], **kwargs: Any) -> T:
-        """The answer to *method* *path*, turned into its records by *read*.
-
-        Raises:
-            UnexpectedAnswer: the answer is not JSON, or not of the shape
-                *read* expects: not a qftrio server.
-        """
-        response = await self._request(method, path, **kwargs)
-        try:
-            return read(json_loads(response.content))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise errors.UnexpectedAnswer(
-                f"{method} {self.url}{path}: the answer is not qftrio's ({type(exc).__name__}: {exc})"[:300]
-            ) from None
-
-    # -- worker protocol ---------------------------------------------------
-
-    async def lease(
-        self,
-        queue: str,
-        *,
-        max_jobs: int = 1,
-        lease_secs: int = 60,
-        wait_secs: float = 0,
-        worker_id: str | None = None,
-    ) -> list[Lease]:
-        """Claim up to *max_jobs* jobs of *queue*, long-polling up to
-        *wait_secs* for the first. May return an empty list."""
-        body = _build(
-            LeaseRequest, max_jobs=max_jobs, lease_secs=lease_secs, wait_secs=wait_secs, worker_id=worker_id
-        )
-        return await self._json(
-            "POST",
-            f"/api/v1/queues/{_segment(queue)}/lease",
-            _leases,
-            json_body=body,
-            timeout=self.timeout + wait_secs,
-        )
-
-    async def heartbeat(self, job_id: str, lease_token: str, extend_secs: int) -> tuple[str, float | None]:
-        """Extend a lease. Returns the job's status and, when it is still
-        ``running``, the new deadline. Raises :class:`~qftrio.errors.Conflict`
-        when the token is stale."""
-        return await self._json(
-            "POST",
-            f"/api/v1/jobs/{_segment(job_id)}/heartbeat",
-            _heartbeat,
-            json_body={"lease_token": lease_token, "extend_secs": extend_secs},
-        )
-
-    async def complete(self, job_id: str, lease_token: str, result: Mapping[str, Any] | None = None) -> None:
-        """Record success (idempotent with the same token)."""
-        await self._request(
-            "POST",
-            f"/api/v1/jobs/{_segment(job_id)}/complete",
-            json_body={"lease_token": lease_token, "result": dict(result or {})},
-        )
-
-    async def fail(self, job_id: str, lease_token: str, error: str, retryable: bool = True) -> None:
-        """Record a failure: retried later if *retryable* and attempts are
-        left, else dead-lettered."""
-        await self._request(
-            "POST",
-            f"/api/v1/jobs/{_segment(job_id)}/fail",
-            json_body={"lease_token": lease_token, "error": error, "retryable": retryable},
-        )
-
-    async def heartbeat_many(self, items: Sequence[HeartbeatItem]) -> list[HeartbeatReply]:
-        """Heartbeat many leases in one call (at most 1000); one reply per
-        item, in order."""
-        body = {
-            "items": [
-                {"id": i.job_id, "lease_token": i.lease_token, "extend_secs": int(i.extend_secs)} for i in items
-            ]
-        }
-        return await self._json("POST", "/api/v1/leases/heartbeat", _heartbeat_replies, json_body=body)
-
-    async def complete_many(self, items: Sequence[CompleteItem]) -> list[ReportReply]:
-        """Complete many jobs in one call (at most 1000)."""
-        body = {"items": [{"id": i.job_id, "lease_token": i.lease_token, "result": i.result} for i in items]}
-        return await self._json("POST", "/api/v1/leases/complete", _report_replies, json_body=body)
-
-    async def fail_many(self, items: Sequence[FailItem]) -> list[ReportReply]:
-        """Fail many jobs in one call (at most 1000)."""
-        body = {
-            "items": [
-                {"id": i.job_id, "lease_token": i.lease_token, "error": i.error, "retryable": i.retryable}
-                for i in items
-            ]
-        }
-        return await self._json("POST", "/api/v1/leases/fail", _report_replies, json_body=body)
-
-    # -- application API ---------------------------------------------------
-
-    async def enqueue(
-        self,
-        kind: str,
-        payload: Mapping[str, Any] | None = None,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        delay_secs: float | None = None,
-        scheduled_at: float | _dt.datetime | None = None,
-        idempotency_key: str | None = None,
-    ) -> Job:
-        """Enqueue one job. *scheduled_at* is epoch seconds or an aware
-        datetime. A repeated *idempotency_key* returns the first job."""
-        body = _job_body(
-            {
-                "kind": kind,
-                "payload": dict(payload or {}),
-                "queue": queue,
-                "priority": priority,
-                "max_attempts": max_attempts,
-                "delay_secs": delay_secs,
-                "scheduled_at": scheduled_at,
-                "idempotency_key": idempotency_key,
-            }
-        )
-        return await self._json("POST", "/api/v1/jobs", Job.from_wire, json_body=_build(EnqueueRequest, **body))
-
-    async def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
-        """Enqueue many jobs in one transaction (at most 1000). Each item is
-        ``{"kind", "payload", "config": {...}}`` or the same with the config
-        keys (``queue``, ``priority``, ...) at the top level."""
-        body = _build(EnqueueBatchRequest, jobs=[_job_body(j) for j in jobs])
-        return await self._json("POST", "/api/v1/jobs/batch", _jobs, json_body=body)
-
-    async def job_get(self, job_id: str) -> Job:
-        return await self._json("GET", f"/api/v1/jobs/{_segment(job_id)}", Job.from_wire)
-
-    async def jobs_list(
-        self,
-        *,
-        queue: str | None = None,
-        status: Status | str | None = None,
-        kind: str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
-    ) -> tuple[list[Job], str | None]:
-        """One page of jobs, newest first, and the cursor of the next page
-        (``None`` on the last)."""
-        params = {
-            "queue": queue,
-            "status": str(status) if status is not None else None,
-            "kind": kind,
-            "limit": limit,
-            "cursor": cursor,
-        }
-        return await self._json("GET", "/api/v1/jobs", _jobs_page, params=params)
-
-    async def job_cancel(self, job_id: str) -> Job:
-        return await self._json("POST", f"/api/v1/jobs/{_segment(job_id)}/cancel", Job.from_wire)
-
-    async def job_retry(self, job_id: str) -> Job:
-        return await self._json("POST", f"/api/v1/jobs/{_segment(job_id)}/retry", Job.from_wire)
-
-    async def queues(self) -> list[QueueStats]:
-        return await self._json("GET", "/api/v1/queues", _queues)
-
-    async def queue_stats(self, queue: str) -> QueueStats:
-        return await self._json("GET", f"/api/v1/queues/{_segment(queue)}/stats", QueueStats.from_wire)
-
-    async def queue_pause(self, queue: str) -> QueueStats:
-        """Pause *queue* on every server (idempotent): leases hand out none
-        of its jobs until :meth:`queue_resume`; running jobs go on and report."""
-        return await self._json("POST", f"/api/v1/queues/{_segment(queue)}/pause", QueueStats.from_wire)
-
-    async def queue_resume(self, queue: str) -> QueueStats:
-        """Resume a paused *queue* (idempotent)."""
-        return await self._json("POST", f"/api/v1/queues/{_segment(queue)}/resume", QueueStats.from_wire)
-
-    async def jobs_bulk(
-        self,
-        action: str,
-        *,
-        queue: str | None = None,
-        status: Status | str | None = None,
-        kind: str | None = None,
-        created_after: float | _dt.datetime | None = None,
-        created_before: float | _dt.datetime | None = None,
-        limit: int | None = None,
-    ) -> int:
-        """``retry``, ``cancel`` or ``delete`` every job matching the filters
-        (at most *limit*, default 10,000), each as the single-job call would;
-        returns how many changed. Times are epoch seconds or aware datetimes
-        (``created_after <= created_at < created_before``).
-
-        Raises:
-            InvalidInput: an unknown *action*, or a *status* the action does
-                not apply to (retry: failed, cancelled; cancel: pending,
-                running; delete: completed, failed, cancelled).
-        """
-        if action not in ("retry", "cancel", "delete"):
-            raise InvalidArgument(f"action: not one of retry, cancel, delete: {action!r}")
-        body = _build(
-            BulkRequest,
-            queue=queue,
-            status=status,
-            kind=kind,
-            created_after=_time(created_after),
-            created_before=_time(created_before),
-            **({} if limit is None else {"limit": limit}),
-        )
-        return await self._json("POST", f"/api/v1/jobs/bulk/{action}", _count, json_body=body)
-
-    async def workers(self) -> list[WorkerInfo]:
-        """The worker ids holding running jobs, most jobs first."""
-        return await self._json("GET", "/api/v1/workers", _workers)
-
-    async def health(self) -> dict[str, Any]:
-        """``GET /healthz`` (no credential needed)."""
-        return await self._json("GET", "/healthz", _health)
-
-    # -- workflows ---------------------------------------------------------
-
-    async def workflow_create(
-        self,
-        name: str,
-        steps: Iterable[Mapping[str, Any]],
-        *,
-        context: Mapping[str, Any] | None = None,
-    ) -> Workflow:
-        """Create a workflow (at most 1000 steps). Each step is ``{"name",
-        "kind", "payload", "depends_on", "max_attempts"}`` (the last three
-        optional). A bad graph (duplicate names, unknown dependencies, a
-        cycle) raises :class:`~qftrio.errors.InvalidInput` and stores
-        nothing."""
-        body = _build(WorkflowCreateRequest, name=name, context=dict(context or {}), steps=[dict(s) for s in steps])
-        return await self._json("POST", "/api/v1/workflows", Workflow.from_wire, json_body=body)
-
-    async def workflow_get(self, workflow_id: str) -> Workflow:
-        """The workflow, with every step and its job."""
-        return await self._json("GET", f"/api/v1/workflows/{_segment(workflow_id)}", Workflow.from_wire)
-
-    async def workflows_list(
-        self,
-        *,
-        status: WorkflowStatus | str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
-    ) -> tuple[list[Workflow], str | None]:
-        """One page of workflows, newest first (steps without their jobs),
-        and the cursor of the next page (``None`` on the last)."""
-        params = {"status": str(status) if status is not None else None, "limit": limit, "cursor": cursor}
-        return await self._json("GET", "/api/v1/workflows", _workflows_page, params=params)
-
-    async def workflow_cancel(self, workflow_id: str) -> Workflow:
-        """Cancel a running workflow and its unfinished steps."""
-        return await self._json("POST", f"/api/v1/workflows/{_segment(workflow_id)}/cancel", Workflow.from_wire)
+            response = self._transport.request(call.method, target, body, timeout=timeout)
+        except HttpError as exc:
+            raise self._transport_error(call, exc) from None
+        return call.answer(self.url, response)

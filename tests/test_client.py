@@ -3,11 +3,15 @@ fixture of conftest: every backend available)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import re
 import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -17,6 +21,9 @@ from qftrio.client import Client, CompleteItem, FailItem, HeartbeatItem
 from qftrio.models import Status
 
 from .conftest import RunningServer
+from .test_http_client import start
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -266,6 +273,66 @@ async def test_batch_routes(tenant: Client, worker: Client) -> None:
     assert [r.code for r in failed] == [204, 204]
     states = [(await tenant.job_get(j.id)).status for j in jobs]
     assert states == [Status.COMPLETED, Status.RUNNING, Status.PENDING, Status.FAILED]
+
+
+# -- asyncio ---------------------------------------------------------------------
+
+
+def docs_asyncio_example() -> dict[str, Any]:
+    """The names the asyncio example of docs/client.md defines, run as written."""
+    section = (ROOT / "docs" / "client.md").read_text().split("\n## asyncio\n", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match
+    names: dict[str, Any] = {"__name__": "docs_client_asyncio"}
+    exec(compile(match[1], "docs/client.md", "exec"), names)
+    return names
+
+
+async def test_the_asyncio_example_enqueues_concurrently(server: RunningServer, tenant: Client) -> None:
+    enqueue_thumbnails = docs_asyncio_example()["enqueue_thumbnails"]
+    sources = [f"{n}.png" for n in range(20)]
+    jobs = await trio.to_thread.run_sync(
+        lambda: asyncio.run(enqueue_thumbnails(server.url, server.tenants["acme"], sources))
+    )
+    assert [job.payload["src"] for job in jobs] == sources
+    assert [await tenant.job_get(job.id) for job in jobs] == jobs
+
+
+async def dripping(stream: trio.SocketStream, head: bytes, body: bytes) -> bool:
+    """A scripted server's answer whose every byte comes well within a read
+    timeout, and the whole of it after 100 s."""
+    await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10000\r\n\r\n")
+    for _ in range(10000):
+        await stream.send_all(b" ")
+        await trio.sleep(0.01)
+    return False
+
+
+async def test_under_asyncio_errors_and_timeouts_are_as_on_trio(server: RunningServer, nursery: trio.Nursery) -> None:
+    slow_url = (await start(nursery, dripping)).url
+
+    async def main() -> None:
+        async with Client(server.url, server.tenants["acme"], timeout=5) as client:
+            with pytest.raises(errors.NotFound) as not_found:
+                await client.job_get("00000000-0000-0000-0000-000000000000")
+            assert (not_found.value.status_code, not_found.value.code) == (404, "not_found")
+            job = await client.enqueue("x")
+            await client.job_cancel(job.id)
+            with pytest.raises(errors.Conflict) as conflict:
+                await client.job_cancel(job.id)
+            assert conflict.value.status_code == 409
+            with pytest.raises(errors.InvalidInput, match="limit"):
+                await client.jobs_list(limit=5000)
+        async with Client(slow_url, timeout=0.5) as slow:
+            # The timeout bounds the whole call, however steadily the bytes come.
+            with pytest.raises(errors.TransportError, match="timed out"):
+                await slow.health()
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.1):  # the caller's own bound ends the call too
+                    await slow.health()
+
+    await trio.to_thread.run_sync(lambda: asyncio.run(main()))
+    nursery.cancel_scope.cancel()
 
 
 # -- transport errors --------------------------------------------------------------

@@ -8,7 +8,7 @@ import sys
 import qftrio
 
 DOCUMENTED = [
-    "Registry", "Job", "Lease", "QueueStats", "WorkerInfo", "Status", "Workflow", "WorkflowStatus", "HttpTransport", "Worker", "WorkerEvent", "open_worker", "Client",
+    "Registry", "Job", "Lease", "QueueStats", "WorkerInfo", "Status", "Workflow", "WorkflowStatus", "HttpTransport", "Worker", "WorkerEvent", "open_worker", "Client", "SyncClient",
     "QftrioError", "ApiError", "PermanentError", "TransportError", "NotFound", "Conflict", "Unauthorized",
     "Forbidden", "InvalidInput", "BadRequest", "PayloadTooLarge", "Unavailable", "UnexpectedAnswer", "ConfigError",
 ]  # fmt: skip
@@ -23,6 +23,7 @@ def test_documented_names_are_exported() -> None:
 def test_public_names_show_their_public_module() -> None:
     assert qftrio.Job.__module__ == "qftrio"
     assert qftrio.Registry.__module__ == "qftrio"
+    assert qftrio.SyncClient.__module__ == "qftrio"
 
 
 def test_importing_qftrio_does_not_load_the_server() -> None:

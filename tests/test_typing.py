@@ -66,7 +66,19 @@ async def main() -> None:
     await noop(job)
 
 
+def view() -> str:
+    with qftrio.SyncClient("http://127.0.0.1:8000", "token", timeout=5) as sync:
+        job: qftrio.Job = sync.enqueue("resize-image", {"src": "a.png"}, queue="images")
+        page: list[qftrio.Job]
+        page, cursor = sync.jobs_list(status=qftrio.Status.PENDING, limit=10, cursor=None)
+        paused: bool = sync.queue_pause("images").paused
+        print(len(page), cursor, paused, sync.health()["status"])
+        sync.complete(job.id, "token", {"ok": True})
+        return job.id
+
+
 trio.run(main)
+print(view())
 '''
 
 # Each mistake is marked with the start of what mypy must say about its line.
@@ -103,6 +115,16 @@ def slow(job: qftrio.Job) -> None:
 async def use(job: qftrio.Job) -> None:
     size: int = await resize(job)  # MISTAKE: Incompatible types in assignment
     print(size)
+
+
+async def use_clients(client: qftrio.Client, sync: qftrio.SyncClient) -> None:
+    job: qftrio.Job = client.job_get("j")  # MISTAKE: Incompatible types in assignment
+    again: qftrio.Job = await sync.job_get("j")  # MISTAKE: Incompatible types in "await"
+    sync.job_get(1)  # MISTAKE: Argument 1 has incompatible type "int"
+    sync.enqueue("x", queue=1)  # MISTAKE: Argument "queue" has incompatible type "int"
+    count: str = sync.jobs_bulk("cancel")  # MISTAKE: Incompatible types in assignment
+    sync.lease("q", wait=1)  # MISTAKE: Unexpected keyword argument "wait"
+    print(job, again, count)
 '''
 
 
