@@ -44,7 +44,8 @@ def shell_lines(text: str) -> Iterator[str]:
         if lang in SHELL_FENCES:
             yield from body.splitlines()
     prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
-    yield from re.findall(r"`([^`\n]+)`", prose)
+    # a span may go on over a line's end, as a paragraph does
+    yield from re.findall(r"`([^`]+)`", re.sub(r"(?<!\n)\n(?!\n)", " ", prose))
 
 
 def routes_named(text: str) -> set[tuple[str, str]]:
