@@ -1,10 +1,12 @@
-"""The protocol's reference worker, a shell loop of curl and jq, runs jobs
-against a real ``qftrio serve --dev`` process."""
+"""The README's shell worker, the protocol's reference loop of curl and jq,
+runs jobs against a real ``qftrio serve --dev`` process, and the example
+handlers run as their docstring says."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,88 +17,74 @@ import httpx
 import pytest
 import trio
 
-from .processes import free_port, spawn, stop, wait_healthy
+from .processes import ROOT, free_port, spawn, stop, wait_healthy
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not (shutil.which("jq") and shutil.which("curl")), reason="needs curl and jq"),
 ]
 
-# As printed in the protocol document, with the token and queue filled in.
-SEED_LOOP = r"""
-BASE=$QFTRIO_BASE
-AUTH='Authorization: Bearer dev'
-
-while true; do
-  leased=$(curl -s -X POST "$BASE/api/v1/queues/images/lease" -H "$AUTH" -H 'Content-Type: application/json' \
-    -d '{"max_jobs":1,"lease_secs":60,"wait_secs":20}')
-  id=$(echo "$leased"    | jq -r '.jobs[0].job.id // empty')
-  token=$(echo "$leased" | jq -r '.jobs[0].lease_token // empty')
-  [ -z "$id" ] && continue                      # empty long-poll; lease again
-
-  # Heartbeat in the background every 30s while the handler runs.
-  ( while sleep 30; do
-      status=$(curl -s -X POST "$BASE/api/v1/jobs/$id/heartbeat" -H "$AUTH" -H 'Content-Type: application/json' \
-        -d "{\"lease_token\":\"$token\",\"extend_secs\":60}" | jq -r .status)
-      [ "$status" != "running" ] && exit 0      # server owns the outcome now
-    done ) & hb=$!
-
-  if ./resize-image "$(echo "$leased" | jq -c '.jobs[0].job.payload')"; then
-    curl -s -X POST "$BASE/api/v1/jobs/$id/complete" -H "$AUTH" -H 'Content-Type: application/json' \
-      -d "{\"lease_token\":\"$token\",\"result\":{\"ok\":true}}"
-  else
-    curl -s -X POST "$BASE/api/v1/jobs/$id/fail" -H "$AUTH" -H 'Content-Type: application/json' \
-      -d "{\"lease_token\":\"$token\",\"error\":\"resize failed\",\"retryable\":true}"
-  fi
-  kill $hb 2>/dev/null
-done
-"""
-
-RESIZE_IMAGE = """#!/bin/sh
-case "$1" in *broken*) exit 1 ;; esac
-exit 0
-"""
+def readme_loop() -> str:
+    """The README's shell worker, as printed."""
+    readme = (ROOT / "README.md").read_text()
+    (loop,) = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "while true; do" in b]
+    return loop
 
 
-async def test_seed_shell_worker_processes_jobs(tmp_path: Path) -> None:
+def bounded(loop: str, base: str, rounds: int) -> str:
+    """*loop* against *base*, its ``while true`` true *rounds* times (bash
+    looks up a function before the builtin), each ``sleep`` of the main loop
+    recorded in ./slept instead of slept. The heartbeat's subshell sleeps,
+    with its output elsewhere: when the loop kills the subshell, the orphaned
+    ``sleep`` must not hold the output open."""
+    assert loop.count("http://127.0.0.1:8000") == 1
+    return (
+        f"true() {{ (( rounds++ < {rounds} )); }}\n"
+        'sleep() { if [ "$BASHPID" = "$$" ]; then echo "$@" >> slept; else command sleep "$@" >/dev/null 2>&1; fi; }\n'
+        + loop.replace("http://127.0.0.1:8000", base)
+    )
+
+
+async def test_the_readme_shell_worker_runs_jobs(tmp_path: Path) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = spawn(["serve", "--dev", "--db", str(tmp_path / "q.db"), "--bind", f"127.0.0.1:{port}"], log=tmp_path / "server.log")
-    (tmp_path / "resize-image").write_text(RESIZE_IMAGE)
-    (tmp_path / "resize-image").chmod(0o755)
-    worker = None
     try:
         await wait_healthy(base)
         auth = {"Authorization": "Bearer dev"}
-        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-            good = []
-            for i in range(3):
-                r = await client.post("/api/v1/jobs", json={"kind": "resize-image", "payload": {"n": i}, "config": {"queue": "images"}}, headers=auth)
-                good.append(r.json()["id"])
-            r = await client.post(
-                "/api/v1/jobs",
-                json={"kind": "resize-image", "payload": {"file": "broken"}, "config": {"queue": "images", "max_attempts": 1}},
-                headers=auth,
+        async with httpx.AsyncClient(base_url=base, timeout=10, headers=auth) as client:
+            ids = []
+            for payload, attempts in [({"url": "a.png"}, 5), ({"url": "b.png"}, 5), ({"file": "c.png"}, 1)]:
+                r = await client.post(
+                    "/api/v1/jobs", json={"kind": "resize-image", "payload": payload, "config": {"queue": "images", "max_attempts": attempts}}
+                )
+                ids.append(r.json()["id"])
+            # one round per job: each lease finds a job at once
+            run = await trio.to_thread.run_sync(
+                lambda: subprocess.run(["bash", "-c", bounded(readme_loop(), base, 3)], cwd=tmp_path, capture_output=True, text=True)
             )
-            bad = r.json()["id"]
-            worker = subprocess.Popen(
-                ["bash", "-c", SEED_LOOP], cwd=tmp_path, env={**os.environ, "QFTRIO_BASE": base},
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-            with trio.fail_after(30):
-                while True:
-                    jobs = [(await client.get(f"/api/v1/jobs/{i}", headers=auth)).json() for i in [*good, bad]]
-                    if all(j["status"] in ("completed", "failed") for j in jobs):
-                        break
-                    await trio.sleep(0.1)
-        assert [j["status"] for j in jobs] == ["completed", "completed", "completed", "failed"]
-        assert all(j["result"] == {"ok": True} and j["attempt"] == 1 for j in jobs[:3])
-        assert jobs[3]["error"] == "resize failed"
+            jobs = [(await client.get(f"/api/v1/jobs/{i}")).json() for i in ids]
     finally:
-        if worker is not None:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
         stop(server)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["resizing a.png", "resizing b.png"]
+    assert [j["status"] for j in jobs] == ["completed", "completed", "failed"]
+    assert all(j["result"] == {"ok": True} and j["attempt"] == 1 for j in jobs[:2])
+    assert jobs[2]["error"] == "no url in the payload"
+    assert not (tmp_path / "slept").exists()
+
+
+async def test_the_readme_shell_worker_waits_before_leasing_again_when_the_server_is_down(tmp_path: Path) -> None:
+    # nothing listens on the port: every lease fails at once, and each
+    # failure must be followed by a pause, not by the next lease
+    run = await trio.to_thread.run_sync(
+        lambda: subprocess.run(
+            ["bash", "-c", bounded(readme_loop(), f"http://127.0.0.1:{free_port()}", 3)],
+            cwd=tmp_path, capture_output=True, text=True,
+        )  # fmt: skip
+    )
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "slept").read_text().split() == ["5", "5", "5"]
 
 
 async def test_the_example_handlers_run_as_their_docstring_says(tmp_path: Path) -> None:
