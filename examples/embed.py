@@ -6,7 +6,7 @@ The worker is one more task in your nursery: it starts with
 Here the program also serves its own purpose, a heartbeat line every few
 seconds, and stops gracefully on Ctrl+C, at once on a second one.
 
-    QUEUEFLOW_URL=http://127.0.0.1:8000 QUEUEFLOW_WORKER_TOKEN=... python embed.py
+    QFTRIO_URL=http://127.0.0.1:8000 QFTRIO_WORKER_TOKEN=... python embed.py
 """
 
 from __future__ import annotations

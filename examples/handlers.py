@@ -3,11 +3,11 @@ whose tenant ``default`` has the token ``dev``, which is also accepted as a
 worker token there), run them with
 
     cd examples
-    QUEUEFLOW_WORKER_TOKEN=dev qftrio worker images handlers:registry
+    QFTRIO_WORKER_TOKEN=dev qftrio worker images handlers:registry
 
 and enqueue work from another shell, with a tenant token:
 
-    QUEUEFLOW_TOKEN=dev qftrio enqueue resize-image '{"src": "cat.png", "width": 320}' --queue images
+    QFTRIO_TOKEN=dev qftrio enqueue resize-image '{"src": "cat.png", "width": 320}' --queue images
 
 Against a production server, use its worker token for the worker and a
 tenant's token for ``enqueue``.

@@ -164,7 +164,7 @@ def test_every_qftrio_command_and_flag_the_docs_write_exists() -> None:
 
 def test_every_environment_variable_the_docs_name_exists() -> None:
     named = {v for text in texts() for v in env_vars_named(text)}
-    assert {"QUEUEFLOW_URL", "QUEUEFLOW_TOKEN", "QUEUEFLOW_WORKER_TOKEN", "QUEUEFLOW_DATABASE_URL"} <= named
+    assert {"QFTRIO_URL", "QFTRIO_TOKEN", "QFTRIO_WORKER_TOKEN", "QFTRIO_DATABASE_URL"} <= named
     assert missing_env_vars(named) == []
 
 

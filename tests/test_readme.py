@@ -50,7 +50,7 @@ def at(text: str, port: int) -> str:
 
 def test_the_readme_is_in_the_order_a_newcomer_needs() -> None:
     headings = re.findall(r"^## (.*)$", README, re.M)
-    assert headings[:3] == ["When to pick it", "Start", "Enqueue and run a job from Python"]
+    assert headings[:3] == ["Start", "When to pick it", "Enqueue and run a job from Python"]
     assert blocks("sh")[0].splitlines() == [FIRST_COMMAND, "scripts/test"]
     # after the first command, qftrio is on PATH only once the venv is activated
     later = "".join(blocks("sh")[1:])
@@ -113,7 +113,7 @@ async def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}"
     assert fenced_python_files(project, port) == ["handlers.py", "enqueue.py"]
     first = blocks("sh")[0].splitlines()[0] + f" --bind 127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH") and not k.startswith("QUEUEFLOW_")}
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH") and not k.startswith(("QUEUEFLOW_", "QFTRIO_"))}
     env["QUEUEFLOW_URL"] = base  # where the README's qftrio commands find the server on this port
     log = tmp_path / "server.log"
     with open(log, "wb") as out:

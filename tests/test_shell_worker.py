@@ -89,13 +89,13 @@ async def test_the_readme_shell_worker_waits_before_leasing_again_when_the_serve
 
 async def test_the_example_handlers_run_as_their_docstring_says(tmp_path: Path) -> None:
     # The commands exactly as examples/handlers.py prints them, against a
-    # `qftrio serve --dev` found through QUEUEFLOW_URL.
+    # `qftrio serve --dev` found through QFTRIO_URL.
     examples = Path(__file__).resolve().parent.parent / "examples"
     doc = (examples / "handlers.py").read_text().split('"""')[1]
-    worker_cmd, enqueue_cmd = [line.strip() for line in doc.splitlines() if line.startswith("    QUEUEFLOW_")]
+    worker_cmd, enqueue_cmd = [line.strip() for line in doc.splitlines() if line.startswith("    QFTRIO_")]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "QUEUEFLOW_URL": base, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {**os.environ, "QFTRIO_URL": base, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     server = spawn(["serve", "--dev", "--db", str(tmp_path / "q.db"), "--bind", f"127.0.0.1:{port}"], log=tmp_path / "server.log")
     worker = None
     try:

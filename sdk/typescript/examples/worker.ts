@@ -21,8 +21,8 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   // second quits at once (their leases expire and other workers take over).
   const time = () => new Date().toTimeString().slice(0, 8);
   await runWorker(process.env.WORKER_QUEUE ?? "jobs", { work }, {
-    url: process.env.QUEUEFLOW_URL ?? "http://127.0.0.1:8000",
-    token: process.env.QUEUEFLOW_WORKER_TOKEN ?? "dev",
+    url: process.env.QFTRIO_URL ?? "http://127.0.0.1:8000",
+    token: process.env.QFTRIO_WORKER_TOKEN ?? "dev",
     workerId: process.env.WORKER_ID ?? `${hostname()}-${process.pid}`,
     lanes: Number(process.env.WORKER_LANES ?? 4),
     leaseSecs: Number(process.env.WORKER_LEASE_SECS ?? 10),

@@ -32,8 +32,8 @@ function worker(id: string, queue: string, leaseSecs = 4): Worker {
   const child = spawn(process.execPath, [EXAMPLE], {
     env: {
       ...process.env,
-      QUEUEFLOW_URL: server.url,
-      QUEUEFLOW_WORKER_TOKEN: "dev",
+      QFTRIO_URL: server.url,
+      QFTRIO_WORKER_TOKEN: "dev",
       WORKER_QUEUE: queue,
       WORKER_ID: id,
       WORKER_LANES: "1",
