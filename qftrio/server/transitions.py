@@ -49,6 +49,7 @@ __all__ = [
     "heartbeat",
     "one_per_lease",
     "cancel",
+    "workflow_cancel",
     "Retry",
     "retry",
     "not_the_failed_step",
@@ -172,6 +173,14 @@ def cancel(job_id: str, status: Status) -> None:
     ``locked_until``: the job is no longer running."""
     if status not in UNFINISHED:
         raise errors.Conflict(f"job {job_id} is {status.value}; only pending or running jobs can be cancelled")
+
+
+def workflow_cancel(workflow_id: str, status: WorkflowStatus) -> None:
+    """Raise :class:`~qftrio.errors.Conflict` unless a workflow in *status*
+    can be cancelled: only a running one (its end cancels its unfinished
+    steps)."""
+    if status is not WorkflowStatus.RUNNING:
+        raise errors.Conflict(f"workflow {workflow_id} is {status.value}; only running workflows can be cancelled")
 
 
 class Retry(enum.Enum):

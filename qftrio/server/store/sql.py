@@ -9,7 +9,8 @@ name, as procrastinate keeps its queries in one file::
 
 A statement runs from its ``-- name:`` line to the next one; comment lines
 stay in the text (the database ignores them) and a trailing ``;`` is
-dropped. Statements built at run time (a page's filters, an ``IN`` list of
+dropped. A statement of comment lines only is empty (``""``): a plan's
+statement the backend has no use for (:mod:`.changes`). Statements built at run time (a page's filters, an ``IN`` list of
 a batch's length) start from a named fragment here too.
 """
 
@@ -31,7 +32,8 @@ def load(backend: str) -> dict[str, str]:
     for name, body in zip(parts[1::2], parts[2::2]):
         if name in out:
             raise ValueError(f"queries/{backend}.sql names {name!r} twice")
-        out[name] = body.strip().removesuffix(";").strip()
+        body = body.strip().removesuffix(";").strip()
+        out[name] = body if any(not line.startswith("--") for line in body.splitlines()) else ""
     return out
 
 
