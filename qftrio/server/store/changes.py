@@ -34,7 +34,7 @@ from collections.abc import Generator, Sequence
 from typing import Any, TypeVar
 
 from ... import errors
-from ...models import STATUS_OF, Job, Status, StepStatus, Workflow, WorkflowStatus, WorkflowStep
+from ...models import STATUS_OF, FailItem, Job, Status, StepStatus, Workflow, WorkflowStatus, WorkflowStep
 from .. import transitions
 from .base import (
     WORKFLOW_QUEUE,
@@ -42,7 +42,10 @@ from .base import (
     BulkBatch,
     NewWorkflow,
     Reaped,
+    ReportResult,
+    RetryAt,
     bulk_changed,
+    issued,
     new_ids,
 )
 
@@ -308,6 +311,60 @@ def build_workflows(rows: Sequence[Sequence[Any]], *, jobs: bool) -> Plan[list[W
 
 
 # -- many jobs ------------------------------------------------------------------
+
+
+def jobs_fail(items: Sequence[FailItem], now: float, retry_at: RetryAt) -> Plan[list[ReportResult]]:
+    """``Store.jobs_fail``: the batch's rows locked (their workflows first,
+    then the jobs in id order, so two batches never deadlock), each item
+    decided by :func:`transitions.fail`, the decisions written in one
+    statement, and the workflows of dead-lettered steps failed."""
+    unique, slot = transitions.one_per_lease(items)
+    ids = [item.job_id for item in unique if issued(item.job_id)]
+    if ids:
+        yield _run("lock_workflows_of_jobs", ids)
+    found = {row[0]: row for row in (yield _rows("fail_lock", ids))} if ids else {}
+    out: list[ReportResult] = []
+    writes = []
+    # Workflows a dead-lettered step fails, in batch order. A later item of
+    # one of them finds its job cancelled with the workflow, exactly as if
+    # the items had come one call at a time.
+    failing: dict[str, None] = {}
+    for item in unique:
+        row = found.get(item.job_id)
+        status = None if row is None else STATUS_OF[row[1]]
+        if status is Status.RUNNING and row[6] in failing:  # type: ignore[index]
+            status = Status.CANCELLED
+        decided = transitions.fail(
+            status,
+            row is not None and row[2] == item.lease_token,
+            queue=None if row is None else row[3],
+            attempt=0 if row is None else row[4],
+            max_attempts=0 if row is None else row[5],
+            retryable=item.retryable,
+            retry_at=retry_at,
+            now=now,
+        )
+        result = decided.result
+        if result.applied:
+            after = result.status
+            assert row is not None and after is not None
+            result = dataclasses.replace(result, kind=row[7], claimed_at=row[8])
+            # PostgreSQL's text cannot hold NUL, which a worker's message might
+            error = item.error.replace("\x00", "\ufffd")
+            writes.append((item.job_id, item.lease_token, after.value, decided.retry_at, error))
+            if after is Status.FAILED and row[6] is not None:
+                failing[row[6]] = None
+        out.append(result)
+    if writes:
+        changed = yield _rows("fail", *map(list, zip(*writes)), now)
+        # The rows are locked, so this cannot happen; if it did, the
+        # transaction must not commit half a batch.
+        if len(changed) != len(writes):
+            raise RuntimeError("jobs_fail: a locked row changed under its lock")
+        yield from notify({queue for _, queue, status in changed if status == Status.PENDING.value})
+    for workflow_id in failing:
+        yield from end_workflow(workflow_id, WorkflowStatus.FAILED, now)
+    return transitions.answers(out, slot)
 
 
 def jobs_bulk(

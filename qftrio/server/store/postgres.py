@@ -12,7 +12,12 @@ How the rules of :mod:`.base` are kept with many servers at once:
   independent of how many finished jobs the table holds.
 * Every outcome is decided by :mod:`qftrio.server.transitions`; the
   statements of ``queries/postgres.sql`` are the guarded writes that execute
-  it ("if the job is running under this token").
+  it ("if the job is running under this token"). The changes written once
+  in :mod:`.changes` (cancel, retry, workflows, bulk actions, the janitor,
+  fail batches) run over them in one transaction each (:func:`_drive`, on
+  one connection of the loop thread); the claim, the inserts and the
+  heartbeat and complete batches are this module's own statements, whose
+  answers :mod:`~qftrio.server.transitions` decides on.
 * Heartbeats and completions are one statement per batch (``unnest``
   arrays), so one transaction: the current leases are changed without being
   locked first, the other items' rows read for their outcome. A batch
@@ -20,7 +25,8 @@ How the rules of :mod:`.base` are kept with many servers at once:
   steps' workflows first; an item that raced another change of its job is
   decided again under the row lock. Failures lock the rows (``SELECT ...
   FOR UPDATE``), ask the engine's ``retry_at`` through
-  :func:`~qftrio.server.transitions.fail`, and update, in one transaction.
+  :func:`~qftrio.server.transitions.fail`, and update, in one transaction
+  (:func:`.changes.jobs_fail`).
   Batches lock rows in id order, so two batches never deadlock.
 * The janitor (``jobs_reap_expired``, ``jobs_prune``) skips rows another
   server is working on (``SKIP LOCKED``), so janitors do not collide.
@@ -71,7 +77,6 @@ from .. import transitions
 from . import changes, pgasync, sql
 from .base import (
     ALL_QUEUES,
-    LEASE_EXPIRED,
     WORKFLOW_QUEUE,
     BulkAction,
     BulkBatch,
@@ -84,7 +89,6 @@ from .base import (
     Inserted,
     NewJob,
     NewWorkflow,
-    Outcome,
     Reaped,
     ReportResult,
     RetryAt,
@@ -110,7 +114,6 @@ CHANNEL = "qftrio_jobs"
 MIGRATION_LOCK_KEY = 0x71F7_0001
 
 Q = sql.load("postgres")
-Q["jobs_page"] = Q["jobs_page"].replace("{page_keys}", Q["page_keys"])
 assert f"'{CHANNEL}'" in Q["notify_queues"]
 
 
@@ -136,11 +139,6 @@ def _uuid(value: str | None) -> uuid.UUID | None:
     except ValueError:
         return None
     return parsed if str(parsed) == value else None
-
-
-def _text(value: str) -> str:
-    # PostgreSQL text cannot hold NUL; an error message from a worker might.
-    return value.replace("\x00", "\ufffd")
 
 
 def _job(row: asyncpg.Record) -> Job:
@@ -363,7 +361,7 @@ async def pending_migrations(url: str, *, timeout: float | None = 10.0) -> list[
 def _leases(rows: Sequence[asyncpg.Record]) -> list[Lease]:
     """Claimed rows as leases, in lease order."""
     leases = [Lease(job=_job(row), lease_token=str(row["lease_token"])) for row in rows]
-    leases.sort(key=lambda lease: (-lease.job.priority, lease.job.scheduled_at, lease.job.created_at))
+    leases.sort(key=lambda lease: transitions.lease_order(lease.job.priority, lease.job.scheduled_at, lease.job.created_at))
     return leases
 
 
@@ -596,7 +594,7 @@ class PostgresStore(Store):
             claimed = []
             for c in claims:
                 rows = await conn.fetch(
-                    Q["claim"], c.queue, now, c.limit, float(c.lease_secs), c.worker_id, LEASE_EXPIRED
+                    Q["claim"], c.queue, now, c.limit, float(c.lease_secs), c.worker_id, transitions.LOST_ATTEMPT
                 ) if c.limit > 0 else []  # fmt: skip
                 claimed.append(_leases(rows))
             return inserted, claimed
@@ -631,7 +629,7 @@ class PostgresStore(Store):
         inserted = [Inserted(job_id, new, now) for job_id, new in zip(ids, jobs)]
         if rows and rows[0]["older_found"]:
             claimed = await self._db.fetch(
-                Q["claim"], claim.queue, now, claim.limit, float(claim.lease_secs), claim.worker_id, LEASE_EXPIRED
+                Q["claim"], claim.queue, now, claim.limit, float(claim.lease_secs), claim.worker_id, transitions.LOST_ATTEMPT
             )
             return inserted, [_leases(claimed)]
         return inserted, [_leases([row for row in rows if row["status"] == Status.RUNNING.value])]
@@ -799,7 +797,7 @@ class PostgresStore(Store):
     ) -> list[Lease]:
         if limit <= 0:
             return []
-        rows = await self._db.fetch(Q["claim"], queue, now, limit, float(lease_secs), worker_id, LEASE_EXPIRED)
+        rows = await self._db.fetch(Q["claim"], queue, now, limit, float(lease_secs), worker_id, transitions.LOST_ATTEMPT)
         return _leases(rows)
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
@@ -815,55 +813,47 @@ class PostgresStore(Store):
         rows: list[Any] = [None] * len(unique)
         for row in await self._db.fetch(Q["heartbeat"], ids, tokens, extends, now):
             rows[row["ord"] - 1] = row
-        raced = [
-            k
-            for k, row in enumerate(rows)
-            if not row["changed"] and row["status"] == Status.RUNNING.value and row["current"]
-        ]
+        decided = [self._beat(row, extends[k], now) for k, row in enumerate(rows)]
+        # Leases to extend that the statement left alone: they raced
+        # another change of their job, and are decided again under the lock.
+        raced = [k for k, (result, row) in enumerate(zip(decided, rows)) if result.locked_until is not None and not row["changed"]]
         if raced:
             again = await self._db.fetch(
                 Q["heartbeat_locking"], [ids[k] for k in raced], [tokens[k] for k in raced], [extends[k] for k in raced], now
             )
             for k, row in zip(raced, again, strict=True):
                 rows[k] = row
-        out = []
-        for k, row in enumerate(rows):
-            status = None if row["status"] is None else STATUS_OF[row["status"]]
-            result = transitions.heartbeat(status, row["current"], extend_secs=extends[k], now=now)
-            if result.locked_until is not None:
-                if not row["changed"]:  # running under the token, yet unchanged under the lock
+                decided[k] = self._beat(row, extends[k], now)
+                if decided[k].locked_until is not None and not row["changed"]:
                     raise RuntimeError("jobs_heartbeat: a locked row refused its guarded write")
-                result = dataclasses.replace(result, locked_until=row["locked_until"])
-            out.append(result)
-        return [out[k] for k in slot]
+        out = [
+            dataclasses.replace(result, locked_until=row["locked_until"]) if row["changed"] else result
+            for result, row in zip(decided, rows)
+        ]
+        return transitions.answers(out, slot)
+
+    @staticmethod
+    def _beat(row: asyncpg.Record, extend: float, now: float) -> HeartbeatResult:
+        """:func:`transitions.heartbeat` of a row of ``heartbeat`` (the
+        status it read, and whether the token was current)."""
+        status = None if row["status"] is None else STATUS_OF[row["status"]]
+        return transitions.heartbeat(status, row["current"], extend_secs=extend, now=now)
 
     async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
         if not items:
             return []
-        # A (job, token) pair repeated in one batch is sent once; the repeats
-        # are replays of it.
-        first: dict[tuple[str, str], int] = {}
-        unique: list[CompleteItem] = []
-        slot: list[int] = []
-        for item in items:
-            pair = (item.job_id, item.lease_token)
-            if pair not in first:
-                first[pair] = len(unique)
-                unique.append(item)
-            slot.append(first[pair])
+        unique, slot = transitions.one_per_lease(items)
         ids = [_uuid_param(i.job_id) for i in unique]
         tokens = [_uuid_param(i.lease_token) for i in unique]
         results_of = [i.result for i in unique]
         rows: list[Any] = [None] * len(unique)
         for row in await self._db.fetch(Q["complete"], ids, tokens, results_of, now):
             rows[row["ord"] - 1] = row
+        decided = [self._completion(row) for row in rows]
         # Workflow steps (the batch holding one completed nothing yet), and
-        # items that raced another change of their job, under the lock.
-        locking = [
-            k
-            for k, row in enumerate(rows)
-            if row["step"] or (not row["applied"] and row["status"] == Status.RUNNING.value and row["current"])
-        ]
+        # completions the statement left alone because they raced another
+        # change of their job: decided again under the lock.
+        locking = [k for k, row in enumerate(rows) if row["step"] or (decided[k].applied and not row["applied"])]
         unblocked: set[int] = set()  # positions in `unique` whose completion enqueued steps
         if locking:
             at = range(len(unique)) if any(row["step"] for row in rows) else locking
@@ -880,44 +870,35 @@ class PostgresStore(Store):
             step_rows, step_unblocked = await self._db.run(complete)
             for k, row in zip(at, step_rows, strict=True):
                 rows[k] = row
+                decided[k] = self._completion(row)
                 if row["ord"] in step_unblocked:
                     unblocked.add(k)
         results = []
         # The jobs of a batch are mostly of one queue and kind, claimed
         # together: one result serves each such group.
         applied_in: dict[tuple[str, str, float | None], ReportResult] = {}
-        for k, row in enumerate(rows):
-            status = None if row["status"] is None else STATUS_OF[row["status"]]
-            if row["applied"]:
-                queue, kind, claimed_at = row["queue"], row["kind"], row["claimed_at"]
+        for k, (result, row) in enumerate(zip(decided, rows)):
+            if result.applied != row["applied"]:  # running under the token, yet unchanged under the lock
+                raise RuntimeError("jobs_complete: a locked row refused its guarded write")
+            if result.applied:
+                group = (row["queue"], row["kind"], row["claimed_at"])
                 if k in unblocked:
-                    result = ReportResult(
-                        outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True, kind=kind,
-                        claimed_at=claimed_at, ready_queues=(WORKFLOW_QUEUE,),
-                    )  # fmt: skip
-                else:
-                    group = (queue, kind, claimed_at)
-                    result = applied_in.get(group) or applied_in.setdefault(
-                        group,
-                        ReportResult(
-                            outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True, kind=kind,
-                            claimed_at=claimed_at,
-                        ),  # fmt: skip
+                    result = dataclasses.replace(
+                        result, kind=row["kind"], claimed_at=row["claimed_at"], ready_queues=(WORKFLOW_QUEUE,)
                     )
-            else:
-                result = transitions.complete(status, row["current"], queue=row["queue"])
-                if result.applied:  # running under the token, yet unchanged under the lock
-                    raise RuntimeError("jobs_complete: a locked row refused its guarded write")
+                else:
+                    result = applied_in.get(group) or applied_in.setdefault(
+                        group, dataclasses.replace(result, kind=row["kind"], claimed_at=row["claimed_at"])
+                    )
             results.append(result)
-        out = []
-        seen: set[int] = set()
-        for index in slot:
-            result = results[index]
-            if index in seen and result.applied:
-                result = ReportResult(outcome=Outcome.OK, queue=result.queue, status=result.status, applied=False)
-            seen.add(index)
-            out.append(result)
-        return out
+        return transitions.answers(results, slot)
+
+    @staticmethod
+    def _completion(row: asyncpg.Record) -> ReportResult:
+        """:func:`transitions.complete` of a row of ``complete`` (the status
+        it read, and whether the token was current)."""
+        status = None if row["status"] is None else STATUS_OF[row["status"]]
+        return transitions.complete(status, row["current"], queue=row["queue"])
 
     async def _after_complete(
         self, conn: asyncpg.Connection, completed: list[asyncpg.Record], *, now: float
@@ -939,63 +920,7 @@ class PostgresStore(Store):
     async def jobs_fail(self, items: Sequence[FailItem], *, now: float, retry_at: RetryAt) -> list[ReportResult]:
         if not items:
             return []
-        keys = [_uuid(i.job_id) for i in items]
-        tokens = [_uuid(i.lease_token) for i in items]
-
-        async def fail(conn: asyncpg.Connection) -> list[ReportResult]:
-            await _lock_workflows_of_jobs(conn, keys)
-            locked = await conn.fetch(Q["fail_lock"], [k for k in keys if k is not None])
-            state = {row["id"]: dict(row) for row in locked}
-            out: list[ReportResult] = []
-            updates: dict[uuid.UUID, tuple[uuid.UUID, str, float | None, str]] = {}
-            # Workflows a dead-lettered step fails, in batch order. A later
-            # item of one of them finds its job cancelled with the workflow,
-            # exactly as if the items had come one call at a time.
-            failing: dict[uuid.UUID, None] = {}
-            for item, key, token in zip(items, keys, tokens):
-                row = state.get(key) if key is not None else None
-                if row is not None and row["status"] == Status.RUNNING.value and row["workflow_id"] in failing:
-                    row["status"] = Status.CANCELLED.value
-                decided = transitions.fail(
-                    None if row is None else STATUS_OF[row["status"]],
-                    row is not None and token is not None and row["lease_token"] == token,
-                    queue=None if row is None else row["queue"],
-                    attempt=0 if row is None else row["attempt"],
-                    max_attempts=0 if row is None else row["max_attempts"],
-                    retryable=item.retryable,
-                    retry_at=retry_at,
-                    now=now,
-                )
-                result = decided.result
-                if result.applied:
-                    assert row is not None and key is not None and token is not None and result.status is not None
-                    result = dataclasses.replace(result, kind=row["kind"], claimed_at=row["claimed_at"])
-                    updates[key] = (token, result.status.value, decided.retry_at, _text(item.error))
-                    row["status"] = result.status.value  # a repeat later in this batch is a replay
-                    if result.status is Status.FAILED and row["workflow_id"] is not None:
-                        failing[row["workflow_id"]] = None
-                out.append(result)
-            if updates:
-                ids = list(updates)
-                changed = await conn.fetch(
-                    Q["fail"],
-                    ids,
-                    [updates[k][0] for k in ids],
-                    [updates[k][1] for k in ids],
-                    [updates[k][2] for k in ids],
-                    [updates[k][3] for k in ids],
-                    now,
-                )
-                # The rows are locked, so this cannot happen; if it did, the
-                # transaction must not commit half a batch.
-                if len(changed) != len(ids):
-                    raise RuntimeError("jobs_fail: a locked row changed under its lock")
-                await _notify(conn, {row["queue"] for row in changed if row["status"] == Status.PENDING.value})
-            for workflow_id in failing:
-                await _drive(conn, changes.end_workflow(str(workflow_id), WorkflowStatus.FAILED, now))
-            return out
-
-        return await self._db.run(fail)
+        return await _run_plan(self._db, lambda: changes.jobs_fail(items, now, retry_at))
 
     async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
         return await _run_plan(self._db, lambda: changes.reap_expired(now, limit))

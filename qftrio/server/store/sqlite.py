@@ -7,9 +7,12 @@ method is one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction; with
 ``journal_mode=WAL`` and ``synchronous=FULL`` a commit is on disk before the
 call returns, which is what lets the server acknowledge a job.
 
-Every outcome is decided by :mod:`qftrio.server.transitions`; this module
-reads what a decision needs and executes it with the guarded statements of
-``queries/sqlite.sql``. The schema is ``migrations/sqlite/``, its version in
+Every outcome is decided by :mod:`qftrio.server.transitions`. The changes
+written once in :mod:`.changes` run here over the statements of
+``queries/sqlite.sql`` (:func:`_drive`, synchronously on the store's
+thread, inside the call's transaction); the claim, the inserts, the
+heartbeat and complete batches, the stats and the pages are this module's
+own. The schema is ``migrations/sqlite/``, its version in
 ``PRAGMA user_version``.
 
 A single process owns the file: several servers on one SQLite file are not
@@ -48,7 +51,6 @@ from ..._batching import Batcher
 from .. import transitions
 from . import changes, sql
 from .base import (
-    LEASE_EXPIRED,
     WORKFLOW_QUEUE,
     BulkAction,
     BulkBatch,
@@ -123,8 +125,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
 
 @dataclasses.dataclass(slots=True)
 class _Row:
-    """A job as a report batch sees it; ``status`` follows the batch's own
-    changes, so that a repeat later in the batch is decided as a replay."""
+    """A job as a report batch sees it."""
 
     status: Status
     token: str | None
@@ -211,14 +212,14 @@ def _claim(
         candidates += conn.execute(_CLAIM_EXPIRED, (queue, now, limit)).fetchall()
     if not candidates:
         return []
-    candidates.sort(key=lambda c: (-c[1], c[2], c[3]))
+    candidates.sort(key=lambda c: transitions.lease_order(*c[1:]))
     ids = [c[0] for c in candidates[:limit]]
     tokens = dict(zip(ids, new_tokens(len(ids))))
     rows = conn.execute(
         Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
         (
             now + lease_secs, worker_id, now, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
-            LEASE_EXPIRED, LEASE_EXPIRED, now, *ids,
+            transitions.LOST_ATTEMPT, transitions.LOST_ATTEMPT, now, *ids,
         ),  # fmt: skip
     ).fetchall()
     by_id = {row[0]: row for row in rows}
@@ -229,6 +230,7 @@ def _claim(
 
 
 def _arity(statement: str) -> int:
+    statement = "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
     numbered = [int(n) for n in re.findall(r"\?(\d+)", statement)]
     return max(numbered) if numbered else statement.count("?")
 
@@ -685,22 +687,23 @@ class SqliteStore(Store):
                     updates.append((result.locked_until, now, item.job_id, item.lease_token))
                 out.append(result)
             conn.executemany(Q["heartbeat"], updates)
-            return [out[k] for k in slot]
+            return transitions.answers(out, slot)
 
         return await self._run(heartbeat)
 
     async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
+        unique, slot = transitions.one_per_lease(items)
+
         def complete(conn: sqlite3.Connection) -> list[ReportResult]:
-            rows = _report_rows(conn, [i.job_id for i in items])
+            rows = _report_rows(conn, [i.job_id for i in unique])
             updates = []
             out = []
-            for item in items:
+            for item in unique:
                 row, status, current = _state(rows, item.job_id, item.lease_token)
                 result = transitions.complete(status, current, queue=row.queue if row else None)
                 if result.applied:
                     assert row is not None
                     result = row.applied(result)
-                    row.status = Status.COMPLETED
                     write = (_dumps(item.result), now, item.job_id, item.lease_token)
                     if row.workflow_id is None:
                         updates.append(write)
@@ -710,42 +713,12 @@ class SqliteStore(Store):
                             result = dataclasses.replace(result, ready_queues=(WORKFLOW_QUEUE,))
                 out.append(result)
             conn.executemany(Q["complete"], updates)
-            return out
+            return transitions.answers(out, slot)
 
         return await self._run(complete)
 
     async def jobs_fail(self, items: Sequence[FailItem], *, now: float, retry_at: RetryAt) -> list[ReportResult]:
-        def fail(conn: sqlite3.Connection) -> list[ReportResult]:
-            out = []
-            for item in items:
-                # read item by item: a dead-lettered step cancels its
-                # siblings, which a later item of the batch must see
-                rows = _report_rows(conn, [item.job_id])
-                row, status, current = _state(rows, item.job_id, item.lease_token)
-                decided = transitions.fail(
-                    status,
-                    current,
-                    queue=row.queue if row else None,
-                    attempt=row.attempt if row else 0,
-                    max_attempts=row.max_attempts if row else 0,
-                    retryable=item.retryable,
-                    retry_at=retry_at,
-                    now=now,
-                )
-                result = decided.result
-                if result.applied:
-                    assert row is not None and result.status is not None
-                    result = row.applied(result)
-                    conn.execute(
-                        Q["fail"],
-                        (result.status.value, decided.retry_at, item.error, item.error, now, now, item.job_id, item.lease_token),
-                    )
-                    if result.status is Status.FAILED and row.workflow_id is not None:
-                        _drive(conn, changes.end_workflow(row.workflow_id, WorkflowStatus.FAILED, now))
-                out.append(result)
-            return out
-
-        return await self._run(fail)
+        return await self._run(lambda conn: _drive(conn, changes.jobs_fail(items, now, retry_at)))
 
     async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
         return await self._run(lambda conn: _drive(conn, changes.reap_expired(now, limit)))

@@ -1,6 +1,13 @@
 -- The PostgreSQL store's statements (qftrio.server.store.postgres), by name.
 -- "{where}" and "{limit}" are filled in at run time for the pages.
 
+-- name: job_columns
+-- A job's columns: the fields of qftrio.models.Job, which postgres._job reads
+-- by name, and the lease token and idempotency key (tests/test_store_sql.py).
+id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
+    context
+
 -- name: notify_queues
 -- Inside the caller's transaction, so it is delivered on commit only; on
 -- the channel postgres.CHANNEL.
@@ -123,9 +130,7 @@ WITH older AS (
         CASE WHEN c.hand THEN $4 END,
         $4, $4
     FROM chosen AS c
-    RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-        updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id,
-        step, context
+    RETURNING {job_columns}
 ), notified AS (
     SELECT count(pg_notify($13, $3)) FROM (SELECT 1 FROM inserted WHERE status = 'pending' LIMIT 1) AS p
 )
@@ -152,22 +157,16 @@ WITH inserted AS (
 SELECT inserted.id::text FROM inserted, notified;
 
 -- name: jobs_by_idempotency_keys
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context
+SELECT {job_columns}
 FROM qftrio_jobs
 WHERE (tenant, idempotency_key) IN (SELECT * FROM unnest($1::text[], $2::text[]));
 
 -- name: job_get
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context
+SELECT {job_columns}
 FROM qftrio_jobs WHERE id = $1;
 
 -- name: job_get_owned
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context
+SELECT {job_columns}
 FROM qftrio_jobs WHERE id = $1 AND tenant = $2;
 
 -- name: page_keys
@@ -261,6 +260,8 @@ WITH items AS (
       AND j.ctid = c.row AND j.status = c.status AND j.lease_token = c.token
     RETURNING c.ord, j.id, j.locked_until
 )
+-- Every row answers the status the probe read, which the store decides on
+-- (transitions.heartbeat): 'running' under the token for those extended.
 SELECT e.ord, e.id, true AS changed, e.locked_until, 'running' AS status, true AS current FROM extended AS e
 UNION ALL
 SELECT i.ord, i.id, false, NULL, i.status, coalesce(i.lease_token = i.token, false)
@@ -323,7 +324,9 @@ WITH items AS (
       AND j.ctid = c.row AND j.status = c.status AND j.lease_token = c.token
     RETURNING c.ord, j.queue, j.kind, j.claimed_at
 )
-SELECT c.ord, c.queue, true AS applied, 'completed' AS status, true AS current, false AS step, c.kind,
+-- Every row answers the status the probe read, which the store decides on
+-- (transitions.complete): 'running' under the token for those completed.
+SELECT c.ord, c.queue, true AS applied, 'running' AS status, true AS current, false AS step, c.kind,
     c.claimed_at
 FROM completed AS c
 UNION ALL
@@ -470,17 +473,13 @@ SELECT status FROM qftrio_jobs WHERE id = $1 AND tenant = $2 FOR UPDATE;
 -- is not running.
 UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2
 WHERE id = $1 AND status IN ('pending', 'running')
-RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context;
+RETURNING {job_columns};
 
 -- name: job_reset
 UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $2, updated_at = $2,
     locked_until = NULL, lease_token = NULL
 WHERE id = $1 AND status IN ('failed', 'cancelled')
-RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context;
+RETURNING {job_columns};
 
 -- name: failed_step
 SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' ORDER BY updated_at, id LIMIT 1;
@@ -671,9 +670,7 @@ SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
 FROM qftrio_workflow_steps WHERE workflow_id = ANY($1::uuid[]) ORDER BY workflow_id, position;
 
 -- name: jobs_of_workflows
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context
+SELECT {job_columns}
 FROM qftrio_jobs WHERE workflow_id = ANY($1::uuid[]);
 
 -- name: job_statuses_of_workflows

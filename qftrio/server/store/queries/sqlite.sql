@@ -1,14 +1,18 @@
 -- The embedded store's statements (qftrio.server.store.sqlite), by name.
 -- "{marks}" stands for a list of "?" the length of a batch, filled in at run time.
 
--- name: job_get
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+-- name: job_columns
+-- A job's columns, in the order of the fields of qftrio.models.Job, which
+-- sqlite._row_to_job reads them in (tests/test_store_sql.py checks it).
+id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+
+-- name: job_get
+SELECT {job_columns}
 FROM jobs WHERE id = ?;
 
 -- name: job_by_idempotency_key
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+SELECT {job_columns}
 FROM jobs WHERE tenant = ? AND idempotency_key = ?;
 
 -- name: job_insert
@@ -47,8 +51,7 @@ UPDATE jobs SET status = 'running', attempt = attempt + 1, locked_until = ?,
     errors = CASE WHEN status = 'running' THEN json_insert(errors, '$[#]',
         json_object('attempt', attempt, 'error', ?, 'at', ?)) ELSE errors END
 WHERE id IN ({marks})
-RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
+RETURNING {job_columns};
 
 -- name: next_scheduled
 -- A job scheduled ahead of its creation (a delay, a time, a retry); one
@@ -70,11 +73,22 @@ WHERE id = ? AND status = 'running' AND lease_token = ?;
 UPDATE jobs SET status = 'completed', result = ?, locked_until = NULL, updated_at = ?
 WHERE id = ? AND status = 'running' AND lease_token = ?;
 
+-- name: fail_lock
+-- What a fail batch decides on (changes.jobs_fail).
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at FROM jobs
+WHERE id IN (SELECT value FROM json_each(?1));
+
 -- name: fail
-UPDATE jobs SET status = ?, scheduled_at = coalesce(?, scheduled_at), locked_until = NULL, error = ?,
-    errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', ?, 'at', ?)),
-    updated_at = ?
-WHERE id = ? AND status = 'running' AND lease_token = ?;
+-- The guarded write of transitions.fail, for the whole batch: ids, tokens,
+-- statuses, scheduled_at (null: unchanged) and errors, item by item.
+UPDATE jobs SET status = u.status, scheduled_at = coalesce(u.retry_at, jobs.scheduled_at), locked_until = NULL,
+    error = u.error, errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', u.error, 'at', ?6)),
+    updated_at = ?6
+FROM (SELECT i.value AS id, t.value AS token, s.value AS status, a.value AS retry_at, e.value AS error
+      FROM json_each(?1) AS i JOIN json_each(?2) AS t ON t.key = i.key JOIN json_each(?3) AS s ON s.key = i.key
+      JOIN json_each(?4) AS a ON a.key = i.key JOIN json_each(?5) AS e ON e.key = i.key) AS u
+WHERE jobs.id = u.id AND jobs.status = 'running' AND jobs.lease_token = u.token
+RETURNING jobs.id, jobs.queue, jobs.status;
 
 -- name: reap_lock_workflows
 -- Other servers' janitors do not exist: no workflows to lock first.
@@ -114,15 +128,13 @@ SELECT status FROM jobs WHERE id = ?1 AND tenant = ?2;
 -- still be told "cancelled", not "conflict". The deadline goes: the job
 -- is not running.
 UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2 WHERE id = ?1 AND status IN ('pending', 'running')
-RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
+RETURNING {job_columns};
 
 -- name: job_reset
 UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?2, updated_at = ?2,
     locked_until = NULL, lease_token = NULL
 WHERE id = ?1 AND status IN ('failed', 'cancelled')
-RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
+RETURNING {job_columns};
 
 -- name: failed_step
 SELECT step, id FROM jobs WHERE workflow_id = ? AND status = 'failed' ORDER BY updated_at, id LIMIT 1;
@@ -166,8 +178,7 @@ WHERE tenant = ? AND queue = ? AND status = ? AND kind = ? {where}
 ORDER BY created_at DESC, id DESC LIMIT ?;
 
 -- name: jobs_by_ids
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+SELECT {job_columns}
 FROM jobs WHERE id IN ({marks});
 
 -- name: lock_workflows_of_jobs
@@ -327,8 +338,7 @@ SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
 FROM workflow_steps WHERE workflow_id IN (SELECT value FROM json_each(?1)) ORDER BY workflow_id, position;
 
 -- name: jobs_of_workflows
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+SELECT {job_columns}
 FROM jobs WHERE workflow_id IN (SELECT value FROM json_each(?1));
 
 -- name: job_statuses_of_workflows
