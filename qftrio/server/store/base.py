@@ -18,9 +18,11 @@ rules every backend must keep:
   state and token, retry or dead letter, lease expiry, cancel, retry,
   workflow advancement and failure) is decided by
   :mod:`qftrio.server.transitions`, whose docstring holds the report table
-  and the lease token rules. A store reads what a decision needs, calls it,
-  and executes what it decided with guarded writes ("set this if the job is
-  running under this token"), which change nothing when the row moved on.
+  and the lease token rules. A change reads what a decision needs, calls
+  it, and executes what it decided with guarded writes ("set this if the
+  job is running under this token"), which change nothing when the row
+  moved on; each change is written once for every backend, in
+  :mod:`.changes`, over the backend's named statements.
 
 Workflow rules (docs/workflows.md, "How a workflow runs";
 ``tests/test_store_workflows.py``). A workflow's steps become jobs on queue

@@ -122,6 +122,8 @@ def _lock_owned(job_id: str, tenant: str) -> Plan[tuple[Status, str | None] | No
 
 def job_cancel(job_id: str, tenant: str, now: float) -> Plan[Job | None]:
     """``Store.job_cancel``."""
+    if not issued(job_id):
+        return None
     owned = yield from _lock_owned(job_id, tenant)
     if owned is None:
         return None
@@ -135,6 +137,8 @@ def job_cancel(job_id: str, tenant: str, now: float) -> Plan[Job | None]:
 
 def job_retry(job_id: str, tenant: str, now: float) -> Plan[Job | None]:
     """``Store.job_retry``."""
+    if not issued(job_id):
+        return None
     owned = yield from _lock_owned(job_id, tenant)
     if owned is None:
         return None
@@ -247,6 +251,8 @@ def workflow_create(workflow: NewWorkflow, now: float) -> Plan[Workflow]:
 
 def workflow_get(workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Plan[Workflow | None]:
     """``Store.workflow_get``."""
+    if not issued(workflow_id):
+        return None
     row = yield _row("workflow_get", workflow_id, json=(4,))
     if row is None or (tenant is not None and row[1] != tenant):
         return None
@@ -255,6 +261,8 @@ def workflow_get(workflow_id: str, *, tenant: str | None = None, jobs: bool = Tr
 
 def workflow_cancel(workflow_id: str, tenant: str, now: float) -> Plan[Workflow | None]:
     """``Store.workflow_cancel``."""
+    if not issued(workflow_id):
+        return None
     status = yield _value("workflow_owned_lock", workflow_id, tenant)
     if status is None:
         return None

@@ -51,7 +51,6 @@ import dataclasses
 import logging
 import math
 import random
-import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -93,6 +92,7 @@ from .base import (
     ReportResult,
     RetryAt,
     Store,
+    issued,
     new_ids,
     workers_of,
 )
@@ -120,13 +120,10 @@ assert f"'{CHANNEL}'" in Q["notify_queues"]
 # -- helpers ------------------------------------------------------------------
 
 
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
 def _uuid_param(value: str) -> str | None:
     """:func:`_uuid` for values only passed as ``uuid`` parameters (asyncpg
     takes the text): the reports' hot path, without building UUID objects."""
-    return value if _CANONICAL_UUID.fullmatch(value) else None
+    return value if issued(value) else None
 
 
 def _uuid(value: str | None) -> uuid.UUID | None:
@@ -728,13 +725,9 @@ class PostgresStore(Store):
         return [_job(row) for row in await self._db.fetch(Q["jobs_page"].format(**page), *args)]
 
     async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
-        if _uuid(job_id) is None:
-            return None
         return await _run_plan(self._db, lambda: changes.job_cancel(job_id, tenant, now))
 
     async def job_retry(self, job_id: str, *, tenant: str, now: float) -> Job | None:
-        if _uuid(job_id) is None:
-            return None
         return await _run_plan(self._db, lambda: changes.job_retry(job_id, tenant, now))
 
     async def queues_stats(self, *, tenant: str, now: float, queue: str | None = None) -> list[QueueStats]:
@@ -934,8 +927,6 @@ class PostgresStore(Store):
         return await _run_plan(self._db, lambda: changes.workflow_create(workflow, now))
 
     async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:
-        if _uuid(workflow_id) is None:
-            return None
         return await self._read(lambda: changes.workflow_get(workflow_id, tenant=tenant, jobs=jobs))
 
     async def workflows_list(
@@ -961,8 +952,6 @@ class PostgresStore(Store):
         return await self._db.run(read, transaction=False)
 
     async def workflow_cancel(self, workflow_id: str, *, tenant: str, now: float) -> Workflow | None:
-        if _uuid(workflow_id) is None:
-            return None
         return await _run_plan(self._db, lambda: changes.workflow_cancel(workflow_id, tenant, now))
 
 

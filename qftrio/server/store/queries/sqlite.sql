@@ -1,5 +1,8 @@
 -- The embedded store's statements (qftrio.server.store.sqlite), by name.
 -- "{marks}" stands for a list of "?" the length of a batch, filled in at run time.
+-- A statement of store/changes.py takes an array as JSON text: json_each(?1) reads
+-- it, and json_extract(?2, '$[' || i.key || ']') the same item of a parallel one
+-- (joining two json_each on their keys would read one whole for each item of the other).
 
 -- name: job_columns
 -- A job's columns, in the order of the fields of qftrio.models.Job, which
@@ -84,9 +87,10 @@ WHERE id IN (SELECT value FROM json_each(?1));
 UPDATE jobs SET status = u.status, scheduled_at = coalesce(u.retry_at, jobs.scheduled_at), locked_until = NULL,
     error = u.error, errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', u.error, 'at', ?6)),
     updated_at = ?6
-FROM (SELECT i.value AS id, t.value AS token, s.value AS status, a.value AS retry_at, e.value AS error
-      FROM json_each(?1) AS i JOIN json_each(?2) AS t ON t.key = i.key JOIN json_each(?3) AS s ON s.key = i.key
-      JOIN json_each(?4) AS a ON a.key = i.key JOIN json_each(?5) AS e ON e.key = i.key) AS u
+FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS token,
+          json_extract(?3, '$[' || i.key || ']') AS status, json_extract(?4, '$[' || i.key || ']') AS retry_at,
+          json_extract(?5, '$[' || i.key || ']') AS error
+      FROM json_each(?1) AS i) AS u
 WHERE jobs.id = u.id AND jobs.status = 'running' AND jobs.lease_token = u.token
 RETURNING jobs.id, jobs.queue, jobs.status;
 
@@ -106,8 +110,9 @@ ORDER BY j.locked_until LIMIT ?2;
 UPDATE jobs SET status = u.status, locked_until = NULL, lease_token = NULL, error = u.error,
     errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', u.error, 'at', ?4)),
     updated_at = ?4
-FROM (SELECT i.value AS id, s.value AS status, e.value AS error
-      FROM json_each(?1) AS i JOIN json_each(?2) AS s ON s.key = i.key JOIN json_each(?3) AS e ON e.key = i.key) AS u
+FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS status,
+          json_extract(?3, '$[' || i.key || ']') AS error
+      FROM json_each(?1) AS i) AS u
 WHERE jobs.id = u.id AND jobs.status = 'running' AND jobs.locked_until < ?4;
 
 -- name: job_workflow
@@ -265,16 +270,16 @@ VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, 0, ?6, ?7, ?7, ?7, ?8, ?9, ?10);
 -- ?7 holds a new job id for each name of ?2; steps_enqueued then marks the steps.
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
     scheduled_at, created_at, updated_at, workflow_id, step, context)
-SELECT i.value, ?3, ?4, s.kind, s.payload, 'pending', 0, 0, s.max_attempts, ?5, ?5, ?5, ?1, s.name, ?6
-FROM json_each(?2) AS n JOIN json_each(?7) AS i ON i.key = n.key
+SELECT json_extract(?7, '$[' || n.key || ']'), ?3, ?4, s.kind, s.payload, 'pending', 0, 0, s.max_attempts, ?5, ?5, ?5,
+    ?1, s.name, ?6
+FROM json_each(?2) AS n
 JOIN workflow_steps AS s ON s.workflow_id = ?1 AND s.name = n.value
 WHERE s.state = 'waiting'
 ORDER BY s.position;
 
 -- name: steps_enqueued
 UPDATE workflow_steps SET state = 'enqueued', job_id = (
-    SELECT i.value FROM json_each(?2) AS n JOIN json_each(?7) AS i ON i.key = n.key
-    WHERE n.value = workflow_steps.name)
+    SELECT json_extract(?7, '$[' || n.key || ']') FROM json_each(?2) AS n WHERE n.value = workflow_steps.name)
 WHERE workflow_id = ?1 AND state = 'waiting' AND name IN (SELECT value FROM json_each(?2));
 
 -- name: workflow_step_completed
