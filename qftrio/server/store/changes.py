@@ -112,6 +112,8 @@ def notify(queues: Sequence[str] | set[str]) -> Plan[None]:
 def _lock_owned(job_id: str, tenant: str) -> Plan[tuple[Status, str | None] | None]:
     """Lock a tenant's job (a step's workflow first: the lock order) and
     answer its status and workflow id, or None if unknown."""
+    if not issued(job_id):
+        return None
     # a step's workflow never changes: reading it unlocked is safe
     workflow_id = yield _value("job_workflow", job_id, tenant)
     if workflow_id is not None:
@@ -122,8 +124,6 @@ def _lock_owned(job_id: str, tenant: str) -> Plan[tuple[Status, str | None] | No
 
 def job_cancel(job_id: str, tenant: str, now: float) -> Plan[Job | None]:
     """``Store.job_cancel``."""
-    if not issued(job_id):
-        return None
     owned = yield from _lock_owned(job_id, tenant)
     if owned is None:
         return None
@@ -137,8 +137,6 @@ def job_cancel(job_id: str, tenant: str, now: float) -> Plan[Job | None]:
 
 def job_retry(job_id: str, tenant: str, now: float) -> Plan[Job | None]:
     """``Store.job_retry``."""
-    if not issued(job_id):
-        return None
     owned = yield from _lock_owned(job_id, tenant)
     if owned is None:
         return None
