@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from qftrio import errors
-from qftrio.models import HeartbeatItem, Status, WorkflowStatus
+from qftrio.models import CompleteItem, FailItem, HeartbeatItem, Status, WorkflowStatus
 from qftrio.server import transitions
 from qftrio.server.engine import RetryPolicy
 from qftrio.server.store.base import LEASE_EXPIRED, Outcome
@@ -67,6 +67,36 @@ def test_a_lease_heartbeated_twice_in_a_batch_is_extended_once_by_the_longer_ext
     unique, slot = transitions.one_per_lease(items)
     assert unique == [HeartbeatItem("j", "t", 40), HeartbeatItem("k", "t", 5), HeartbeatItem("j", "u", 1)]
     assert slot == [0, 1, 0, 2]
+
+
+def test_a_lease_completed_or_failed_twice_in_a_batch_is_decided_once_and_the_repeat_is_its_replay() -> None:
+    items = [CompleteItem("j", "t", {"n": 1}), CompleteItem("j", "t", {"n": 2}), CompleteItem("j", "u", {})]
+    unique, slot = transitions.one_per_lease(items)
+    assert (unique, slot) == ([items[0], items[2]], [0, 0, 1])
+    first = transitions.complete(Status.RUNNING, True, queue="q")
+    stale = transitions.complete(Status.RUNNING, False, queue="q")
+    answered = transitions.answers([first, stale], slot)
+    assert [(r.outcome, r.status, r.applied) for r in answered] == [
+        (OK, S.COMPLETED, True), (OK, S.COMPLETED, False), (CONFLICT, None, False),
+    ]  # fmt: skip
+    # a repeat is answered as a replay of the job as it stands: what a later call would get
+    assert answered[1] == transitions.complete(Status.COMPLETED, True, queue="q")
+    failed = transitions.fail(Status.RUNNING, True, queue="q", attempt=1, max_attempts=1, retry_at=ALWAYS_RETRY, now=T0)
+    unique, slot = transitions.one_per_lease([FailItem("j", "t", "a"), FailItem("j", "t", "b")])
+    replay = transitions.answers([failed.result], slot)[1]
+    assert replay == transitions.fail(S.FAILED, True, queue="q", retry_at=ALWAYS_RETRY, now=T0).result
+
+
+def test_lease_order_is_priority_then_scheduled_then_created() -> None:
+    jobs = [(0, 5.0, 1.0), (1, 9.0, 9.0), (0, 5.0, 0.5), (0, 4.0, 2.0)]
+    assert sorted(jobs, key=lambda j: transitions.lease_order(*j)) == [(1, 9.0, 9.0), (0, 4.0, 2.0), (0, 5.0, 0.5), (0, 5.0, 1.0)]
+
+
+@pytest.mark.parametrize("status", [WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED])
+def test_only_running_workflows_can_be_cancelled(status: WorkflowStatus) -> None:
+    with pytest.raises(errors.Conflict, match=f"is {status.value}; only running workflows"):
+        transitions.workflow_cancel("w", status)
+    transitions.workflow_cancel("w", WorkflowStatus.RUNNING)
 
 
 @pytest.mark.parametrize("status", [Status.COMPLETED, Status.FAILED, Status.CANCELLED])

@@ -23,12 +23,12 @@ cancelled              CONFLICT           CONFLICT                    OK, status
 
 The table is :func:`complete`, :func:`fail` and :func:`heartbeat`.
 
-Lease tokens (DESIGN §2): a claim gives the job a fresh token. It stays on
-the row after complete, fail and cancel, so that replays and late heartbeats
-are told apart from stale callers; it stays valid after the lease runs out,
-until the job is claimed again (the claim records the lost attempt as
-``lease expired``) or taken back by the janitor (:func:`reap`), which
-replace or clear it: stale from then on.
+Lease tokens (docs/protocol.md, "Worker protocol"): a claim gives the job a
+fresh token. It stays on the row after complete, fail and cancel, so that
+replays and late heartbeats are told apart from stale callers; it stays
+valid after the lease runs out, until the job is claimed again (the claim
+records the lost attempt as :data:`LOST_ATTEMPT`) or taken back by the janitor
+(:func:`reap`), which replace or clear it: stale from then on.
 A job's ``worker_id`` is kept after it ends, so that one can see where it ran.
 """
 
@@ -37,10 +37,22 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
 from .. import errors
 from ..models import HeartbeatItem, Status, WorkflowStatus
 from .store.base import LEASE_EXPIRED, HeartbeatResult, Outcome, ReportResult, RetryAt
+
+
+class _Report(Protocol):
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def lease_token(self) -> str: ...
+
+
+I = TypeVar("I", bound=_Report)
+R = TypeVar("R", ReportResult, HeartbeatResult)
 
 __all__ = [
     "complete",
@@ -48,7 +60,11 @@ __all__ = [
     "Failed",
     "heartbeat",
     "one_per_lease",
+    "answers",
+    "lease_order",
+    "LOST_ATTEMPT",
     "cancel",
+    "workflow_cancel",
     "Retry",
     "retry",
     "not_the_failed_step",
@@ -90,13 +106,14 @@ def heartbeat(status: Status | None, current: bool, *, extend_secs: float, now: 
     return HeartbeatResult(outcome=Outcome.OK, status=status)
 
 
-def one_per_lease(items: Sequence[HeartbeatItem]) -> tuple[list[HeartbeatItem], list[int]]:
-    """A batch's heartbeats, one per lease: a lease heartbeated twice in one
-    batch is extended once, by the longer extension, and both items are
-    answered alike. Returns the heartbeats to run and, for each of *items*,
-    the index of its answer among them."""
+def one_per_lease(items: Sequence[I]) -> tuple[list[I], list[int]]:
+    """A batch's reports, one per lease (job and token): a lease reported
+    twice in one batch is decided once, for its first complete or fail, or
+    its longest heartbeat (extended once, by the longer extension). Returns
+    the reports to decide and, for each of *items*, the index of its answer
+    among them; :func:`answers` then answers every item."""
     index: dict[tuple[str, str], int] = {}
-    unique: list[HeartbeatItem] = []
+    unique: list[I] = []
     slot = []
     for item in items:
         key = (item.job_id, item.lease_token)
@@ -104,10 +121,41 @@ def one_per_lease(items: Sequence[HeartbeatItem]) -> tuple[list[HeartbeatItem], 
         if k is None:
             k = index[key] = len(unique)
             unique.append(item)
-        elif item.extend_secs > unique[k].extend_secs:
+        elif isinstance(item, HeartbeatItem) and item.extend_secs > unique[k].extend_secs:  # type: ignore[attr-defined]
             unique[k] = item
         slot.append(k)
     return unique, slot
+
+
+def answers(results: Sequence[R], slot: Sequence[int]) -> list[R]:
+    """Every item's answer, from the answers to :func:`one_per_lease`'s
+    reports: a repeat of a report that applied is its replay (OK, the same
+    status, ``applied`` False: the metrics count the job once); a repeated
+    heartbeat is answered as its lease was."""
+    out = []
+    seen: set[int] = set()
+    for k in slot:
+        result = results[k]
+        if k in seen and isinstance(result, ReportResult) and result.applied:
+            result = ReportResult(outcome=Outcome.OK, queue=result.queue, status=result.status)  # type: ignore[assignment]
+        seen.add(k)
+        out.append(result)
+    return out
+
+
+def lease_order(priority: int, scheduled_at: float, created_at: float) -> tuple[float, float, float]:
+    """The sort key of lease order: priority first (higher first), then the
+    earliest scheduled, then the earliest created. A claim hands out jobs in
+    this order; each store's claim statements sort by the same columns
+    (``ORDER BY priority DESC, scheduled_at, created_at``)."""
+    return (-priority, scheduled_at, created_at)
+
+
+#: What a claim records for the attempt a job lost when its lease ran out
+#: and a claim takes it (a running job is claimable then only): the error of
+#: that attempt, written by each store's claim statement when the row it
+#: claims was running.
+LOST_ATTEMPT = LEASE_EXPIRED
 
 
 def complete(status: Status | None, current: bool, *, queue: str | None = None) -> ReportResult:
@@ -172,6 +220,14 @@ def cancel(job_id: str, status: Status) -> None:
     ``locked_until``: the job is no longer running."""
     if status not in UNFINISHED:
         raise errors.Conflict(f"job {job_id} is {status.value}; only pending or running jobs can be cancelled")
+
+
+def workflow_cancel(workflow_id: str, status: WorkflowStatus) -> None:
+    """Raise :class:`~qftrio.errors.Conflict` unless a workflow in *status*
+    can be cancelled: only a running one (its end cancels its unfinished
+    steps)."""
+    if status is not WorkflowStatus.RUNNING:
+        raise errors.Conflict(f"workflow {workflow_id} is {status.value}; only running workflows can be cancelled")
 
 
 class Retry(enum.Enum):

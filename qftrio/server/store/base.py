@@ -18,16 +18,18 @@ rules every backend must keep:
   state and token, retry or dead letter, lease expiry, cancel, retry,
   workflow advancement and failure) is decided by
   :mod:`qftrio.server.transitions`, whose docstring holds the report table
-  and the lease token rules. A store reads what a decision needs, calls it,
-  and executes what it decided with guarded writes ("set this if the job is
-  running under this token"), which change nothing when the row moved on.
+  and the lease token rules. A change reads what a decision needs, calls
+  it, and executes what it decided with guarded writes ("set this if the
+  job is running under this token"), which change nothing when the row
+  moved on; each change is written once for every backend, in
+  :mod:`.changes`, over the backend's named statements.
 
-Workflow rules (DESIGN §4; ``tests/test_store_workflows.py``). A workflow's
-steps become jobs on queue ``default`` (``workflow_id``, ``step`` and the
-workflow's ``context`` as it stands then set on the job, tenant the
-workflow's) once every dependency has completed; steps without dependencies
-in ``workflow_create`` itself. Inside the transaction of the job method that
-causes it:
+Workflow rules (docs/workflows.md, "How a workflow runs";
+``tests/test_store_workflows.py``). A workflow's steps become jobs on queue
+``default`` (``workflow_id``, ``step`` and the workflow's ``context`` as it
+stands then set on the job, tenant the workflow's) once every dependency has
+completed; steps without dependencies in ``workflow_create`` itself. Inside
+the transaction of the job method that causes it:
 
 * ``jobs_complete`` of a step's job merges its ``result`` into the context
   (top-level keys, later wins), counts the step done, enqueues the steps
@@ -61,6 +63,7 @@ import dataclasses
 import enum
 import functools
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
@@ -86,6 +89,7 @@ __all__ = [
     "Inserted",
     "new_ids",
     "new_tokens",
+    "issued",
     "ClaimRequest",
     "Outcome",
     "HeartbeatItem",
@@ -236,6 +240,16 @@ def new_ids(n: int, now: float) -> list[str]:
         r = int.from_bytes(raw[i : i + 10])  # 80 random bits, of which 74 are used
         ids.append(str(uuid.UUID(int=head | (r >> 62 & 0xFFF) << 64 | (r & _RANDOM_62))))
     return ids
+
+
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def issued(value: str) -> bool:
+    """Whether *value* may be an id or a lease token a store issued (a UUID
+    in the canonical form :func:`new_ids` and :func:`new_tokens` write):
+    any other string names nothing, on every store."""
+    return isinstance(value, str) and _CANONICAL_UUID.fullmatch(value) is not None
 
 
 def new_tokens(n: int) -> list[str]:

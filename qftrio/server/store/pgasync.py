@@ -40,8 +40,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import inspect
+import getpass
 import logging
+import os
 import random
 import threading
 import urllib.parse
@@ -52,7 +53,6 @@ from typing import Any, TypeVar
 import asyncpg
 import outcome
 import trio
-from asyncpg import connect_utils
 
 from ... import errors
 from ..._json import dumps_strict, loads
@@ -172,41 +172,86 @@ class Target:
     database: str
 
 
+#: libpq's ``sslmode`` values, which asyncpg takes.
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+#: Where libpq (and asyncpg) looks for a server when no host is given.
+_DEFAULT_HOSTS = ["/run/postgresql", "/var/run/postgresql", "/tmp", "/private/tmp", "localhost"]
+
+
 def read_url(url: str) -> Target:
-    """Read *url* as :func:`asyncpg.connect` will, without connecting.
+    """Read *url* as :func:`asyncpg.connect` will, without connecting: the
+    rules of libpq's connection URIs (``postgresql://user@host:port,host2/db
+    ?host=/socket/dir&port=5433&sslmode=require``), then the ``PGHOST``,
+    ``PGPORT`` and ``PGUSER`` environment variables, then the defaults.
 
     Raises:
-        ConfigError: asyncpg cannot read it (a scheme other than
+        ConfigError: a URL that cannot work (a scheme other than
             ``postgresql``, an unknown ``sslmode``, a port that is not a
             number or out of range, ...). The message never holds the password.
     """
-    # asyncpg's own reading of a URL, the one connect() makes. It is private,
-    # so it is called with whatever parameters this version of asyncpg takes,
-    # each at connect()'s default (None) but the URL.
-    parse = connect_utils._parse_connect_dsn_and_args
-    arguments: dict[str, Any] = dict.fromkeys(inspect.signature(parse).parameters)
-    # A password holding @ / ? or # ends the user part early: the rest of it
-    # becomes the host, or a port that is not a number.
-    hint = "; percent-encode @ / ? # in the password (@ as %40, / as %2F, ? as %3F, # as %23)" if "@" in url else ""
     try:
-        addresses, params = parse(**{**arguments, "dsn": url})
-    except asyncpg.exceptions.ClientConfigurationError as exc:
-        raise errors.ConfigError(f"the database URL is not usable: {_redacted(str(exc), url)}{hint}") from None
-    except ValueError as exc:  # int() of a port, the only plain ValueError it raises
-        message = _redacted(str(exc), url)
-        raise errors.ConfigError(f"the database URL has a port that is not a number: {message}{hint}") from None
-    hosts = []
-    for address in addresses:
-        if isinstance(address, str):  # a Unix socket
-            hosts.append(address)
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:
+        raise errors.ConfigError(f"the database URL is not usable: {_redacted(str(exc), url)}") from None
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise errors.ConfigError(
+            f'the database URL is not usable: its scheme must be "postgresql" or "postgres", not {parts.scheme!r}'
+        )
+    query = {k: v[-1] for k, v in urllib.parse.parse_qs(parts.query, keep_blank_values=True).items()}
+    sslmode = query.get("sslmode") or os.environ.get("PGSSLMODE")
+    if sslmode is not None and sslmode not in SSL_MODES:
+        raise errors.ConfigError(
+            f"the database URL is not usable: `sslmode` parameter must be one of: {', '.join(SSL_MODES)}"
+        )
+    # A password holding @ / ? or # ends the user part early (asyncpg, like
+    # libpq, splits at the first @): the rest of it becomes the host, or a
+    # port that is not a number.
+    hint = "; percent-encode @ / ? # in the password (@ as %40, / as %2F, ? as %3F, # as %23)" if "@" in url else ""
+    auth, _, hostspec = parts.netloc.partition("@") if "@" in parts.netloc else ("", "", parts.netloc)
+    if "@" in hostspec:
+        raise errors.ConfigError(f"the database URL has more than one @ before its host{hint}")
+    user = urllib.parse.unquote(auth.partition(":")[0]) or query.get("user") or os.environ.get("PGUSER") or getpass.getuser()
+    # The URL's hosts first, then its query's, then PGHOST. A host naming no
+    # port takes PGPORT's (or 5432); the query's port serves its hosts only.
+    ports = os.environ.get("PGPORT") or "5432"
+    if hostspec:
+        hosts = [urllib.parse.unquote(h) for h in hostspec.split(",")]
+    else:
+        hosts = [h for h in (query.get("host") or os.environ.get("PGHOST") or "").split(",") if h] or _DEFAULT_HOSTS
+        ports = query.get("port") or ports
+    default_ports = ports.split(",")
+    if len(default_ports) not in (1, len(hosts)):
+        raise errors.ConfigError(
+            f"the database URL is not usable: could not match {len(default_ports)} port numbers to {len(hosts)} hosts"
+        )
+    where = []
+    for i, host in enumerate(hosts):
+        default_port = default_ports[i if len(default_ports) > 1 else 0]
+        if host.startswith("/"):  # a Unix socket's directory
+            where.append(host if ".s.PGSQL." in host else f"{host}/.s.PGSQL.{_port(default_port, url, hint)}")
             continue
-        host, port = address
-        if "@" in host:
-            raise errors.ConfigError(f"the database URL has more than one @ before its host{hint}")
-        if not 0 < port < 65536:
-            raise errors.ConfigError(f"the database URL's port {port} is out of range (1 to 65535)")
-        hosts.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-    return Target(where=", ".join(hosts), user=params.user, database=params.database)
+        if host.startswith("["):  # [IPv6]:port
+            address, _, rest = host[1:].partition("]")
+            port = rest.removeprefix(":") or default_port
+        else:
+            address, _, port = host.partition(":")
+            port = port or default_port
+        number = _port(port, url, hint)
+        where.append(f"[{address}]:{number}" if ":" in address else f"{address}:{number}")
+    database = urllib.parse.unquote(parts.path.lstrip("/")) or query.get("dbname") or os.environ.get("PGDATABASE") or user
+    return Target(where=", ".join(where), user=user, database=database)
+
+
+def _port(text: str, url: str, hint: str = "") -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        message = _redacted(repr(text), url)
+        raise errors.ConfigError(f"the database URL has a port that is not a number: {message}{hint}") from None
+    if not 0 < port < 65536:
+        raise errors.ConfigError(f"the database URL's port {port} is out of range (1 to 65535)")
+    return port
 
 
 def _redacted(text: str, url: str) -> str:

@@ -12,7 +12,12 @@ How the rules of :mod:`.base` are kept with many servers at once:
   independent of how many finished jobs the table holds.
 * Every outcome is decided by :mod:`qftrio.server.transitions`; the
   statements of ``queries/postgres.sql`` are the guarded writes that execute
-  it ("if the job is running under this token").
+  it ("if the job is running under this token"). The changes written once
+  in :mod:`.changes` (cancel, retry, workflows, bulk actions, the janitor,
+  fail batches) run over them in one transaction each (:func:`_drive`, on
+  one connection of the loop thread); the claim, the inserts and the
+  heartbeat and complete batches are this module's own statements, whose
+  answers :mod:`~qftrio.server.transitions` decides on.
 * Heartbeats and completions are one statement per batch (``unnest``
   arrays), so one transaction: the current leases are changed without being
   locked first, the other items' rows read for their outcome. A batch
@@ -20,7 +25,8 @@ How the rules of :mod:`.base` are kept with many servers at once:
   steps' workflows first; an item that raced another change of its job is
   decided again under the row lock. Failures lock the rows (``SELECT ...
   FOR UPDATE``), ask the engine's ``retry_at`` through
-  :func:`~qftrio.server.transitions.fail`, and update, in one transaction.
+  :func:`~qftrio.server.transitions.fail`, and update, in one transaction
+  (:func:`.changes.jobs_fail`).
   Batches lock rows in id order, so two batches never deadlock.
 * The janitor (``jobs_reap_expired``, ``jobs_prune``) skips rows another
   server is working on (``SKIP LOCKED``), so janitors do not collide.
@@ -45,11 +51,10 @@ import dataclasses
 import logging
 import math
 import random
-import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import orjson
@@ -63,17 +68,14 @@ from ...models import (
     Lease,
     QueueStats,
     Status,
-    StepStatus,
     WorkerInfo,
     Workflow,
     WorkflowStatus,
-    WorkflowStep,
 )
 from .. import transitions
-from . import pgasync, sql
+from . import changes, pgasync, sql
 from .base import (
     ALL_QUEUES,
-    LEASE_EXPIRED,
     WORKFLOW_QUEUE,
     BulkAction,
     BulkBatch,
@@ -86,12 +88,11 @@ from .base import (
     Inserted,
     NewJob,
     NewWorkflow,
-    Outcome,
     Reaped,
     ReportResult,
     RetryAt,
     Store,
-    bulk_changed,
+    issued,
     new_ids,
     workers_of,
 )
@@ -99,6 +100,8 @@ from .base import (
 __all__ = ["PostgresStore", "open_postgres_store", "migrate", "pending_migrations", "CHANNEL", "ALL_QUEUES"]
 
 log = logging.getLogger("qftrio.store.postgres")
+
+T = TypeVar("T")
 
 #: The NOTIFY channel; the payload is a queue name.
 CHANNEL = "qftrio_jobs"
@@ -111,19 +114,16 @@ CHANNEL = "qftrio_jobs"
 MIGRATION_LOCK_KEY = 0x71F7_0001
 
 Q = sql.load("postgres")
-Q["jobs_page"] = Q["jobs_page"].replace("{page_keys}", Q["page_keys"])
+assert f"'{CHANNEL}'" in Q["notify_queues"]
 
 
 # -- helpers ------------------------------------------------------------------
 
 
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
 def _uuid_param(value: str) -> str | None:
     """:func:`_uuid` for values only passed as ``uuid`` parameters (asyncpg
     takes the text): the reports' hot path, without building UUID objects."""
-    return value if _CANONICAL_UUID.fullmatch(value) else None
+    return value if issued(value) else None
 
 
 def _uuid(value: str | None) -> uuid.UUID | None:
@@ -136,11 +136,6 @@ def _uuid(value: str | None) -> uuid.UUID | None:
     except ValueError:
         return None
     return parsed if str(parsed) == value else None
-
-
-def _text(value: str) -> str:
-    # PostgreSQL text cannot hold NUL; an error message from a worker might.
-    return value.replace("\x00", "\ufffd")
 
 
 def _job(row: asyncpg.Record) -> Job:
@@ -206,8 +201,57 @@ def _json_fragment(value: Any) -> orjson.Fragment:
 
 async def _notify(conn: asyncpg.Connection, queues: Sequence[str] | set[str]) -> None:
     # asyncio-flavoured; inside the caller's transaction, so it is delivered on commit only
-    if queues:
-        await conn.execute(Q["notify"], CHANNEL, sorted(queues))
+    await _drive(conn, changes.notify(queues))
+
+
+# -- the executor of changes (changes.py) --------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, uuid.UUID) else value  # asyncpg answers a subclass
+
+
+async def _drive(conn: asyncpg.Connection, plan: changes.Plan[T]) -> T:
+    """Asyncio-flavoured: run *plan* on *conn*, in the caller's transaction."""
+    answer: Any = None
+    try:
+        while True:
+            answer = await _answer(conn, plan.send(answer))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def _answer(conn: asyncpg.Connection, call: changes.Call) -> Any:
+    statement = Q[call.name]
+    want = call.want
+    if not statement:
+        return [] if want in (changes.Want.ROWS, changes.Want.JOBS) else None
+    if call.many:
+        await conn.executemany(statement, call.args)
+        return None
+    if want is changes.Want.NOTHING:
+        await conn.execute(statement, *call.args)
+        return None
+    rows = await conn.fetch(statement, *call.args)
+    if want is changes.Want.JOB:
+        return _job(rows[0]) if rows else None
+    if want is changes.Want.JOBS:
+        return [_job(row) for row in rows]
+    if want is changes.Want.VALUE:
+        return _plain(rows[0][0]) if rows else None
+    if want is changes.Want.ROW:
+        return tuple(map(_plain, rows[0])) if rows else None
+    return [tuple(map(_plain, row)) for row in rows]
+
+
+async def _run_plan(db: pgasync.Database, make: Callable[[], changes.Plan[T]]) -> T:
+    """The plan *make* builds, run in one transaction (built again for each
+    try, should a conflict make :meth:`pgasync.Database.run` try again)."""
+
+    async def run(conn: asyncpg.Connection) -> T:
+        return await _drive(conn, make())
+
+    return await db.run(run)
 
 
 # -- migrations -------------------------------------------------------------------
@@ -314,7 +358,7 @@ async def pending_migrations(url: str, *, timeout: float | None = 10.0) -> list[
 def _leases(rows: Sequence[asyncpg.Record]) -> list[Lease]:
     """Claimed rows as leases, in lease order."""
     leases = [Lease(job=_job(row), lease_token=str(row["lease_token"])) for row in rows]
-    leases.sort(key=lambda lease: (-lease.job.priority, lease.job.scheduled_at, lease.job.created_at))
+    leases.sort(key=lambda lease: transitions.lease_order(lease.job.priority, lease.job.scheduled_at, lease.job.created_at))
     return leases
 
 
@@ -375,221 +419,12 @@ def _stats_row(row: asyncpg.Record) -> QueueStats:
     )
 
 
-def _page_where(equal: dict[str, Any], before: tuple[float, str] | None, limit: int, args: list[Any]) -> dict[str, str]:
-    """The ``{where}`` and ``{limit}`` of ``workflows_page``: after the row *before* by ``(created_at, id)``;
-    *equal* maps columns to the value they must have (None: any). Appends
-    the values to *args*, which hold the tenant already."""
-    where = []
-
-    def arg(value: Any) -> str:
-        args.append(value)
-        return f"${len(args)}"
-
-    for column, value in equal.items():
-        if value is not None:
-            where.append(f"AND {column} = {arg(value)}")
-    if before is not None:
-        created_at, last_id = before
-        key = _uuid(last_id)
-        if key is None:
-            raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
-        where.append(f"AND (created_at, id) < ({arg(float(created_at))}::float8, {arg(key)}::uuid)")
-    return {"where": " ".join(where), "limit": arg(limit)}
-
-
-# -- bulk actions -------------------------------------------------------------------
-# asyncio-flavoured helpers that run inside a batch's transaction, on its
-# rows locked (their workflows first): each job decided as the single-job
-# call decides it, the decisions executed with guarded writes.
-
-
-async def _bulk_delete(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record]) -> set[str]:
-    doomed = [
-        row["id"]
-        for row in rows
-        if transitions.deletable(STATUS_OF[row["status"]], None if row["workflow_id"] is None else str(row["workflow_id"]))
-    ]
-    if doomed:
-        await conn.execute(Q["bulk_delete"], doomed)
-    return set()
-
-
-async def _bulk_cancel(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record], now: float) -> set[str]:
-    chosen = []
-    for row in rows:
-        try:
-            transitions.cancel(str(row["id"]), STATUS_OF[row["status"]])
-        except errors.Conflict:
-            continue
-        chosen.append(row["id"])
-    cancelled = await conn.fetch(Q["bulk_cancel"], chosen, now) if chosen else []
-    # a step cancelled by hand cancels its workflow
-    for workflow_id in dict.fromkeys(row["workflow_id"] for row in cancelled if row["workflow_id"] is not None):
-        await _end_workflow(conn, workflow_id, WorkflowStatus.CANCELLED, now)
-    return set()
-
-
-async def _bulk_retry(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record], now: float) -> set[str]:
-    workflow_ids = list({row["workflow_id"] for row in rows if row["workflow_id"] is not None})
-    workflow_status = {
-        row["id"]: WorkflowStatus(row["status"])
-        for row in (await conn.fetch(Q["bulk_workflow_statuses"], workflow_ids) if workflow_ids else [])
-    }
-    reset = []
-    resumed: dict[uuid.UUID, uuid.UUID] = {}
-    for row in rows:
-        workflow_id = row["workflow_id"]
-        if workflow_id in resumed:
-            continue  # its workflow resumed in this batch: this job moved on with it
-        try:
-            plan = transitions.retry(
-                str(row["id"]),
-                STATUS_OF[row["status"]],
-                workflow_id=None if workflow_id is None else str(workflow_id),
-                workflow_status=workflow_status.get(workflow_id),
-            )
-        except errors.Conflict:
-            continue
-        if plan is transitions.Retry.RESET:
-            reset.append(row["id"])
-        elif plan is transitions.Retry.RESUME:
-            resumed[workflow_id] = row["id"]
-    done = await conn.fetch(Q["bulk_reset"], reset, now) if reset else []
-    ready = {row["queue"] for row in done}
-    await _notify(conn, ready)
-    for workflow_id, job_id in resumed.items():
-        await _resume_workflow(conn, workflow_id, job_id, now)  # notifies its queue
-    if resumed:
-        ready.add(WORKFLOW_QUEUE)
-    return ready
-
-
-# -- workflows ----------------------------------------------------------------------
-# asyncio-flavoured helpers that run inside the caller's transaction. Lock
-# order: a workflow's row (FOR UPDATE, in id order) before any of its jobs.
-
 async def _lock_workflows_of_jobs(conn: asyncpg.Connection, job_ids: Sequence[Any]) -> None:
     """Lock the workflows of *job_ids* before the jobs themselves are locked
     (a job's workflow never changes, so reading it unlocked is safe)."""
     keys = [k for k in job_ids if k is not None]
     if keys:
         await conn.execute(Q["lock_workflows_of_jobs"], keys)
-
-
-async def _enqueue_steps(
-    conn: asyncpg.Connection, workflow_id: uuid.UUID, tenant: str, names: Sequence[str], context: Any, now: float
-) -> None:
-    """Give the waiting steps *names* their jobs, carrying *context*."""
-    if names:
-        await conn.execute(
-            Q["enqueue_steps"], workflow_id, list(names), tenant, WORKFLOW_QUEUE, now, context, new_ids(len(names), now)
-        )
-
-
-async def _step_completed(conn: asyncpg.Connection, workflow_id: uuid.UUID, step: str, result: Any, now: float) -> bool:
-    """Record that *step*'s job completed with *result* (the workflow row is
-    locked): merge it into the context, count it, and do what
-    :func:`transitions.advance` decides. Touches only the steps that depend
-    on *step*. Returns whether it enqueued any job."""
-    row = await conn.fetchrow(
-        Q["workflow_step_completed"], workflow_id, result if isinstance(result, dict) else {}, now
-    )
-    if row is None:
-        return False
-    unblocked = await conn.fetch(Q["steps_unblock"], workflow_id, step)
-    advance = transitions.advance(
-        WorkflowStatus(row["status"]),
-        steps_completed=row["steps_completed"],
-        steps_total=row["steps_total"],
-        unblocked=[tuple(r) for r in unblocked],
-    )
-    await _enqueue_steps(conn, workflow_id, row["tenant"], advance.ready, row["context"], now)
-    if advance.completed:
-        await conn.execute(Q["workflow_complete"], workflow_id)
-    return bool(advance.ready)
-
-
-async def _end_workflow(conn: asyncpg.Connection, workflow_id: uuid.UUID, status: WorkflowStatus, now: float) -> None:
-    """Fail or cancel a running workflow with its unfinished steps (a no-op if
-    it is not running; the workflow row is locked)."""
-    if await conn.fetchval(Q["workflow_end"], workflow_id, status.value, now) is None:
-        return
-    await conn.execute(Q["workflow_jobs_cancel"], workflow_id, now)
-    await conn.execute(Q["workflow_steps_cancel"], workflow_id)
-
-
-async def _resume_workflow(conn: asyncpg.Connection, workflow_id: uuid.UUID, failed_job: uuid.UUID, now: float) -> None:
-    """Run a failed workflow again from its failed step (the workflow row is
-    locked): see :meth:`PostgresStore.job_retry`."""
-    row = await conn.fetchrow(Q["workflow_resume"], workflow_id, now)
-    await conn.execute(Q["workflow_jobs_resume"], workflow_id, failed_job, now, row["context"])
-    waiting = await conn.fetch(Q["workflow_steps_wait_again"], workflow_id)
-    ready = [r["name"] for r in sorted(waiting, key=lambda r: r["position"]) if r["remaining"] == 0]
-    await _enqueue_steps(conn, workflow_id, row["tenant"], ready, row["context"], now)
-    await _notify(conn, [WORKFLOW_QUEUE])
-
-
-async def _build_workflows(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record], *, jobs: bool) -> list[Workflow]:
-    """Workflows from their rows, with their steps (and jobs), in three
-    statements whatever the number of workflows."""
-    if not rows:
-        return []
-    ids = [r["id"] for r in rows]
-    steps: dict[uuid.UUID, list[asyncpg.Record]] = {i: [] for i in ids}
-    for step_row in await conn.fetch(Q["steps_of_workflows"], ids):
-        steps[step_row["workflow_id"]].append(step_row)
-    full: dict[uuid.UUID, Job] = {}
-    job_status: dict[uuid.UUID, str] = {}
-    if jobs:
-        for job_row in await conn.fetch(Q["jobs_of_workflows"], ids):
-            full[job_row["id"]] = _job(job_row)
-            job_status[job_row["id"]] = job_row["status"]
-    else:
-        for job_row in await conn.fetch(Q["job_statuses_of_workflows"], ids):
-            job_status[job_row["id"]] = job_row["status"]
-    out = []
-    for row in rows:
-        built = []
-        for s in steps[row["id"]]:
-            job_id = s["job_id"]
-            if job_id is not None:
-                status = StepStatus(job_status.get(job_id, Status.PENDING.value))
-            else:
-                status = StepStatus(s["state"])
-            built.append(
-                WorkflowStep(
-                    name=s["name"],
-                    kind=s["kind"],
-                    payload=s["payload"],
-                    depends_on=tuple(s["depends_on"]),
-                    max_attempts=s["max_attempts"],
-                    status=status,
-                    job_id=None if job_id is None else str(job_id),
-                    job=full.get(job_id) if job_id is not None else None,
-                )
-            )
-        out.append(
-            Workflow(
-                id=str(row["id"]),
-                tenant=row["tenant"],
-                name=row["name"],
-                status=WorkflowStatus(row["status"]),
-                context=row["context"],
-                steps=tuple(built),
-                created_at=row["created_at"],
-                updated_at=row["updated_at"],
-            )
-        )
-    return out
-
-
-async def _load_workflow(
-    conn: asyncpg.Connection, workflow_id: uuid.UUID, *, tenant: str | None = None, jobs: bool = True
-) -> Workflow | None:
-    row = await conn.fetchrow(Q["workflow_get"], workflow_id)
-    if row is None or (tenant is not None and row["tenant"] != tenant):
-        return None
-    return (await _build_workflows(conn, [row], jobs=jobs))[0]
 
 
 class PostgresStore(Store):
@@ -756,7 +591,7 @@ class PostgresStore(Store):
             claimed = []
             for c in claims:
                 rows = await conn.fetch(
-                    Q["claim"], c.queue, now, c.limit, float(c.lease_secs), c.worker_id, LEASE_EXPIRED
+                    Q["claim"], c.queue, now, c.limit, float(c.lease_secs), c.worker_id, transitions.LOST_ATTEMPT
                 ) if c.limit > 0 else []  # fmt: skip
                 claimed.append(_leases(rows))
             return inserted, claimed
@@ -791,7 +626,7 @@ class PostgresStore(Store):
         inserted = [Inserted(job_id, new, now) for job_id, new in zip(ids, jobs)]
         if rows and rows[0]["older_found"]:
             claimed = await self._db.fetch(
-                Q["claim"], claim.queue, now, claim.limit, float(claim.lease_secs), claim.worker_id, LEASE_EXPIRED
+                Q["claim"], claim.queue, now, claim.limit, float(claim.lease_secs), claim.worker_id, transitions.LOST_ATTEMPT
             )
             return inserted, [_leases(claimed)]
         return inserted, [_leases([row for row in rows if row["status"] == Status.RUNNING.value])]
@@ -889,64 +724,11 @@ class PostgresStore(Store):
         )
         return [_job(row) for row in await self._db.fetch(Q["jobs_page"].format(**page), *args)]
 
-    async def _lock_owned(self, conn: asyncpg.Connection, key: uuid.UUID, tenant: str) -> tuple[Status, Any] | None:
-        """Asyncio-flavoured: lock a tenant's job (a step's workflow first,
-        the lock order) and return its status and workflow id."""
-        # a step's workflow never changes: reading it unlocked is safe
-        workflow_id = await conn.fetchval(Q["job_workflow"], key, tenant)
-        if workflow_id is not None:
-            await conn.execute(Q["workflow_lock"], workflow_id)
-        status = await conn.fetchval(Q["job_lock_status"], key, tenant)
-        return None if status is None else (STATUS_OF[status], workflow_id)
-
     async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
-        key = _uuid(job_id)
-        if key is None:
-            return None
-
-        async def cancel(conn: asyncpg.Connection) -> Job | None:
-            owned = await self._lock_owned(conn, key, tenant)
-            if owned is None:
-                return None
-            status, workflow_id = owned
-            transitions.cancel(job_id, status)
-            job = _job(await conn.fetchrow(Q["job_cancel"], key, now))
-            if workflow_id is not None:  # a step cancelled by hand cancels its workflow
-                await _end_workflow(conn, workflow_id, WorkflowStatus.CANCELLED, now)
-            return job
-
-        return await self._db.run(cancel)
+        return await _run_plan(self._db, lambda: changes.job_cancel(job_id, tenant, now))
 
     async def job_retry(self, job_id: str, *, tenant: str, now: float) -> Job | None:
-        key = _uuid(job_id)
-        if key is None:
-            return None
-
-        async def retry(conn: asyncpg.Connection) -> Job | None:
-            owned = await self._lock_owned(conn, key, tenant)
-            if owned is None:
-                return None
-            status, workflow_id = owned
-            workflow_status = None
-            if workflow_id is not None:
-                workflow_status = WorkflowStatus(await conn.fetchval(Q["workflow_status"], workflow_id))
-            plan = transitions.retry(
-                job_id,
-                status,
-                workflow_id=None if workflow_id is None else str(workflow_id),
-                workflow_status=workflow_status,
-            )
-            if plan is transitions.Retry.NOT_THE_FAILED_STEP:
-                failed = await conn.fetchrow(Q["failed_step"], workflow_id)
-                raise transitions.not_the_failed_step(str(workflow_id), failed["step"], str(failed["id"]))
-            if plan is transitions.Retry.RESUME:
-                await _resume_workflow(conn, workflow_id, key, now)
-                return _job(await conn.fetchrow(Q["job_get"], key))
-            job = _job(await conn.fetchrow(Q["job_reset"], key, now))
-            await _notify(conn, [job.queue])
-            return job
-
-        return await self._db.run(retry)
+        return await _run_plan(self._db, lambda: changes.job_retry(job_id, tenant, now))
 
     async def queues_stats(self, *, tenant: str, now: float, queue: str | None = None) -> list[QueueStats]:
         if queue is None:
@@ -991,29 +773,9 @@ class PostgresStore(Store):
         statement = Q["page_keys"].format(**page)
 
         async def bulk(conn: asyncpg.Connection) -> BulkBatch:
-            keys = await conn.fetch(statement, *args)
-            if not keys:
-                return BulkBatch(changed=0)
-            ids = [row["id"] for row in keys]
-            if action != "delete":
-                await _lock_workflows_of_jobs(conn, ids)
-            statuses = {s.value for s in where.statuses}
-            # read unlocked, so a job may have moved on since: those are left
-            rows = [row for row in await conn.fetch(Q["bulk_lock"], ids, where.tenant) if row["status"] in statuses]
-            if action == "delete":
-                ready = await _bulk_delete(conn, rows)
-            elif action == "cancel":
-                ready = await _bulk_cancel(conn, rows, now)
-            else:
-                ready = await _bulk_retry(conn, rows, now)
-            considered = [row["id"] for row in rows]
-            ended = {row["status"]: row["n"] for row in await conn.fetch(Q["bulk_after"], considered)} if rows else {}
-            last = keys[-1]
-            return BulkBatch(
-                changed=bulk_changed(action, len(considered), ended),
-                ready_queues=tuple(sorted(ready)),
-                last=(last["created_at"], str(last["id"])) if len(keys) == limit else None,
-            )
+            keys = [(row["created_at"], str(row["id"])) for row in await conn.fetch(statement, *args)]
+            plan = changes.jobs_bulk(action, keys, tenant=where.tenant, statuses=where.statuses, limit=limit, now=now)
+            return await _drive(conn, plan)
 
         return await self._db.run(bulk)
 
@@ -1028,7 +790,7 @@ class PostgresStore(Store):
     ) -> list[Lease]:
         if limit <= 0:
             return []
-        rows = await self._db.fetch(Q["claim"], queue, now, limit, float(lease_secs), worker_id, LEASE_EXPIRED)
+        rows = await self._db.fetch(Q["claim"], queue, now, limit, float(lease_secs), worker_id, transitions.LOST_ATTEMPT)
         return _leases(rows)
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
@@ -1044,55 +806,47 @@ class PostgresStore(Store):
         rows: list[Any] = [None] * len(unique)
         for row in await self._db.fetch(Q["heartbeat"], ids, tokens, extends, now):
             rows[row["ord"] - 1] = row
-        raced = [
-            k
-            for k, row in enumerate(rows)
-            if not row["changed"] and row["status"] == Status.RUNNING.value and row["current"]
-        ]
+        decided = [self._beat(row, extends[k], now) for k, row in enumerate(rows)]
+        # Leases to extend that the statement left alone: they raced
+        # another change of their job, and are decided again under the lock.
+        raced = [k for k, (result, row) in enumerate(zip(decided, rows)) if result.locked_until is not None and not row["changed"]]
         if raced:
             again = await self._db.fetch(
                 Q["heartbeat_locking"], [ids[k] for k in raced], [tokens[k] for k in raced], [extends[k] for k in raced], now
             )
             for k, row in zip(raced, again, strict=True):
                 rows[k] = row
-        out = []
-        for k, row in enumerate(rows):
-            status = None if row["status"] is None else STATUS_OF[row["status"]]
-            result = transitions.heartbeat(status, row["current"], extend_secs=extends[k], now=now)
-            if result.locked_until is not None:
-                if not row["changed"]:  # running under the token, yet unchanged under the lock
+                decided[k] = self._beat(row, extends[k], now)
+                if decided[k].locked_until is not None and not row["changed"]:
                     raise RuntimeError("jobs_heartbeat: a locked row refused its guarded write")
-                result = dataclasses.replace(result, locked_until=row["locked_until"])
-            out.append(result)
-        return [out[k] for k in slot]
+        out = [
+            dataclasses.replace(result, locked_until=row["locked_until"]) if row["changed"] else result
+            for result, row in zip(decided, rows)
+        ]
+        return transitions.answers(out, slot)
+
+    @staticmethod
+    def _beat(row: asyncpg.Record, extend: float, now: float) -> HeartbeatResult:
+        """:func:`transitions.heartbeat` of a row of ``heartbeat`` (the
+        status it read, and whether the token was current)."""
+        status = None if row["status"] is None else STATUS_OF[row["status"]]
+        return transitions.heartbeat(status, row["current"], extend_secs=extend, now=now)
 
     async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
         if not items:
             return []
-        # A (job, token) pair repeated in one batch is sent once; the repeats
-        # are replays of it.
-        first: dict[tuple[str, str], int] = {}
-        unique: list[CompleteItem] = []
-        slot: list[int] = []
-        for item in items:
-            pair = (item.job_id, item.lease_token)
-            if pair not in first:
-                first[pair] = len(unique)
-                unique.append(item)
-            slot.append(first[pair])
+        unique, slot = transitions.one_per_lease(items)
         ids = [_uuid_param(i.job_id) for i in unique]
         tokens = [_uuid_param(i.lease_token) for i in unique]
         results_of = [i.result for i in unique]
         rows: list[Any] = [None] * len(unique)
         for row in await self._db.fetch(Q["complete"], ids, tokens, results_of, now):
             rows[row["ord"] - 1] = row
+        decided = [self._completion(row) for row in rows]
         # Workflow steps (the batch holding one completed nothing yet), and
-        # items that raced another change of their job, under the lock.
-        locking = [
-            k
-            for k, row in enumerate(rows)
-            if row["step"] or (not row["applied"] and row["status"] == Status.RUNNING.value and row["current"])
-        ]
+        # completions the statement left alone because they raced another
+        # change of their job: decided again under the lock.
+        locking = [k for k, row in enumerate(rows) if row["step"] or (decided[k].applied and not row["applied"])]
         unblocked: set[int] = set()  # positions in `unique` whose completion enqueued steps
         if locking:
             at = range(len(unique)) if any(row["step"] for row in rows) else locking
@@ -1109,44 +863,35 @@ class PostgresStore(Store):
             step_rows, step_unblocked = await self._db.run(complete)
             for k, row in zip(at, step_rows, strict=True):
                 rows[k] = row
+                decided[k] = self._completion(row)
                 if row["ord"] in step_unblocked:
                     unblocked.add(k)
         results = []
         # The jobs of a batch are mostly of one queue and kind, claimed
         # together: one result serves each such group.
         applied_in: dict[tuple[str, str, float | None], ReportResult] = {}
-        for k, row in enumerate(rows):
-            status = None if row["status"] is None else STATUS_OF[row["status"]]
-            if row["applied"]:
-                queue, kind, claimed_at = row["queue"], row["kind"], row["claimed_at"]
+        for k, (result, row) in enumerate(zip(decided, rows)):
+            if result.applied != row["applied"]:  # running under the token, yet unchanged under the lock
+                raise RuntimeError("jobs_complete: a locked row refused its guarded write")
+            if result.applied:
+                group = (row["queue"], row["kind"], row["claimed_at"])
                 if k in unblocked:
-                    result = ReportResult(
-                        outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True, kind=kind,
-                        claimed_at=claimed_at, ready_queues=(WORKFLOW_QUEUE,),
-                    )  # fmt: skip
-                else:
-                    group = (queue, kind, claimed_at)
-                    result = applied_in.get(group) or applied_in.setdefault(
-                        group,
-                        ReportResult(
-                            outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True, kind=kind,
-                            claimed_at=claimed_at,
-                        ),  # fmt: skip
+                    result = dataclasses.replace(
+                        result, kind=row["kind"], claimed_at=row["claimed_at"], ready_queues=(WORKFLOW_QUEUE,)
                     )
-            else:
-                result = transitions.complete(status, row["current"], queue=row["queue"])
-                if result.applied:  # running under the token, yet unchanged under the lock
-                    raise RuntimeError("jobs_complete: a locked row refused its guarded write")
+                else:
+                    result = applied_in.get(group) or applied_in.setdefault(
+                        group, dataclasses.replace(result, kind=row["kind"], claimed_at=row["claimed_at"])
+                    )
             results.append(result)
-        out = []
-        seen: set[int] = set()
-        for index in slot:
-            result = results[index]
-            if index in seen and result.applied:
-                result = ReportResult(outcome=Outcome.OK, queue=result.queue, status=result.status, applied=False)
-            seen.add(index)
-            out.append(result)
-        return out
+        return transitions.answers(results, slot)
+
+    @staticmethod
+    def _completion(row: asyncpg.Record) -> ReportResult:
+        """:func:`transitions.complete` of a row of ``complete`` (the status
+        it read, and whether the token was current)."""
+        status = None if row["status"] is None else STATUS_OF[row["status"]]
+        return transitions.complete(status, row["current"], queue=row["queue"])
 
     async def _after_complete(
         self, conn: asyncpg.Connection, completed: list[asyncpg.Record], *, now: float
@@ -1159,7 +904,7 @@ class PostgresStore(Store):
         unblocked = set()
         for row in completed:
             if row["workflow_id"] is not None:
-                if await _step_completed(conn, row["workflow_id"], row["step"], row["result"], now):
+                if await _drive(conn, changes.step_completed(str(row["workflow_id"]), row["step"], row["result"], now)):
                     unblocked.add(row["ord"])
         if unblocked:
             await _notify(conn, [WORKFLOW_QUEUE])
@@ -1168,178 +913,21 @@ class PostgresStore(Store):
     async def jobs_fail(self, items: Sequence[FailItem], *, now: float, retry_at: RetryAt) -> list[ReportResult]:
         if not items:
             return []
-        keys = [_uuid(i.job_id) for i in items]
-        tokens = [_uuid(i.lease_token) for i in items]
-
-        async def fail(conn: asyncpg.Connection) -> list[ReportResult]:
-            await _lock_workflows_of_jobs(conn, keys)
-            locked = await conn.fetch(Q["fail_lock"], [k for k in keys if k is not None])
-            state = {row["id"]: dict(row) for row in locked}
-            out: list[ReportResult] = []
-            updates: dict[uuid.UUID, tuple[uuid.UUID, str, float | None, str]] = {}
-            # Workflows a dead-lettered step fails, in batch order. A later
-            # item of one of them finds its job cancelled with the workflow,
-            # exactly as if the items had come one call at a time.
-            failing: dict[uuid.UUID, None] = {}
-            for item, key, token in zip(items, keys, tokens):
-                row = state.get(key) if key is not None else None
-                if row is not None and row["status"] == Status.RUNNING.value and row["workflow_id"] in failing:
-                    row["status"] = Status.CANCELLED.value
-                decided = transitions.fail(
-                    None if row is None else STATUS_OF[row["status"]],
-                    row is not None and token is not None and row["lease_token"] == token,
-                    queue=None if row is None else row["queue"],
-                    attempt=0 if row is None else row["attempt"],
-                    max_attempts=0 if row is None else row["max_attempts"],
-                    retryable=item.retryable,
-                    retry_at=retry_at,
-                    now=now,
-                )
-                result = decided.result
-                if result.applied:
-                    assert row is not None and key is not None and token is not None and result.status is not None
-                    result = dataclasses.replace(result, kind=row["kind"], claimed_at=row["claimed_at"])
-                    updates[key] = (token, result.status.value, decided.retry_at, _text(item.error))
-                    row["status"] = result.status.value  # a repeat later in this batch is a replay
-                    if result.status is Status.FAILED and row["workflow_id"] is not None:
-                        failing[row["workflow_id"]] = None
-                out.append(result)
-            if updates:
-                ids = list(updates)
-                changed = await conn.fetch(
-                    Q["fail"],
-                    ids,
-                    [updates[k][0] for k in ids],
-                    [updates[k][1] for k in ids],
-                    [updates[k][2] for k in ids],
-                    [updates[k][3] for k in ids],
-                    now,
-                )
-                # The rows are locked, so this cannot happen; if it did, the
-                # transaction must not commit half a batch.
-                if len(changed) != len(ids):
-                    raise RuntimeError("jobs_fail: a locked row changed under its lock")
-                await _notify(conn, {row["queue"] for row in changed if row["status"] == Status.PENDING.value})
-            for workflow_id in failing:
-                await _end_workflow(conn, workflow_id, WorkflowStatus.FAILED, now)
-            return out
-
-        return await self._db.run(fail)
+        return await _run_plan(self._db, lambda: changes.jobs_fail(items, now, retry_at))
 
     async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
-        async def reap(conn: asyncpg.Connection) -> list[Reaped]:
-            workflows = [row["id"] for row in await conn.fetch(Q["reap_lock_workflows"], now)]
-            found = await conn.fetch(Q["expired"], now, limit, workflows)
-            kinds = {str(row["id"]): row["kind"] for row in found}
-            expired = [
-                transitions.Expired(
-                    job_id=str(row["id"]),
-                    queue=row["queue"],
-                    attempt=row["attempt"],
-                    max_attempts=row["max_attempts"],
-                    locked_until=row["locked_until"],
-                    workflow_id=None if row["workflow_id"] is None else str(row["workflow_id"]),
-                    step=row["step"],
-                    position=row["position"],
-                )
-                for row in found
-            ]
-            decided, failing = transitions.reap(expired)
-            if decided:
-                await conn.execute(
-                    Q["reap"],
-                    [d.job_id for d in decided],
-                    [d.status.value for d in decided],
-                    [d.error for d in decided],
-                    now,
-                )
-            await _notify(conn, {d.queue for d in decided if d.status is Status.PENDING})
-            for workflow_id in failing:
-                await _end_workflow(conn, uuid.UUID(workflow_id), WorkflowStatus.FAILED, now)
-            return [
-                Reaped(job_id=d.job_id, queue=d.queue, status=d.status, kind=kinds[d.job_id])
-                for d in decided
-                if d.status is not Status.CANCELLED
-            ]
-
-        return await self._db.run(reap)
+        return await _run_plan(self._db, lambda: changes.reap_expired(now, limit))
 
     async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
-        async def prune(conn: asyncpg.Connection) -> int:
-            deleted = int(await conn.fetchval(Q["prune_jobs"], before, limit))
-            if deleted >= limit:
-                return deleted
-            for row in await conn.fetch(Q["prune_finished_workflows"], before):
-                if deleted >= limit:
-                    break
-                deleted += int(await conn.fetchval(Q["prune_workflow_jobs"], row["id"]))
-                await conn.execute(Q["prune_workflow"], row["id"])
-            return deleted
-
-        return await self._db.run(prune)
+        return await _run_plan(self._db, lambda: changes.prune(before, limit))
 
     # -- workflows ---------------------------------------------------------
 
     async def workflow_create(self, workflow: NewWorkflow, *, now: float) -> Workflow:
-        workflow_id, *root_ids = map(uuid.UUID, new_ids(1 + len(workflow.steps), now))
-        roots = {s.name: i for s, i in zip((s for s in workflow.steps if not s.depends_on), root_ids)}
-        steps = workflow.steps
-
-        async def create(conn: asyncpg.Connection) -> Workflow:
-            await conn.execute(
-                Q["workflow_insert"], workflow_id, workflow.tenant, workflow.name, workflow.context, len(steps), now
-            )
-            await conn.execute(
-                Q["workflow_steps_insert"],
-                workflow_id,
-                [s.name for s in steps],
-                list(range(len(steps))),
-                [s.kind for s in steps],
-                [s.payload for s in steps],
-                # JSON text: asyncpg would take a list of lists for a 2-D array
-                [_json.dumps_str(list(s.depends_on)) for s in steps],
-                [s.max_attempts for s in steps],
-                ["enqueued" if s.name in roots else "waiting" for s in steps],
-                [len(s.depends_on) for s in steps],
-                [roots.get(s.name) for s in steps],
-            )
-            edges = [(dep, s.name) for s in steps for dep in s.depends_on]
-            if edges:
-                await conn.execute(
-                    Q["workflow_edges_insert"], workflow_id, [e[0] for e in edges], [e[1] for e in edges]
-                )
-            first = [s for s in steps if s.name in roots]
-            await conn.execute(
-                Q["workflow_root_jobs_insert"],
-                workflow_id,
-                workflow.tenant,
-                WORKFLOW_QUEUE,
-                now,
-                workflow.context,
-                [roots[s.name] for s in first],
-                [s.kind for s in first],
-                [s.payload for s in first],
-                [s.max_attempts for s in first],
-                [s.name for s in first],
-            )
-            await _notify(conn, [WORKFLOW_QUEUE])
-            loaded = await _load_workflow(conn, workflow_id)
-            assert loaded is not None
-            return loaded
-
-        return await self._db.run(create)
+        return await _run_plan(self._db, lambda: changes.workflow_create(workflow, now))
 
     async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:
-        key = _uuid(workflow_id)
-        if key is None:
-            return None
-
-        async def get(conn: asyncpg.Connection) -> Workflow | None:
-            # one snapshot for the workflow, its steps and its jobs
-            async with conn.transaction(isolation="repeatable_read", readonly=True):
-                return await _load_workflow(conn, key, tenant=tenant, jobs=jobs)
-
-        return await self._db.run(get, transaction=False)
+        return await self._read(lambda: changes.workflow_get(workflow_id, tenant=tenant, jobs=jobs))
 
     async def workflows_list(
         self,
@@ -1349,33 +937,22 @@ class PostgresStore(Store):
         limit: int = 50,
         before: tuple[float, str] | None = None,
     ) -> list[Workflow]:
-        args: list[Any] = [tenant]
-        page = _page_where(
-            {"status": WorkflowStatus(status).value if status is not None else None}, before, limit, args
-        )
-        statement = Q["workflows_page"].format(**page)
+        if before is not None and _uuid(before[1]) is None:
+            raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
+        return await self._read(lambda: changes.workflows_page(tenant, status, limit, before))
 
-        async def list_(conn: asyncpg.Connection) -> list[Workflow]:
+    async def _read(self, make: Callable[[], changes.Plan[T]]) -> T:
+        """The plan *make* builds, reading one snapshot (a workflow, its
+        steps and its jobs)."""
+
+        async def read(conn: asyncpg.Connection) -> T:
             async with conn.transaction(isolation="repeatable_read", readonly=True):
-                return await _build_workflows(conn, await conn.fetch(statement, *args), jobs=False)
+                return await _drive(conn, make())
 
-        return await self._db.run(list_, transaction=False)
+        return await self._db.run(read, transaction=False)
 
     async def workflow_cancel(self, workflow_id: str, *, tenant: str, now: float) -> Workflow | None:
-        key = _uuid(workflow_id)
-        if key is None:
-            return None
-
-        async def cancel(conn: asyncpg.Connection) -> Workflow | None:
-            status = await conn.fetchval(Q["workflow_owned_lock"], key, tenant)
-            if status is None:
-                return None
-            if status != WorkflowStatus.RUNNING.value:
-                raise errors.Conflict(f"workflow {workflow_id} is {status}; only running workflows can be cancelled")
-            await _end_workflow(conn, key, WorkflowStatus.CANCELLED, now)
-            return await _load_workflow(conn, key)
-
-        return await self._db.run(cancel)
+        return await _run_plan(self._db, lambda: changes.workflow_cancel(workflow_id, tenant, now))
 
 
 @asynccontextmanager

@@ -9,7 +9,10 @@ name, as procrastinate keeps its queries in one file::
 
 A statement runs from its ``-- name:`` line to the next one; comment lines
 stay in the text (the database ignores them) and a trailing ``;`` is
-dropped. Statements built at run time (a page's filters, an ``IN`` list of
+dropped. ``{name}`` in a statement stands for the statement (a fragment) of
+that name, such as the job columns every statement that answers jobs
+reads; other ``{...}`` are left to be filled in at run time. A statement of comment lines only is empty (``""``): a plan's
+statement the backend has no use for (:mod:`.changes`). Statements built at run time (a page's filters, an ``IN`` list of
 a batch's length) start from a named fragment here too.
 """
 
@@ -21,6 +24,7 @@ from importlib import resources
 __all__ = ["load", "migrations"]
 
 _NAME = re.compile(r"^-- name: ([a-z0-9_]+)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"\{([a-z0-9_]+)\}")
 
 
 def load(backend: str) -> dict[str, str]:
@@ -31,8 +35,15 @@ def load(backend: str) -> dict[str, str]:
     for name, body in zip(parts[1::2], parts[2::2]):
         if name in out:
             raise ValueError(f"queries/{backend}.sql names {name!r} twice")
-        out[name] = body.strip().removesuffix(";").strip()
-    return out
+        body = body.strip().removesuffix(";").strip()
+        out[name] = body if any(not line.startswith("--") for line in body.splitlines()) else ""
+    # "{name}" includes the statement (a fragment) of that name, as written
+    return {name: _INCLUDE.sub(lambda m: _code(out[m[1]]) if m[1] in out else m[0], body) for name, body in out.items()}
+
+
+def _code(statement: str) -> str:
+    """*statement* without its comment lines."""
+    return "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
 
 
 def migrations(backend: str) -> list[tuple[str, str, str]]:

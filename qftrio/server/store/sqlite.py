@@ -7,9 +7,12 @@ method is one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction; with
 ``journal_mode=WAL`` and ``synchronous=FULL`` a commit is on disk before the
 call returns, which is what lets the server acknowledge a job.
 
-Every outcome is decided by :mod:`qftrio.server.transitions`; this module
-reads what a decision needs and executes it with the guarded statements of
-``queries/sqlite.sql``. The schema is ``migrations/sqlite/``, its version in
+Every outcome is decided by :mod:`qftrio.server.transitions`. The changes
+written once in :mod:`.changes` run here over the statements of
+``queries/sqlite.sql`` (:func:`_drive`, synchronously on the store's
+thread, inside the call's transaction); the claim, the inserts, the
+heartbeat and complete batches, the stats and the pages are this module's
+own. The schema is ``migrations/sqlite/``, its version in
 ``PRAGMA user_version``.
 
 A single process owns the file: several servers on one SQLite file are not
@@ -22,6 +25,7 @@ import contextlib
 import dataclasses
 import heapq
 import os
+import re
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -39,17 +43,14 @@ from ...models import (
     Lease,
     QueueStats,
     Status,
-    StepStatus,
     WorkerInfo,
     Workflow,
     WorkflowStatus,
-    WorkflowStep,
 )
 from ..._batching import Batcher
 from .. import transitions
-from . import sql
+from . import changes, sql
 from .base import (
-    LEASE_EXPIRED,
     WORKFLOW_QUEUE,
     BulkAction,
     BulkBatch,
@@ -66,7 +67,6 @@ from .base import (
     ReportResult,
     RetryAt,
     Store,
-    bulk_changed,
     new_ids,
     new_tokens,
     workers_of,
@@ -125,8 +125,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
 
 @dataclasses.dataclass(slots=True)
 class _Row:
-    """A job as a report batch sees it; ``status`` follows the batch's own
-    changes, so that a repeat later in the batch is decided as a replay."""
+    """A job as a report batch sees it."""
 
     status: Status
     token: str | None
@@ -213,189 +212,87 @@ def _claim(
         candidates += conn.execute(_CLAIM_EXPIRED, (queue, now, limit)).fetchall()
     if not candidates:
         return []
-    candidates.sort(key=lambda c: (-c[1], c[2], c[3]))
+    candidates.sort(key=lambda c: transitions.lease_order(*c[1:]))
     ids = [c[0] for c in candidates[:limit]]
     tokens = dict(zip(ids, new_tokens(len(ids))))
     rows = conn.execute(
         Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
         (
             now + lease_secs, worker_id, now, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
-            LEASE_EXPIRED, LEASE_EXPIRED, now, *ids,
+            transitions.LOST_ATTEMPT, transitions.LOST_ATTEMPT, now, *ids,
         ),  # fmt: skip
     ).fetchall()
     by_id = {row[0]: row for row in rows}
     return [Lease(job=_row_to_job(by_id[job_id]), lease_token=tokens[job_id]) for job_id in ids]
 
 
-# -- workflows ------------------------------------------------------------
+# -- the executor of changes (changes.py) --------------------------------------
+
+
+def _arity(statement: str) -> int:
+    statement = "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
+    numbered = [int(n) for n in re.findall(r"\?(\d+)", statement)]
+    return max(numbered) if numbered else statement.count("?")
+
+
+#: How many arguments each statement takes: a plan's trailing arguments a
+#: statement here does not use are not passed.
+_ARITY = {name: _arity(statement) for name, statement in Q.items()}
+
+
+def _arg(value: Any) -> Any:
+    # an array (read with json_each) or a JSON value: JSON text either way
+    return _json.dumps_str(value) if isinstance(value, (dict, list)) else value
+
+
+def _drive(conn: sqlite3.Connection, plan: changes.Plan[T]) -> T:
+    """Run *plan* on *conn*, in the caller's transaction."""
+    answer: Any = None
+    try:
+        while True:
+            answer = _answer(conn, plan.send(answer))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def _answer(conn: sqlite3.Connection, call: changes.Call) -> Any:
+    statement = Q[call.name]
+    want = call.want
+    if not statement:
+        return [] if want in (changes.Want.ROWS, changes.Want.JOBS) else None
+    n = _ARITY[call.name]
+    if call.many:
+        conn.executemany(statement, [[_arg(v) for v in args[:n]] for args in call.args])
+        return None
+    cursor = conn.execute(statement, [_arg(v) for v in call.args[:n]])
+    if want is changes.Want.NOTHING:
+        return None
+    if want is changes.Want.JOB:
+        row = cursor.fetchone()
+        return None if row is None else _row_to_job(row)
+    if want is changes.Want.JOBS:
+        return [_row_to_job(row) for row in cursor]
+    if want is changes.Want.VALUE:
+        row = cursor.fetchone()
+        return None if row is None else row[0]
+    rows = cursor.fetchall()
+    if call.json:
+        rows = [tuple(_loads(v) if i in call.json else v for i, v in enumerate(row)) for row in rows]
+    if want is changes.Want.ROW:
+        return rows[0] if rows else None
+    return rows
+
+
+def _merge(context: str, update: str) -> str:
+    """``qftrio_merge(context, update)``: the top-level merge of two JSON
+    objects, later wins (PostgreSQL's ``jsonb || jsonb``)."""
+    merged = _json.loads(context)
+    merged.update(_json.loads(update))
+    return _json.dumps_str(merged)
+
+
+# -- stats and pages ------------------------------------------------------------
 # Module-level helpers that run inside the caller's transaction.
-
-
-def _enqueue_step(
-    conn: sqlite3.Connection, workflow_id: str, tenant: str, step: str, context: dict[str, Any], now: float
-) -> None:
-    """Give a waiting step its job, carrying *context* as it stands."""
-    kind, payload, max_attempts = conn.execute(Q["step_definition"], (workflow_id, step)).fetchone()
-    (job_id,) = new_ids(1, now)
-    conn.execute(
-        Q["step_job_insert"],
-        (job_id, tenant, WORKFLOW_QUEUE, kind, payload, max_attempts, now, now, now, workflow_id, step, _dumps(context)),
-    )
-    conn.execute(Q["step_enqueued"], (job_id, workflow_id, step))
-
-
-def _step_completed(
-    conn: sqlite3.Connection, workflow_id: str, step: str, result: dict[str, Any], now: float
-) -> tuple[str, ...]:
-    """Record that *step*'s job completed with *result*: merge it into the
-    context, count it, and do what :func:`transitions.advance` decides.
-    Returns the queues that got new jobs. Touches only the steps that depend
-    on *step*."""
-    row = conn.execute(Q["workflow_of_step"], (workflow_id,)).fetchone()
-    if row is None:
-        return ()
-    tenant, status, context_json, total, completed = row
-    context = _json.loads(context_json)
-    context.update(result)
-    completed += 1
-    unblocked = conn.execute(Q["steps_unblock"], (workflow_id, workflow_id, step)).fetchall()
-    advance = transitions.advance(
-        WorkflowStatus(status), steps_completed=completed, steps_total=total, unblocked=unblocked
-    )
-    for name in advance.ready:
-        _enqueue_step(conn, workflow_id, tenant, name, context, now)
-    if advance.completed:
-        status = WorkflowStatus.COMPLETED.value
-    conn.execute(Q["workflow_advance"], (_dumps(context), completed, status, now, workflow_id))
-    return (WORKFLOW_QUEUE,) if advance.ready else ()
-
-
-def _end_workflow(conn: sqlite3.Connection, workflow_id: str, status: WorkflowStatus, now: float) -> None:
-    """Fail or cancel a running workflow with its unfinished steps (a no-op
-    if it is not running). A running step's worker learns it on its next
-    heartbeat, as for any cancelled job."""
-    if conn.execute(Q["workflow_end"], (status.value, now, workflow_id)).rowcount == 0:
-        return
-    conn.execute(Q["workflow_jobs_cancel"], (now, workflow_id))
-    conn.execute(Q["workflow_steps_cancel"], (workflow_id,))
-
-
-def _resume_workflow(conn: sqlite3.Connection, workflow_id: str, failed_job_id: str, now: float) -> None:
-    """Run a failed workflow again from its failed step (see
-    :meth:`SqliteStore.job_retry`)."""
-    tenant, context_json = conn.execute(Q["workflow_resume"], (now, workflow_id)).fetchone()
-    conn.execute(Q["workflow_jobs_resume"], (now, now, context_json, workflow_id, failed_job_id))
-    waiting = conn.execute(Q["workflow_steps_wait_again"], (workflow_id,)).fetchall()
-    context = _json.loads(context_json)
-    for _, name in sorted((pos, name) for pos, name, remaining in waiting if remaining == 0):
-        _enqueue_step(conn, workflow_id, tenant, name, context, now)
-
-
-def _load_workflow(conn: sqlite3.Connection, workflow_id: str, *, jobs: bool = True) -> Workflow | None:
-    row = conn.execute(Q["workflow_get"], (workflow_id,)).fetchone()
-    if row is None:
-        return None
-    return _build_workflows(conn, [row], jobs=jobs)[0]
-
-
-def _build_workflows(conn: sqlite3.Connection, rows: list[Any], *, jobs: bool) -> list[Workflow]:
-    """Workflows from their rows, with their steps (and jobs), in three
-    queries whatever the number of workflows."""
-    if not rows:
-        return []
-    ids = [r[0] for r in rows]
-    marks = _marks(len(ids))
-    steps: dict[str, list[tuple[Any, ...]]] = {i: [] for i in ids}
-    for step_row in conn.execute(Q["steps_of_workflows"].format(marks=marks), ids):
-        steps[step_row[0]].append(step_row)
-    job_status: dict[str, Status] = {}
-    full: dict[str, Job] = {}
-    if jobs:
-        for job_row in conn.execute(Q["jobs_of_workflows"].format(marks=marks), ids):
-            job = _row_to_job(job_row)
-            full[job.id] = job
-            job_status[job.id] = job.status
-    else:
-        job_status = dict(conn.execute(Q["job_statuses_of_workflows"].format(marks=marks), ids).fetchall())
-    out = []
-    for id_, tenant, name, status, context, created_at, updated_at in rows:
-        built = []
-        for _, step, kind, payload, depends_on, max_attempts, state, job_id in steps[id_]:
-            if job_id is not None:
-                step_status = StepStatus(str(job_status.get(job_id, Status.PENDING)))
-            else:
-                step_status = StepStatus(state)
-            built.append(
-                WorkflowStep(
-                    name=step,
-                    kind=kind,
-                    payload=_json.loads(payload),
-                    depends_on=tuple(_json.loads(depends_on)),
-                    max_attempts=max_attempts,
-                    status=step_status,
-                    job_id=job_id,
-                    job=full.get(job_id) if job_id is not None else None,
-                )
-            )
-        out.append(
-            Workflow(
-                id=id_,
-                tenant=tenant,
-                name=name,
-                status=WorkflowStatus(status),
-                context=_json.loads(context),
-                steps=tuple(built),
-                created_at=created_at,
-                updated_at=updated_at,
-            )
-        )
-    return out
-
-
-# -- the application's changes, stats and pages ------------------------------
-# Module-level helpers that run inside the caller's transaction.
-
-
-def _cancel_job(conn: sqlite3.Connection, job_id: str, tenant: str, now: float) -> Job | None:
-    """:meth:`SqliteStore.job_cancel`, in the caller's transaction."""
-    row = conn.execute(Q["job_owned"], (job_id, tenant)).fetchone()
-    if row is None:
-        return None
-    transitions.cancel(job_id, STATUS_OF[row[0]])
-    job = _row_to_job(conn.execute(Q["job_cancel"], (now, job_id)).fetchone())
-    if job.workflow_id is not None:  # a step cancelled by hand cancels its workflow
-        _end_workflow(conn, job.workflow_id, WorkflowStatus.CANCELLED, now)
-    return job
-
-
-def _retry_job(conn: sqlite3.Connection, job_id: str, tenant: str, now: float) -> Job | None:
-    """:meth:`SqliteStore.job_retry`, in the caller's transaction."""
-    row = conn.execute(Q["job_owned"], (job_id, tenant)).fetchone()
-    if row is None:
-        return None
-    status, _, workflow_id = row
-    workflow_status = None
-    if workflow_id is not None:
-        (found,) = conn.execute(Q["workflow_status"], (workflow_id,)).fetchone()
-        workflow_status = WorkflowStatus(found)
-    plan = transitions.retry(job_id, STATUS_OF[status], workflow_id=workflow_id, workflow_status=workflow_status)
-    if plan is transitions.Retry.NOT_THE_FAILED_STEP:
-        step, failed_id = conn.execute(Q["failed_step"], (workflow_id,)).fetchone()
-        raise transitions.not_the_failed_step(workflow_id, step, failed_id)
-    if plan is transitions.Retry.RESUME:
-        _resume_workflow(conn, workflow_id, job_id, now)
-        return _row_to_job(conn.execute(Q["job_get"], (job_id,)).fetchone())
-    return _row_to_job(conn.execute(Q["job_reset"], (now, now, job_id)).fetchone())
-
-
-def _delete_job(conn: sqlite3.Connection, job_id: str, tenant: str) -> str | None:
-    """Delete a finished job outside workflows (as
-    :func:`transitions.deletable` decides); its queue, or None if it stays."""
-    row = conn.execute(Q["job_owned"], (job_id, tenant)).fetchone()
-    if row is None or not transitions.deletable(STATUS_OF[row[0]], row[2]):
-        return None
-    conn.execute(Q["job_delete"], (job_id,))
-    return str(row[1])
 
 
 def _where(conditions: dict[str, Any]) -> tuple[str, list[Any]]:
@@ -573,6 +470,7 @@ class SqliteStore(Store):
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=FULL")
         self._conn.execute("PRAGMA busy_timeout=5000")
+        self._conn.create_function("qftrio_merge", 2, _merge, deterministic=True)
         self._migrate()
 
     def _migrate(self) -> None:
@@ -712,10 +610,10 @@ class SqliteStore(Store):
         return await self._run(page)
 
     async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
-        return await self._run(lambda conn: _cancel_job(conn, job_id, tenant, now))
+        return await self._run(lambda conn: _drive(conn, changes.job_cancel(job_id, tenant, now)))
 
     async def job_retry(self, job_id: str, *, tenant: str, now: float) -> Job | None:
-        return await self._run(lambda conn: _retry_job(conn, job_id, tenant, now))
+        return await self._run(lambda conn: _drive(conn, changes.job_retry(job_id, tenant, now)))
 
     async def queues_stats(self, *, tenant: str, now: float, queue: str | None = None) -> list[QueueStats]:
         return await self._run(
@@ -746,26 +644,9 @@ class SqliteStore(Store):
                 created_before=where.created_before,
                 limit=limit,
             )
-            ready: set[str] = set()
-            for _, job_id in keys:
-                if action == "delete":
-                    _delete_job(conn, job_id, where.tenant)
-                    continue
-                try:
-                    if action == "retry":
-                        job = _retry_job(conn, job_id, where.tenant, now)
-                    else:
-                        job = _cancel_job(conn, job_id, where.tenant, now)
-                except errors.Conflict:
-                    continue  # decided against, as the single-job call would be
-                if job is not None and action == "retry":
-                    ready.add(job.queue)
-            ids = [job_id for _, job_id in keys]
-            ended = dict(conn.execute(Q["bulk_after"].format(marks=_marks(len(ids))), ids).fetchall()) if ids else {}
-            return BulkBatch(
-                changed=bulk_changed(action, len(keys), ended),
-                ready_queues=tuple(sorted(ready)),
-                last=keys[-1] if len(keys) == limit else None,
+            return _drive(
+                conn,
+                changes.jobs_bulk(action, keys, tenant=where.tenant, statuses=where.statuses, limit=limit, now=now),
             )
 
         return await self._run(bulk)
@@ -806,161 +687,52 @@ class SqliteStore(Store):
                     updates.append((result.locked_until, now, item.job_id, item.lease_token))
                 out.append(result)
             conn.executemany(Q["heartbeat"], updates)
-            return [out[k] for k in slot]
+            return transitions.answers(out, slot)
 
         return await self._run(heartbeat)
 
     async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
+        unique, slot = transitions.one_per_lease(items)
+
         def complete(conn: sqlite3.Connection) -> list[ReportResult]:
-            rows = _report_rows(conn, [i.job_id for i in items])
+            rows = _report_rows(conn, [i.job_id for i in unique])
             updates = []
             out = []
-            for item in items:
+            for item in unique:
                 row, status, current = _state(rows, item.job_id, item.lease_token)
                 result = transitions.complete(status, current, queue=row.queue if row else None)
                 if result.applied:
                     assert row is not None
                     result = row.applied(result)
-                    row.status = Status.COMPLETED
                     write = (_dumps(item.result), now, item.job_id, item.lease_token)
                     if row.workflow_id is None:
                         updates.append(write)
                     else:
                         conn.execute(Q["complete"], write)
-                        ready = _step_completed(conn, row.workflow_id, row.step, item.result, now)
-                        result = dataclasses.replace(result, ready_queues=ready)
+                        if _drive(conn, changes.step_completed(row.workflow_id, row.step, item.result, now)):
+                            result = dataclasses.replace(result, ready_queues=(WORKFLOW_QUEUE,))
                 out.append(result)
             conn.executemany(Q["complete"], updates)
-            return out
+            return transitions.answers(out, slot)
 
         return await self._run(complete)
 
     async def jobs_fail(self, items: Sequence[FailItem], *, now: float, retry_at: RetryAt) -> list[ReportResult]:
-        def fail(conn: sqlite3.Connection) -> list[ReportResult]:
-            out = []
-            for item in items:
-                # read item by item: a dead-lettered step cancels its
-                # siblings, which a later item of the batch must see
-                rows = _report_rows(conn, [item.job_id])
-                row, status, current = _state(rows, item.job_id, item.lease_token)
-                decided = transitions.fail(
-                    status,
-                    current,
-                    queue=row.queue if row else None,
-                    attempt=row.attempt if row else 0,
-                    max_attempts=row.max_attempts if row else 0,
-                    retryable=item.retryable,
-                    retry_at=retry_at,
-                    now=now,
-                )
-                result = decided.result
-                if result.applied:
-                    assert row is not None and result.status is not None
-                    result = row.applied(result)
-                    conn.execute(
-                        Q["fail"],
-                        (result.status.value, decided.retry_at, item.error, item.error, now, now, item.job_id, item.lease_token),
-                    )
-                    if result.status is Status.FAILED and row.workflow_id is not None:
-                        _end_workflow(conn, row.workflow_id, WorkflowStatus.FAILED, now)
-                out.append(result)
-            return out
-
-        return await self._run(fail)
+        return await self._run(lambda conn: _drive(conn, changes.jobs_fail(items, now, retry_at)))
 
     async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
-        def reap(conn: sqlite3.Connection) -> list[Reaped]:
-            expired = []
-            kinds = {}
-            for job_id, queue, kind, attempt, max_attempts, locked_until, workflow_id, step, position in conn.execute(
-                Q["expired"], (now, limit)
-            ):
-                kinds[job_id] = kind
-                expired.append(
-                    transitions.Expired(
-                        job_id=job_id, queue=queue, attempt=attempt, max_attempts=max_attempts,
-                        locked_until=locked_until, workflow_id=workflow_id, step=step, position=position,
-                    )  # fmt: skip
-                )
-            decided, failing = transitions.reap(expired)
-            conn.executemany(
-                Q["reap"], [(d.status.value, d.error, d.error, now, now, d.job_id, now) for d in decided]
-            )
-            for workflow_id in failing:
-                _end_workflow(conn, workflow_id, WorkflowStatus.FAILED, now)
-            return [
-                Reaped(job_id=d.job_id, queue=d.queue, status=d.status, kind=kinds[d.job_id])
-                for d in decided
-                if d.status is not Status.CANCELLED
-            ]
-
-        return await self._run(reap)
+        return await self._run(lambda conn: _drive(conn, changes.reap_expired(now, limit)))
 
     async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
-        def prune(conn: sqlite3.Connection) -> int:
-            deleted = conn.execute(Q["prune_jobs"], (before, limit)).rowcount
-            for (workflow_id,) in conn.execute(Q["prune_finished_workflows"], (before,)).fetchall():
-                if deleted >= limit:
-                    break
-                deleted += conn.execute(Q["prune_workflow_jobs"], (workflow_id,)).rowcount
-                conn.execute(Q["prune_workflow_edges"], (workflow_id,))
-                conn.execute(Q["prune_workflow_steps"], (workflow_id,))
-                conn.execute(Q["prune_workflow"], (workflow_id,))
-            return deleted
-
-        return await self._run(prune)
+        return await self._run(lambda conn: _drive(conn, changes.prune(before, limit)))
 
     # -- workflows ---------------------------------------------------------
 
     async def workflow_create(self, workflow: NewWorkflow, *, now: float) -> Workflow:
-        def create(conn: sqlite3.Connection) -> Workflow:
-            workflow_id, *root_ids = new_ids(1 + len(workflow.steps), now)
-            context = _dumps(workflow.context)
-            conn.execute(
-                Q["workflow_insert"],
-                (workflow_id, workflow.tenant, workflow.name, context, len(workflow.steps), now, now),
-            )
-            roots = {s.name: i for s, i in zip((s for s in workflow.steps if not s.depends_on), root_ids)}
-            conn.executemany(
-                Q["workflow_step_insert"],
-                [
-                    (
-                        workflow_id, s.name, i, s.kind, _dumps(s.payload), _dumps(list(s.depends_on)),
-                        s.max_attempts, "enqueued" if s.name in roots else "waiting", len(s.depends_on),
-                        roots.get(s.name),
-                    )  # fmt: skip
-                    for i, s in enumerate(workflow.steps)
-                ],
-            )
-            conn.executemany(
-                Q["workflow_edge_insert"],
-                [(workflow_id, dep, s.name) for s in workflow.steps for dep in s.depends_on],
-            )
-            conn.executemany(
-                Q["step_job_insert"],
-                [
-                    (
-                        roots[s.name], workflow.tenant, WORKFLOW_QUEUE, s.kind, _dumps(s.payload), s.max_attempts,
-                        now, now, now, workflow_id, s.name, context,
-                    )  # fmt: skip
-                    for s in workflow.steps
-                    if s.name in roots
-                ],
-            )
-            loaded = _load_workflow(conn, workflow_id)
-            assert loaded is not None
-            return loaded
-
-        return await self._run(create)
+        return await self._run(lambda conn: _drive(conn, changes.workflow_create(workflow, now)))
 
     async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:
-        def get(conn: sqlite3.Connection) -> Workflow | None:
-            row = conn.execute(Q["workflow_tenant"], (workflow_id,)).fetchone()
-            if row is None or (tenant is not None and row[0] != tenant):
-                return None
-            return _load_workflow(conn, workflow_id, jobs=jobs)
-
-        return await self._run(get)
+        return await self._run(lambda conn: _drive(conn, changes.workflow_get(workflow_id, tenant=tenant, jobs=jobs)))
 
     async def workflows_list(
         self,
@@ -970,31 +742,10 @@ class SqliteStore(Store):
         limit: int = 50,
         before: tuple[float, str] | None = None,
     ) -> list[Workflow]:
-        where = []
-        args: list[Any] = [tenant]
-        if status is not None:
-            where.append("AND status = ?")
-            args.append(WorkflowStatus(status).value)
-        if before is not None:
-            where.append("AND (created_at < ? OR (created_at = ? AND id < ?))")
-            args += [before[0], before[0], before[1]]
-        statement = Q["workflows_page"].format(where=" ".join(where))
-        args.append(limit)
-        return await self._run(
-            lambda conn: _build_workflows(conn, conn.execute(statement, args).fetchall(), jobs=False)
-        )
+        return await self._run(lambda conn: _drive(conn, changes.workflows_page(tenant, status, limit, before)))
 
     async def workflow_cancel(self, workflow_id: str, *, tenant: str, now: float) -> Workflow | None:
-        def cancel(conn: sqlite3.Connection) -> Workflow | None:
-            row = conn.execute(Q["workflow_owned"], (workflow_id, tenant)).fetchone()
-            if row is None:
-                return None
-            if row[0] != WorkflowStatus.RUNNING.value:
-                raise errors.Conflict(f"workflow {workflow_id} is {row[0]}; only running workflows can be cancelled")
-            _end_workflow(conn, workflow_id, WorkflowStatus.CANCELLED, now)
-            return _load_workflow(conn, workflow_id)
-
-        return await self._run(cancel)
+        return await self._run(lambda conn: _drive(conn, changes.workflow_cancel(workflow_id, tenant, now)))
 
 
 @contextlib.asynccontextmanager

@@ -1,9 +1,17 @@
 -- The PostgreSQL store's statements (qftrio.server.store.postgres), by name.
 -- "{where}" and "{limit}" are filled in at run time for the pages.
 
--- name: notify
--- Inside the caller's transaction, so it is delivered on commit only.
-SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q;
+-- name: job_columns
+-- A job's columns: the fields of qftrio.models.Job, which postgres._job reads
+-- by name, and the lease token and idempotency key (tests/test_store_sql.py).
+id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
+    context
+
+-- name: notify_queues
+-- Inside the caller's transaction, so it is delivered on commit only; on
+-- the channel postgres.CHANNEL.
+SELECT pg_notify('qftrio_jobs', q) FROM unnest($1::text[]) AS q;
 
 -- name: migration_settings
 SET lock_timeout = '60s'; SET statement_timeout = 0;
@@ -122,9 +130,7 @@ WITH older AS (
         CASE WHEN c.hand THEN $4 END,
         $4, $4
     FROM chosen AS c
-    RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-        updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id,
-        step, context
+    RETURNING {job_columns}
 ), notified AS (
     SELECT count(pg_notify($13, $3)) FROM (SELECT 1 FROM inserted WHERE status = 'pending' LIMIT 1) AS p
 )
@@ -151,22 +157,16 @@ WITH inserted AS (
 SELECT inserted.id::text FROM inserted, notified;
 
 -- name: jobs_by_idempotency_keys
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context
+SELECT {job_columns}
 FROM qftrio_jobs
 WHERE (tenant, idempotency_key) IN (SELECT * FROM unnest($1::text[], $2::text[]));
 
 -- name: job_get
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context
+SELECT {job_columns}
 FROM qftrio_jobs WHERE id = $1;
 
 -- name: job_get_owned
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context
+SELECT {job_columns}
 FROM qftrio_jobs WHERE id = $1 AND tenant = $2;
 
 -- name: page_keys
@@ -260,6 +260,8 @@ WITH items AS (
       AND j.ctid = c.row AND j.status = c.status AND j.lease_token = c.token
     RETURNING c.ord, j.id, j.locked_until
 )
+-- Every row answers the status the probe read, which the store decides on
+-- (transitions.heartbeat): 'running' under the token for those extended.
 SELECT e.ord, e.id, true AS changed, e.locked_until, 'running' AS status, true AS current FROM extended AS e
 UNION ALL
 SELECT i.ord, i.id, false, NULL, i.status, coalesce(i.lease_token = i.token, false)
@@ -322,7 +324,9 @@ WITH items AS (
       AND j.ctid = c.row AND j.status = c.status AND j.lease_token = c.token
     RETURNING c.ord, j.queue, j.kind, j.claimed_at
 )
-SELECT c.ord, c.queue, true AS applied, 'completed' AS status, true AS current, false AS step, c.kind,
+-- Every row answers the status the probe read, which the store decides on
+-- (transitions.complete): 'running' under the token for those completed.
+SELECT c.ord, c.queue, true AS applied, 'running' AS status, true AS current, false AS step, c.kind,
     c.claimed_at
 FROM completed AS c
 UNION ALL
@@ -430,10 +434,8 @@ WITH doomed AS (
     ORDER BY updated_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-), deleted AS (
-    DELETE FROM qftrio_jobs WHERE id IN (SELECT id FROM doomed) RETURNING 1
 )
-SELECT count(*) FROM deleted;
+DELETE FROM qftrio_jobs WHERE id IN (SELECT id FROM doomed) RETURNING 1;
 
 -- name: prune_finished_workflows
 -- Completed or cancelled workflows go whole; failed ones stay, like dead letters.
@@ -444,7 +446,13 @@ LIMIT 100
 FOR UPDATE SKIP LOCKED;
 
 -- name: prune_workflow_jobs
-WITH gone AS (DELETE FROM qftrio_jobs WHERE workflow_id = $1 RETURNING 1) SELECT count(*) FROM gone;
+DELETE FROM qftrio_jobs WHERE workflow_id = $1 RETURNING 1;
+
+-- name: prune_workflow_edges
+-- They go with their workflow (ON DELETE CASCADE).
+
+-- name: prune_workflow_steps
+-- They go with their workflow (ON DELETE CASCADE).
 
 -- name: prune_workflow
 -- Its steps and edges go with it (ON DELETE CASCADE).
@@ -465,17 +473,13 @@ SELECT status FROM qftrio_jobs WHERE id = $1 AND tenant = $2 FOR UPDATE;
 -- is not running.
 UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2
 WHERE id = $1 AND status IN ('pending', 'running')
-RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context;
+RETURNING {job_columns};
 
 -- name: job_reset
 UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $2, updated_at = $2,
     locked_until = NULL, lease_token = NULL
 WHERE id = $1 AND status IN ('failed', 'cancelled')
-RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context;
+RETURNING {job_columns};
 
 -- name: failed_step
 SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' ORDER BY updated_at, id LIMIT 1;
@@ -544,11 +548,13 @@ ORDER BY id FOR UPDATE;
 SELECT id, status FROM qftrio_workflows WHERE id = ANY($1::uuid[]);
 
 -- name: bulk_cancel
-UPDATE qftrio_jobs SET status = 'cancelled', updated_at = $2
+-- As job_cancel, for a batch.
+UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2
 WHERE id = ANY($1::uuid[]) AND status IN ('pending', 'running')
 RETURNING id, workflow_id;
 
 -- name: bulk_reset
+-- As job_reset, for a batch.
 UPDATE qftrio_jobs SET status = 'pending', attempt = 0, scheduled_at = $2, updated_at = $2,
     locked_until = NULL, lease_token = NULL
 WHERE id = ANY($1::uuid[]) AND status IN ('failed', 'cancelled')
@@ -556,8 +562,7 @@ RETURNING queue;
 
 -- name: bulk_delete
 DELETE FROM qftrio_jobs
-WHERE id = ANY($1::uuid[]) AND status IN ('completed', 'failed', 'cancelled') AND workflow_id IS NULL
-RETURNING id;
+WHERE id = ANY($1::uuid[]) AND status IN ('completed', 'failed', 'cancelled') AND workflow_id IS NULL;
 
 -- name: bulk_after
 -- A bulk batch's jobs by status once it is done: what it changed.
@@ -583,7 +588,7 @@ ORDER BY id
 FOR UPDATE;
 
 -- name: enqueue_steps
--- $7 holds a new job id for each name of $2.
+-- $7 holds a new job id for each name of $2. Marks the steps too.
 WITH ready AS (
     SELECT s.name, s.kind, s.payload, s.max_attempts, s.position, n.job_id
     FROM unnest($2::text[], $7::uuid[]) AS n(name, job_id)
@@ -599,6 +604,9 @@ WITH ready AS (
 UPDATE qftrio_workflow_steps AS s SET state = 'enqueued', job_id = r.job_id
 FROM ready AS r
 WHERE s.workflow_id = $1 AND s.name = r.name;
+
+-- name: steps_enqueued
+-- enqueue_steps marks them.
 
 -- name: workflow_step_completed
 UPDATE qftrio_workflows SET context = context || $2::jsonb, steps_completed = steps_completed + 1, updated_at = $3
@@ -651,17 +659,18 @@ SELECT status FROM qftrio_workflows WHERE id = $1 AND tenant = $2 FOR UPDATE;
 SELECT id, tenant, name, status, context, created_at, updated_at FROM qftrio_workflows WHERE id = $1;
 
 -- name: workflows_page
+-- After the key ($3, $4) of the previous page's last workflow, if any.
 SELECT id, tenant, name, status, context, created_at, updated_at FROM qftrio_workflows
-WHERE tenant = $1 {where} ORDER BY created_at DESC, id DESC LIMIT {limit};
+WHERE tenant = $1 AND ($2::text IS NULL OR status = $2)
+    AND (created_at, id) < (coalesce($3::float8, 'infinity'), coalesce($4::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+ORDER BY created_at DESC, id DESC LIMIT $5;
 
 -- name: steps_of_workflows
 SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
 FROM qftrio_workflow_steps WHERE workflow_id = ANY($1::uuid[]) ORDER BY workflow_id, position;
 
 -- name: jobs_of_workflows
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context
+SELECT {job_columns}
 FROM qftrio_jobs WHERE workflow_id = ANY($1::uuid[]);
 
 -- name: job_statuses_of_workflows
@@ -671,19 +680,15 @@ SELECT id, status FROM qftrio_jobs WHERE workflow_id = ANY($1::uuid[]);
 INSERT INTO qftrio_workflows (id, tenant, name, status, context, steps_total, steps_completed, created_at, updated_at)
 VALUES ($1, $2, $3, 'running', $4::jsonb, $5, 0, $6, $6);
 
--- name: workflow_steps_insert
+-- name: workflow_step_insert
 INSERT INTO qftrio_workflow_steps (workflow_id, name, position, kind, payload, depends_on, max_attempts, state,
     remaining, job_id)
-SELECT $1, u.name, u.position, u.kind, u.payload, u.depends_on::jsonb, u.max_attempts, u.state, u.remaining, u.job_id
-FROM unnest($2::text[], $3::int[], $4::text[], $5::jsonb[], $6::text[], $7::int[], $8::text[], $9::int[], $10::uuid[])
-    AS u(name, position, kind, payload, depends_on, max_attempts, state, remaining, job_id);
+VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, $8, $9, $10);
 
--- name: workflow_edges_insert
-INSERT INTO qftrio_workflow_edges (workflow_id, step, dependent)
-SELECT $1, u.step, u.dependent FROM unnest($2::text[], $3::text[]) AS u(step, dependent);
+-- name: workflow_edge_insert
+INSERT INTO qftrio_workflow_edges (workflow_id, step, dependent) VALUES ($1, $2, $3);
 
--- name: workflow_root_jobs_insert
+-- name: step_job_insert
 INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
     created_at, updated_at, workflow_id, step, context)
-SELECT u.id, $2, $3, u.kind, u.payload, 'pending', 0, 0, u.max_attempts, $4, $4, $4, $1, u.step, $5::jsonb
-FROM unnest($6::uuid[], $7::text[], $8::jsonb[], $9::int[], $10::text[]) AS u(id, kind, payload, max_attempts, step);
+VALUES ($1, $2, $3, $4, $5::jsonb, 'pending', 0, 0, $6, $7, $7, $7, $8, $9, $10::jsonb);

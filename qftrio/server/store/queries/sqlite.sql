@@ -1,14 +1,21 @@
 -- The embedded store's statements (qftrio.server.store.sqlite), by name.
 -- "{marks}" stands for a list of "?" the length of a batch, filled in at run time.
+-- A statement of store/changes.py takes an array as JSON text: json_each(?1) reads
+-- it, and json_extract(?2, '$[' || i.key || ']') the same item of a parallel one
+-- (joining two json_each on their keys would read one whole for each item of the other).
+
+-- name: job_columns
+-- A job's columns, in the order of the fields of qftrio.models.Job, which
+-- sqlite._row_to_job reads them in (tests/test_store_sql.py checks it).
+id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
 
 -- name: job_get
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+SELECT {job_columns}
 FROM jobs WHERE id = ?;
 
 -- name: job_by_idempotency_key
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+SELECT {job_columns}
 FROM jobs WHERE tenant = ? AND idempotency_key = ?;
 
 -- name: job_insert
@@ -47,8 +54,7 @@ UPDATE jobs SET status = 'running', attempt = attempt + 1, locked_until = ?,
     errors = CASE WHEN status = 'running' THEN json_insert(errors, '$[#]',
         json_object('attempt', attempt, 'error', ?, 'at', ?)) ELSE errors END
 WHERE id IN ({marks})
-RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
+RETURNING {job_columns};
 
 -- name: next_scheduled
 -- A job scheduled ahead of its creation (a delay, a time, a retry); one
@@ -70,43 +76,70 @@ WHERE id = ? AND status = 'running' AND lease_token = ?;
 UPDATE jobs SET status = 'completed', result = ?, locked_until = NULL, updated_at = ?
 WHERE id = ? AND status = 'running' AND lease_token = ?;
 
+-- name: fail_lock
+-- What a fail batch decides on (changes.jobs_fail).
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at FROM jobs
+WHERE id IN (SELECT value FROM json_each(?1));
+
 -- name: fail
-UPDATE jobs SET status = ?, scheduled_at = coalesce(?, scheduled_at), locked_until = NULL, error = ?,
-    errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', ?, 'at', ?)),
-    updated_at = ?
-WHERE id = ? AND status = 'running' AND lease_token = ?;
+-- The guarded write of transitions.fail, for the whole batch: ids, tokens,
+-- statuses, scheduled_at (null: unchanged) and errors, item by item.
+UPDATE jobs SET status = u.status, scheduled_at = coalesce(u.retry_at, jobs.scheduled_at), locked_until = NULL,
+    error = u.error, errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', u.error, 'at', ?6)),
+    updated_at = ?6
+FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS token,
+          json_extract(?3, '$[' || i.key || ']') AS status, json_extract(?4, '$[' || i.key || ']') AS retry_at,
+          json_extract(?5, '$[' || i.key || ']') AS error
+      FROM json_each(?1) AS i) AS u
+WHERE jobs.id = u.id AND jobs.status = 'running' AND jobs.lease_token = u.token
+RETURNING jobs.id, jobs.queue, jobs.status;
+
+-- name: reap_lock_workflows
+-- Other servers' janitors do not exist: no workflows to lock first.
 
 -- name: expired
 -- The janitor's round: running jobs whose lease ran out, first expired first.
 SELECT j.id, j.queue, j.kind, j.attempt, j.max_attempts, j.locked_until, j.workflow_id, j.step, coalesce(s.position, 0)
 FROM jobs AS j LEFT JOIN workflow_steps AS s ON s.workflow_id = j.workflow_id AND s.name = j.step
-WHERE j.status = 'running' AND j.locked_until < ?
-ORDER BY j.locked_until LIMIT ?;
+WHERE j.status = 'running' AND j.locked_until < ?1
+ORDER BY j.locked_until LIMIT ?2;
 
 -- name: reap
--- The janitor takes a job back: its token goes stale, its worker_id stays.
-UPDATE jobs SET status = ?, locked_until = NULL, lease_token = NULL, error = ?,
-    errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', ?, 'at', ?)),
-    updated_at = ?
-WHERE id = ? AND status = 'running' AND locked_until < ?;
+-- The janitor takes the jobs back as transitions.reap decided: their tokens
+-- go stale, their worker_id stays.
+UPDATE jobs SET status = u.status, locked_until = NULL, lease_token = NULL, error = u.error,
+    errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', u.error, 'at', ?4)),
+    updated_at = ?4
+FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS status,
+          json_extract(?3, '$[' || i.key || ']') AS error
+      FROM json_each(?1) AS i) AS u
+WHERE jobs.id = u.id AND jobs.status = 'running' AND jobs.locked_until < ?4;
 
--- name: job_owned
-SELECT status, queue, workflow_id FROM jobs WHERE id = ? AND tenant = ?;
+-- name: job_workflow
+-- What the single-job changes (changes.py) decide on: the job's workflow, then
+-- its status (no lock: one writer owns the file).
+SELECT workflow_id FROM jobs WHERE id = ?1 AND tenant = ?2;
+
+-- name: workflow_lock
+
+-- name: job_lock_status
+SELECT status FROM jobs WHERE id = ?1 AND tenant = ?2;
+
+-- name: notify_queues
+-- No other server shares the file: nobody to notify.
 
 -- name: job_cancel
 -- The lease token stays: a late heartbeat of the running attempt must
 -- still be told "cancelled", not "conflict". The deadline goes: the job
 -- is not running.
-UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ? WHERE id = ? AND status IN ('pending', 'running')
-RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
+UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2 WHERE id = ?1 AND status IN ('pending', 'running')
+RETURNING {job_columns};
 
 -- name: job_reset
-UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?, updated_at = ?,
+UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?2, updated_at = ?2,
     locked_until = NULL, lease_token = NULL
-WHERE id = ? AND status IN ('failed', 'cancelled')
-RETURNING id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context;
+WHERE id = ?1 AND status IN ('failed', 'cancelled')
+RETURNING {job_columns};
 
 -- name: failed_step
 SELECT step, id FROM jobs WHERE workflow_id = ? AND status = 'failed' ORDER BY updated_at, id LIMIT 1;
@@ -150,16 +183,40 @@ WHERE tenant = ? AND queue = ? AND status = ? AND kind = ? {where}
 ORDER BY created_at DESC, id DESC LIMIT ?;
 
 -- name: jobs_by_ids
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+SELECT {job_columns}
 FROM jobs WHERE id IN ({marks});
 
--- name: job_delete
-DELETE FROM jobs WHERE id = ? AND status IN ('completed', 'failed', 'cancelled') AND workflow_id IS NULL;
+-- name: lock_workflows_of_jobs
+-- The workflows of a bulk batch's jobs, to lock first: one writer owns the file.
+
+-- name: bulk_lock
+-- A bulk batch's jobs.
+SELECT id, status, queue, workflow_id FROM jobs WHERE id IN (SELECT value FROM json_each(?1)) AND tenant = ?2
+ORDER BY id;
+
+-- name: bulk_workflow_statuses
+SELECT id, status FROM workflows WHERE id IN (SELECT value FROM json_each(?1));
+
+-- name: bulk_cancel
+-- As job_cancel, for a batch.
+UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2
+WHERE id IN (SELECT value FROM json_each(?1)) AND status IN ('pending', 'running')
+RETURNING id, workflow_id;
+
+-- name: bulk_reset
+-- As job_reset, for a batch.
+UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?2, updated_at = ?2,
+    locked_until = NULL, lease_token = NULL
+WHERE id IN (SELECT value FROM json_each(?1)) AND status IN ('failed', 'cancelled')
+RETURNING queue;
+
+-- name: bulk_delete
+DELETE FROM jobs
+WHERE id IN (SELECT value FROM json_each(?1)) AND status IN ('completed', 'failed', 'cancelled') AND workflow_id IS NULL;
 
 -- name: bulk_after
 -- A bulk batch's jobs by status once it is done: what it changed.
-SELECT status, count(*) FROM jobs WHERE id IN ({marks}) GROUP BY status;
+SELECT status, count(*) FROM jobs WHERE id IN (SELECT value FROM json_each(?1)) GROUP BY status;
 
 -- name: workers
 -- Walks the running jobs (partial index), whose number the workers bound.
@@ -170,8 +227,9 @@ GROUP BY worker_id, queue;
 -- name: prune_jobs
 DELETE FROM jobs WHERE id IN (
     SELECT id FROM jobs INDEXED BY jobs_finished
-    WHERE status IN ('completed', 'cancelled') AND updated_at < ? AND workflow_id IS NULL
-    LIMIT ?);
+    WHERE status IN ('completed', 'cancelled') AND updated_at < ?1 AND workflow_id IS NULL
+    LIMIT ?2)
+RETURNING 1;
 
 -- name: prune_finished_workflows
 -- Workflows go whole, so that a workflow never shows a step whose job has
@@ -180,7 +238,7 @@ SELECT id FROM workflows INDEXED BY workflows_finished
 WHERE status IN ('completed', 'cancelled') AND updated_at < ? LIMIT 100;
 
 -- name: prune_workflow_jobs
-DELETE FROM jobs WHERE workflow_id = ?;
+DELETE FROM jobs WHERE workflow_id = ?1 RETURNING 1;
 
 -- name: prune_workflow_edges
 DELETE FROM workflow_edges WHERE workflow_id = ?;
@@ -193,7 +251,7 @@ DELETE FROM workflows WHERE id = ?;
 
 -- name: workflow_insert
 INSERT INTO workflows (id, tenant, name, status, context, steps_total, steps_completed, created_at, updated_at)
-VALUES (?, ?, ?, 'running', ?, ?, 0, ?, ?);
+VALUES (?1, ?2, ?3, 'running', ?4, ?5, 0, ?6, ?6);
 
 -- name: workflow_step_insert
 INSERT INTO workflow_steps (workflow_id, name, position, kind, payload, depends_on, max_attempts, state,
@@ -206,46 +264,60 @@ INSERT INTO workflow_edges (workflow_id, step, dependent) VALUES (?, ?, ?);
 -- name: step_job_insert
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
     scheduled_at, created_at, updated_at, workflow_id, step, context)
-VALUES (?, ?, ?, ?, ?, 'pending', 0, 0, ?, ?, ?, ?, ?, ?, ?);
+VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, 0, ?6, ?7, ?7, ?7, ?8, ?9, ?10);
 
--- name: step_definition
-SELECT kind, payload, max_attempts FROM workflow_steps WHERE workflow_id = ? AND name = ?;
+-- name: enqueue_steps
+-- ?7 holds a new job id for each name of ?2; steps_enqueued then marks the steps.
+INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
+    scheduled_at, created_at, updated_at, workflow_id, step, context)
+SELECT json_extract(?7, '$[' || n.key || ']'), ?3, ?4, s.kind, s.payload, 'pending', 0, 0, s.max_attempts, ?5, ?5, ?5,
+    ?1, s.name, ?6
+FROM json_each(?2) AS n
+JOIN workflow_steps AS s ON s.workflow_id = ?1 AND s.name = n.value
+WHERE s.state = 'waiting'
+ORDER BY s.position;
 
--- name: step_enqueued
-UPDATE workflow_steps SET state = 'enqueued', job_id = ? WHERE workflow_id = ? AND name = ?;
+-- name: steps_enqueued
+UPDATE workflow_steps SET state = 'enqueued', job_id = (
+    SELECT json_extract(?7, '$[' || n.key || ']') FROM json_each(?2) AS n WHERE n.value = workflow_steps.name)
+WHERE workflow_id = ?1 AND state = 'waiting' AND name IN (SELECT value FROM json_each(?2));
 
--- name: workflow_of_step
-SELECT tenant, status, context, steps_total, steps_completed FROM workflows WHERE id = ?;
+-- name: workflow_step_completed
+-- qftrio_merge: the top-level merge of two JSON objects (later wins), as
+-- PostgreSQL's jsonb || does; the store registers it.
+UPDATE workflows SET context = qftrio_merge(context, ?2), steps_completed = steps_completed + 1, updated_at = ?3
+WHERE id = ?1
+RETURNING tenant, status, context, steps_total, steps_completed;
 
 -- name: steps_unblock
 -- The steps waiting for a completed one, their count lowered.
 UPDATE workflow_steps SET remaining = remaining - 1
-WHERE workflow_id = ? AND name IN (SELECT dependent FROM workflow_edges WHERE workflow_id = ? AND step = ?)
+WHERE workflow_id = ?1 AND name IN (SELECT dependent FROM workflow_edges WHERE workflow_id = ?1 AND step = ?2)
 RETURNING position, name, remaining, state;
 
--- name: workflow_advance
-UPDATE workflows SET context = ?, steps_completed = ?, status = ?, updated_at = ? WHERE id = ?;
+-- name: workflow_complete
+UPDATE workflows SET status = 'completed' WHERE id = ?1;
 
 -- name: workflow_end
-UPDATE workflows SET status = ?, updated_at = ? WHERE id = ? AND status = 'running';
+UPDATE workflows SET status = ?2, updated_at = ?3 WHERE id = ?1 AND status = 'running' RETURNING 1;
 
 -- name: workflow_jobs_cancel
 -- The lease token stays, as for any cancel: a running step's next
 -- heartbeat is told "cancelled".
-UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ? WHERE workflow_id = ? AND status IN ('pending', 'running');
+UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2 WHERE workflow_id = ?1 AND status IN ('pending', 'running');
 
 -- name: workflow_steps_cancel
 UPDATE workflow_steps SET state = 'cancelled' WHERE workflow_id = ? AND state = 'waiting';
 
 -- name: workflow_resume
-UPDATE workflows SET status = 'running', updated_at = ? WHERE id = ? RETURNING tenant, context;
+UPDATE workflows SET status = 'running', updated_at = ?2 WHERE id = ?1 RETURNING tenant, context;
 
 -- name: workflow_jobs_resume
 -- The failed step and those cancelled by the failure: their dependencies had
 -- completed, so they are ready again at once.
-UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?, updated_at = ?, context = ?,
+UPDATE jobs SET status = 'pending', attempt = 0, scheduled_at = ?3, updated_at = ?3, context = ?4,
     locked_until = NULL, lease_token = NULL
-WHERE workflow_id = ? AND (status = 'cancelled' OR id = ?);
+WHERE workflow_id = ?1 AND (status = 'cancelled' OR id = ?2);
 
 -- name: workflow_steps_wait_again
 UPDATE workflow_steps SET state = 'waiting' WHERE workflow_id = ? AND state = 'cancelled'
@@ -254,27 +326,25 @@ RETURNING position, name, remaining;
 -- name: workflow_status
 SELECT status FROM workflows WHERE id = ?;
 
--- name: workflow_owned
-SELECT status FROM workflows WHERE id = ? AND tenant = ?;
-
--- name: workflow_tenant
-SELECT tenant FROM workflows WHERE id = ?;
+-- name: workflow_owned_lock
+SELECT status FROM workflows WHERE id = ?1 AND tenant = ?2;
 
 -- name: workflow_get
 SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows WHERE id = ?;
 
 -- name: workflows_page
+-- After the key (?3, ?4) of the previous page's last workflow, if any.
 SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows
-WHERE tenant = ? {where} ORDER BY created_at DESC, id DESC LIMIT ?;
+WHERE tenant = ?1 AND (?2 IS NULL OR status = ?2) AND (created_at, id) < (coalesce(?3, 1e999), coalesce(?4, ''))
+ORDER BY created_at DESC, id DESC LIMIT ?5;
 
 -- name: steps_of_workflows
 SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
-FROM workflow_steps WHERE workflow_id IN ({marks}) ORDER BY workflow_id, position;
+FROM workflow_steps WHERE workflow_id IN (SELECT value FROM json_each(?1)) ORDER BY workflow_id, position;
 
 -- name: jobs_of_workflows
-SELECT id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
-FROM jobs WHERE workflow_id IN ({marks});
+SELECT {job_columns}
+FROM jobs WHERE workflow_id IN (SELECT value FROM json_each(?1));
 
 -- name: job_statuses_of_workflows
-SELECT id, status FROM jobs WHERE workflow_id IN ({marks});
+SELECT id, status FROM jobs WHERE workflow_id IN (SELECT value FROM json_each(?1));
