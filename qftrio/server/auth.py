@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import logging
+import math
 
 from .. import errors
-from .throttle import Throttle, current_client
+from .throttle import Throttle, current_client, route_of
 
 __all__ = ["Credentials", "Principal"]
 
@@ -91,10 +92,10 @@ class Credentials:
         if not authorization:
             raise errors.Unauthorized("missing credential: send Authorization: Bearer <token>")
         client = current_client.get()
-        if client is not None:
-            wait = self.throttle.retry_after(client[0])
-            if wait is not None:
-                raise errors.TooManyRequests(f"too many wrong credentials from this address: retry in {wait:.0f} s")
+        if client is not None and client[2] is not None:
+            raise errors.TooManyRequests(
+                f"too many wrong credentials from this address: retry in {math.ceil(client[2])} s"
+            )
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             self._failed("malformed")
@@ -105,10 +106,12 @@ class Credentials:
         """Log a wrong credential (never the token) and count it against the
         client's address."""
         client = current_client.get()
-        address, route = client if client is not None else ("an unknown address", "a call outside a request")
-        log.warning("%s credential from %s on %s", kind, address, route)
-        if client is not None:
-            self.throttle.fail(address)
+        if client is None:
+            log.warning("%s credential in a call outside a request", kind)
+            return
+        address, scope, _ = client
+        log.warning("%s credential from %s on %s", kind, address, route_of(scope))
+        self.throttle.fail(address)
 
     def identify(self, authorization: str | None) -> Principal:
         """The principal of an ``Authorization: Bearer`` header: 401 if

@@ -17,22 +17,37 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import functools
 import ipaddress
 import math
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Throttle", "ThrottleFront", "client_key", "current_client"]
+__all__ = ["Client", "Throttle", "ThrottleFront", "client_key", "current_client", "route_of"]
 
-#: The client of the request being served, as ``(address key, "METHOD
-#: /path")``: set by the server's front for each request, read where a
-#: credential is checked (:mod:`qftrio.server.auth`).
-current_client: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
-    "qftrio_current_client", default=None
-)
+#: The client of a request, as the server's front saw it: the address
+#: limits count by (:func:`client_key`), the request's ASGI scope, and the
+#: seconds the address must wait before its next credential is checked (None:
+#: it may be checked now), decided once per request. A plain tuple: one is
+#: made for every request.
+Client = tuple[str, dict[str, Any], float | None]
 
 
+def route_of(scope: dict[str, Any]) -> str:
+    """``METHOD /path`` for a log, the path as sent (percent-escapes kept, so
+    that no line break reaches the log) and cut short."""
+    path = scope.get("raw_path") or scope["path"].encode("utf-8", "replace")
+    return f"{scope['method']} {path[:200].decode('ascii', 'replace')}"
+
+
+#: The client of the request being served: set by the server's front
+#: (:class:`ThrottleFront`), read where a credential is checked
+#: (:mod:`qftrio.server.auth`).
+current_client: contextvars.ContextVar[Client | None] = contextvars.ContextVar("qftrio_current_client", default=None)
+
+
+@functools.lru_cache(maxsize=4096)  # once per client, not per request
 def client_key(host: str) -> str:
     """The address that limits count by: *host* itself, or for IPv6 its
     ``/64``; a host that is not an IP address (a Unix socket) as given."""
@@ -85,6 +100,8 @@ class Throttle:
 
     def retry_after(self, address: str) -> float | None:
         """Seconds until *address* may try a credential again; None if it may now."""
+        if address not in self._buckets:  # nearly every request
+            return None
         tokens = self._tokens(address, self._clock())
         if tokens >= 1:
             return None
@@ -112,9 +129,9 @@ class Throttle:
 class ThrottleFront:
     """An ASGI app around *app*: each request's client (``scope["client"]``,
     which the HTTP server has already taken from a trusted proxy's
-    ``X-Forwarded-For``) is :data:`current_client` while *app* answers it, and
-    a ``429`` answer gets ``Retry-After`` from *throttle*, whichever route or
-    page gave it."""
+    ``X-Forwarded-For``) is :data:`current_client` while *app* answers it,
+    with whether its address is throttled; a ``429`` answer to a throttled
+    address gets ``Retry-After``, whichever route or page gave it."""
 
     def __init__(self, app: Any, throttle: Throttle) -> None:
         self.app = app
@@ -125,20 +142,19 @@ class ThrottleFront:
             await self.app(scope, receive, send)
             return
         address = client_key(scope["client"][0])
+        wait = self.throttle.retry_after(address)
+        if wait is not None:
+            retry_after = (b"retry-after", str(math.ceil(wait)).encode())
+            plain_send = send
 
-        async def send_with_retry_after(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start" and message["status"] == 429:
-                wait = self.throttle.retry_after(address) or 1.0
-                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"retry-after"]
-                headers.append((b"retry-after", str(math.ceil(wait)).encode()))
-                message = {**message, "headers": headers}
-            await send(message)
+            async def send(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start" and message["status"] == 429:
+                    headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"retry-after"]
+                    message = {**message, "headers": [*headers, retry_after]}
+                await plain_send(message)
 
-        # the path as sent (percent-escapes kept, so no line break reaches the log), cut short
-        path = scope.get("raw_path") or scope["path"].encode()
-        route = f"{scope['method']} {path[:200].decode('ascii', 'replace')}"
-        reset = current_client.set((address, route))
+        reset = current_client.set((address, scope, wait))
         try:
-            await self.app(scope, receive, send_with_retry_after)
+            await self.app(scope, receive, send)
         finally:
             current_client.reset(reset)
