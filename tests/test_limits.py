@@ -155,6 +155,21 @@ async def test_forwarded_addresses_are_ignored_from_anyone_but_a_trusted_proxy(h
     assert r.status_code == 429
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--trusted-proxy", "the-proxy"], "--trusted-proxy"),
+        (["--max-connections-per-address", "0"], "--max-connections-per-address"),
+        (["--metrics-queues", "0"], "--metrics-queues"),
+        (["--failed-credentials-refill-secs", "0"], "--failed-credentials-refill-secs"),
+    ],
+)
+def test_limits_that_cannot_work_are_refused_by_name(argv: list[str], says: str) -> None:
+    proc = run_process("serve", "--dev", *argv)
+    assert proc.returncode == 2
+    assert says in one_line_error(proc)
+
+
 def test_tokens_shorter_than_16_characters_are_refused_at_start(tmp_path) -> None:
     good = "worker-token-0123456789"
     for argv, says in [
@@ -192,10 +207,14 @@ async def test_one_address_with_300_unfinished_heads_cannot_deny_another(nursery
         other = await connect_from("127.0.0.2", url)
         await other.send(request("GET", "/"))
         assert (await other.read_response()).status == 200
-        # past its 256, the first address was answered 503 and closed
-        refused = await hostile[-1].read_response()
+        # past its 256, the first address was answered 503 (a few at a time;
+        # the rest closed at once), and its connections closed
+        refused = await hostile[256].read_response()
         assert_json_error(refused, 503)
         assert "this address" in refused.json()["error"]["message"]
+        for conn in hostile[256:]:
+            while await conn._fill():
+                pass
         for conn in hostile:
             await conn.stream.aclose()
         await other.stream.aclose()

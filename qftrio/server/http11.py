@@ -94,8 +94,10 @@ RESERVED_FDS = 256
 #: when no idle connection can be closed to make room; more wait in the
 #: listen backlog.
 MAX_REFUSING = 64
-#: Connections open at once from one client address, by default.
+#: Connections open at once from one client address, by default; past it,
+#: an address's connections are answered 503, this many at a time.
 MAX_CONNECTIONS_PER_ADDRESS = 256
+MAX_REFUSING_PER_ADDRESS = 8
 READ_SIZE = 65536
 
 _NO_BODY_STATUS = frozenset({204, 304})
@@ -164,8 +166,10 @@ class _Server:
         #: address's share) is full, or closing.
         self.idle: dict[trio.CancelScope, str | None] = {}
         self.connections = 0
-        #: Connections open by client address (trusted proxies left out).
+        #: Connections open by client address (trusted proxies left out),
+        #: and those being refused for being past it.
         self.by_address: dict[str, int] = {}
+        self.refusing: dict[str, int] = {}
         self.drained = trio.Event()
 
     def trusted(self, host: str) -> bool:
@@ -252,20 +256,34 @@ class _Server:
             self.slots.release()
 
     async def refuse(self, stream: trio.SocketStream, address: str | None) -> None:
-        """Answer a connection past a limit with a 503, and close it."""
-        if address is not None and self.by_address.get(address, 0) >= self.max_per_address:
+        """Answer a connection past a limit with a 503, and close it; an
+        address past its own limit gets at most ``MAX_REFUSING_PER_ADDRESS``
+        such answers at a time, and its further connections are closed at
+        once, so that its refusals cannot take the slots others need."""
+        over = address is not None and self.by_address.get(address, 0) >= self.max_per_address
+        if over:
+            assert address is not None
             message = "too many connections are open from this address"
+            answer = self.refusing.get(address, 0) < MAX_REFUSING_PER_ADDRESS
+            self.refusing[address] = self.refusing.get(address, 0) + 1
         else:
             message = "the server has too many connections open"
+            answer = True
         try:
-            connection = _Connection(self, stream, address)
-            await connection.refuse(_BadRequest(503, "unavailable", message))
-            await connection.linger_close()
+            if answer:
+                connection = _Connection(self, stream, address)
+                await connection.refuse(_BadRequest(503, "unavailable", message))
+                await connection.linger_close()
         except _Closed:
             pass
         except Exception:
             log.exception("refusing a connection failed")
         finally:
+            if over:
+                assert address is not None
+                left = self.refusing.pop(address) - 1
+                if left:
+                    self.refusing[address] = left
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
             self.slots.release()
