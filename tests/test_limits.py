@@ -28,11 +28,13 @@ WRONG = {"Authorization": "Bearer not-a-token-of-anyone"}
 SURROGATE_CURSOR = "WzEsICJcdWQ4MDAiXQ"
 
 
-async def start(storage: Store, nursery: trio.Nursery, **overrides: Any) -> str:
-    """A real server on *storage* with *overrides* of the test settings; its URL."""
+async def start(storage: Store, nursery: trio.Nursery, *, engine: Engine | None = None, **overrides: Any) -> str:
+    """A real server on *storage* (through *engine*, if given) with
+    *overrides* of the test settings; its URL."""
     stop = trio.Event()
     config = server_config(**overrides)
-    binds = await nursery.start(functools.partial(run_server, Engine(storage), config, shutdown_trigger=stop.wait))
+    engine = engine or Engine(storage)
+    binds = await nursery.start(functools.partial(run_server, engine, config, shutdown_trigger=stop.wait))
     return binds[0]
 
 
@@ -90,6 +92,23 @@ async def test_metrics_token_is_asked_for_when_set(storage, nursery) -> None:
             assert "qftrio_" not in r.text
         r = await http.get("/metrics", headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200 and "qftrio_jobs_enqueued" in r.text
+
+
+async def test_concurrent_scrapes_share_a_reading_of_the_store(storage, nursery) -> None:
+    engine = Engine(storage)
+    async with httpx.AsyncClient(base_url=await start(storage, nursery, engine=engine), timeout=30) as http:
+        answers: list[httpx.Response] = []
+
+        async def scrape() -> None:
+            answers.append(await http.get("/metrics"))
+
+        async with trio.open_nursery() as scrapers:
+            for _ in range(12):
+                scrapers.start_soon(scrape)
+    assert [r.status_code for r in answers] == [200] * 12
+    # each reading of the store is one round of the gauges: scrapes that
+    # came while one ran shared the next (one each without the sharing)
+    assert engine.metrics.rounds < 12
 
 
 @pytest.mark.parametrize("storage", ["postgres"], indirect=True)

@@ -28,6 +28,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map, Rule
 
 from .. import errors
+from .._batching import Batcher
 from .._json import dumps as json_dumps
 from ..models import ErrorAnswer
 from .api import ALL_ROUTES
@@ -147,13 +148,21 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
 
     # -- metrics, the document's page ---------------------------------------
 
+    async def expose(scrapes: list[None]) -> list[bytes]:
+        text = await engine.metrics_exposition()
+        return [text] * len(scrapes)
+
+    # Scrapes that come while one reads the store share the next reading:
+    # however many scrapers there are, /metrics holds one store connection.
+    scrape = Batcher(expose, limit=1, split_on=lambda exc: False)
+
     @app.get("/metrics")
     @security_scheme([])
     async def metrics_route() -> Response:
         """Prometheus metrics (text); with ``--metrics-token``, for that token only."""
         try:
             credentials.metrics(request.headers.get("Authorization"))
-            text = await engine.metrics_exposition()
+            (text,) = await scrape([None])
         except errors.ApiError as exc:  # a wrong token, or the store unavailable
             return _json(exc.to_wire(), exc.status_code)
         return Response(text, content_type=CONTENT_TYPE_LATEST)

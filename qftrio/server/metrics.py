@@ -166,6 +166,11 @@ class Metrics:
         #: the store after the queue got its place (and after its first count).
         self._round = 0
 
+    @property
+    def rounds(self) -> int:
+        """Readings of the store's gauges so far (scrapes)."""
+        return self._round
+
     def queue_label(self, queue: str) -> str:
         return self._queue_names.label(queue, self._round)
 
