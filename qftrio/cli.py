@@ -89,6 +89,13 @@ def _serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         pool_size=args.pool_size,
         retention_secs=args.retention_secs,
+        metrics_token=args.metrics_token,
+        metrics_queues=args.metrics_queues,
+        metrics_kinds=args.metrics_kinds,
+        max_connections_per_address=args.max_connections_per_address,
+        trusted_proxies=tuple(args.trusted_proxy) if args.trusted_proxy else None,
+        failed_credentials_burst=args.failed_credentials_burst,
+        failed_credentials_refill_secs=args.failed_credentials_refill_secs,
     )
     settle_after_imports()
     trio.run(functools.partial(serve, config, shutdown_trigger=_wait_for_signal))
@@ -478,6 +485,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=_positive_int, help="request body cap (default 1 MiB)")
     p.add_argument("--pool-size", type=_positive_int, help="PostgreSQL connections (default 10)")
     p.add_argument("--retention-secs", type=_non_negative, help="keep completed and cancelled jobs this long (default 7 days)")
+    p.add_argument("--metrics-token", help="the token GET /metrics asks for (QFTRIO_METRICS_TOKEN; default: none)")
+    p.add_argument("--metrics-queues", type=_positive_int, help="queue names with series of their own in /metrics (default 50)")
+    p.add_argument("--metrics-kinds", type=_positive_int, help="kind names with series of their own in /metrics (default 100)")
+    p.add_argument("--max-connections-per-address", type=_positive_int, help="connections open at once from one client address (default 256)")
+    p.add_argument("--trusted-proxy", action="append", metavar="ADDR", help="a proxy whose X-Forwarded-For names the client (address or network; repeatable)")
+    p.add_argument("--failed-credentials-burst", type=_positive_int, help="wrong credentials from one address before it gets 429 (default 20)")
+    p.add_argument("--failed-credentials-refill-secs", type=_non_negative, help="one more wrong credential allowed every this many seconds (default 3)")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("worker", help="run a worker pool process")

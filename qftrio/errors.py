@@ -10,6 +10,7 @@
     │   ├── Conflict             409 stale lease token, terminal job, ...
     │   ├── PayloadTooLarge      413 request body over the cap
     │   ├── InvalidInput         422 body breaks the schema
+    │   ├── TooManyRequests      429 throttled: retry after Retry-After
     │   └── Unavailable          503 the store cannot be reached
     ├── TransportError           the server could not be reached at all
     ├── UnexpectedAnswer         the server answered, but not as qftrio does
@@ -29,6 +30,7 @@ __all__ = [
     "Conflict",
     "PayloadTooLarge",
     "InvalidInput",
+    "TooManyRequests",
     "UnexpectedAnswer",
     "Unavailable",
     "TransportError",
@@ -113,6 +115,13 @@ class InvalidInput(ApiError):
     code = "invalid"
 
 
+class TooManyRequests(ApiError):
+    """Too many failed credentials from this address: retry later."""
+
+    status_code = 429
+    code = "too_many_requests"
+
+
 class Unavailable(ApiError):
     """The service is temporarily unavailable."""
 
@@ -139,7 +148,9 @@ class PermanentError(QftrioError):
 
 _BY_STATUS: dict[int, type[ApiError]] = {
     cls.status_code: cls
-    for cls in (BadRequest, Unauthorized, Forbidden, NotFound, Conflict, PayloadTooLarge, InvalidInput, Unavailable)
+    for cls in (
+        BadRequest, Unauthorized, Forbidden, NotFound, Conflict, PayloadTooLarge, InvalidInput, TooManyRequests, Unavailable
+    )
 }
 
 

@@ -177,7 +177,7 @@ class TestServer:
 
 @contextlib.asynccontextmanager
 async def open_test_server(
-    *, worker_token: str = "test-worker-token", tenant: str = "test", tenant_token: str = "test-token", **config: Any
+    *, worker_token: str = "test-worker-token", tenant: str = "test", tenant_token: str = "test-tenant-token", **config: Any
 ) -> AsyncIterator[TestServer]:
     """Serve qftrio on the embedded store in a temporary directory, on a
     free port of 127.0.0.1, for the duration of the block.

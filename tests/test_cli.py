@@ -254,7 +254,7 @@ def test_serve_refuses_to_start_without_credentials(tmp_path) -> None:
     proc = run_process("serve", "--db", str(tmp_path / "q.db"), "--bind", "127.0.0.1:0")
     assert proc.returncode == 2
     assert "worker token" in one_line_error(proc)
-    proc = run_process("serve", "--db", str(tmp_path / "q.db"), "--bind", "127.0.0.1:0", "--worker-token", "w")
+    proc = run_process("serve", "--db", str(tmp_path / "q.db"), "--bind", "127.0.0.1:0", "--worker-token", "worker-token-0123456789")
     assert proc.returncode == 2
     assert "tenant" in one_line_error(proc)
     assert not (tmp_path / "q.db").exists()

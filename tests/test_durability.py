@@ -13,13 +13,13 @@ from .processes import free_port, spawn, stop, wait_healthy
 
 pytestmark = pytest.mark.slow
 
-TENANT = {"Authorization": "Bearer acme-secret"}
+TENANT = {"Authorization": "Bearer acme-secret-token-1"}
 
 
 def serve_args(db: Path, port: int) -> list[str]:
     return [
         "serve", "--db", str(db), "--bind", f"127.0.0.1:{port}",
-        "--worker-token", "worker-secret", "--tenant", "acme=acme-secret",
+        "--worker-token", "worker-secret-token-1", "--tenant", "acme=acme-secret-token-1",
     ]  # fmt: skip
 
 

@@ -46,7 +46,9 @@ async def dev_url(storage: Store, nursery: trio.Nursery) -> AsyncIterator[str]:
     """A real server in dev mode: the worker token is good on every route,
     so one credential lets schemathesis reach all of them."""
     stop = trio.Event()
-    config = server_config(dev=True, tenants={})
+    # schemathesis sends wrong credentials on purpose, more than the burst
+    # after which an address is answered 429
+    config = server_config(dev=True, tenants={}, failed_credentials_burst=1_000_000)
     binds = await nursery.start(functools.partial(run_server, Engine(storage), config, shutdown_trigger=stop.wait))
     yield binds[0]
     stop.set()

@@ -45,7 +45,7 @@ pytestmark = [
 ]
 
 #: Credentials that let ``qftrio serve`` get as far as opening its store.
-SERVE = ["serve", "--bind", "127.0.0.1:0", "--worker-token", "w", "--tenant", "acme=t"]
+SERVE = ["serve", "--bind", "127.0.0.1:0", "--worker-token", "worker-token-0123456789", "--tenant", "acme=tenant-token-0123456789"]
 
 #: Every migration the package ships, in order.
 ALL_MIGRATIONS = [name for _, name, _ in sql.migrations("postgres")]

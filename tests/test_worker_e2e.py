@@ -33,8 +33,8 @@ from qftrio.worker.transport import ReportReply
 from .conftest import RunningServer, server_config
 from .processes import QFTRIO, ROOT, free_port, spawn, stop
 
-WORKER_TOKEN = "e2e-worker"
-TENANT_TOKEN = "e2e-tenant"
+WORKER_TOKEN = "e2e-worker-token-1"
+TENANT_TOKEN = "e2e-tenant-token-1"
 
 
 async def wait_until(predicate: Callable[[], Any], *, timeout: float = 15, every: float = 0.05) -> Any:

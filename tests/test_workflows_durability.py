@@ -28,15 +28,15 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
 
-TENANT = {"Authorization": "Bearer acme-secret"}
-WORKER = {"Authorization": "Bearer worker-secret"}
+TENANT = {"Authorization": "Bearer acme-secret-token-1"}
+WORKER = {"Authorization": "Bearer worker-secret-token-1"}
 LAYERS, WIDTH = 6, 8
 
 
 def serve_args(database: list[str], port: int) -> list[str]:
     return [
         "serve", *database, "--bind", f"127.0.0.1:{port}",
-        "--worker-token", "worker-secret", "--tenant", "acme=acme-secret",
+        "--worker-token", "worker-secret-token-1", "--tenant", "acme=acme-secret-token-1",
     ]  # fmt: skip
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,6 +28,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map, Rule
 
 from .. import errors
+from .._batching import Batcher
 from .._json import dumps as json_dumps
 from ..models import ErrorAnswer
 from .api import ALL_ROUTES
@@ -48,6 +50,7 @@ _STATUS_TEXT = {
     200: "OK", 201: "Created", 204: "No Content", 400: "Malformed JSON", 401: "No credential, or an unknown one",
     403: "A credential of the wrong kind", 404: "Not found", 409: "Conflicts with the job's state",
     413: "Body over the cap", 422: "Breaks the schema (the message names the field)",
+    429: "Too many wrong credentials from this address; retry after Retry-After",
     503: "The database cannot be reached; retry",
 }  # fmt: skip
 
@@ -75,7 +78,8 @@ class _Provider(OpenAPIProvider):
                 response["description"] = _STATUS_TEXT.get(status, response["description"]) or "OK"
             if func.__name__ == "metrics_route":
                 operation["responses"] = {
-                    200: {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}}
+                    200: {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                    **{status: {"description": _STATUS_TEXT[status]} for status in (401, 429, 503)},
                 }
             if route is None:
                 continue
@@ -129,6 +133,20 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
                 response.headers["Allow"] = value
         return response
 
+    @app.after_request
+    async def no_redirect_from_host(response: Response) -> Response:
+        # Routing's own redirects (a missing trailing slash, doubled
+        # slashes) name the request's Host; qftrio only ever redirects to
+        # itself, so every Location is made a path.
+        location = response.headers.get("Location")
+        if location is not None:
+            parts = urllib.parse.urlsplit(location)
+            if parts.scheme or parts.netloc:
+                # one leading slash: "//host/..." would name a host again
+                path = "/" + parts.path.lstrip("/")
+                response.headers["Location"] = urllib.parse.urlunsplit(("", "", path, parts.query, ""))
+        return response
+
     @app.errorhandler(Exception)
     async def internal_error(exc: Exception) -> Response:
         log.error("request failed", exc_info=exc)
@@ -136,11 +154,24 @@ def create_app(engine: Engine, credentials: Credentials, *, max_body_bytes: int 
 
     # -- metrics, the document's page ---------------------------------------
 
+    async def expose(scrapes: list[None]) -> list[bytes]:
+        text = await engine.metrics_exposition()
+        return [text] * len(scrapes)
+
+    # Scrapes that come while one reads the store share the next reading:
+    # however many scrapers there are, /metrics holds one store connection.
+    scrape = Batcher(expose, limit=1, split_on=lambda exc: False)
+
     @app.get("/metrics")
     @security_scheme([])
     async def metrics_route() -> Response:
-        """Prometheus metrics (text)."""
-        return Response(await engine.metrics_exposition(), content_type=CONTENT_TYPE_LATEST)
+        """Prometheus metrics (text); with ``--metrics-token``, for that token only."""
+        try:
+            credentials.metrics(request.headers.get("Authorization"))
+            (text,) = await scrape([None])
+        except errors.ApiError as exc:  # a wrong token, or the store unavailable
+            return _json(exc.to_wire(), exc.status_code)
+        return Response(text, content_type=CONTENT_TYPE_LATEST)
 
     @app.get("/docs")
     @hide

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping
 from typing import Literal
@@ -13,6 +14,9 @@ from .._env import env
 __all__ = ["Config", "parse_tenants"]
 
 Mode = Literal["api", "worker", "all"]
+
+#: Tokens shorter than this are refused at start, outside ``--dev``.
+MIN_TOKEN_CHARS = 16
 
 
 def parse_tenants(specs: list[str] | str | None) -> dict[str, str]:
@@ -62,6 +66,20 @@ class Config:
     safety_poll_secs: float = 5.0
     #: On shutdown, in-flight requests get this long to finish.
     graceful_timeout_secs: float = 5.0
+    #: The token ``GET /metrics`` asks for; None: it asks for none.
+    metrics_token: str | None = None
+    #: Queue names, and kind names, that get series of their own in
+    #: ``/metrics``; the rest are counted under ``other``.
+    metrics_queues: int = 50
+    metrics_kinds: int = 100
+    #: Connections open at once from one client address.
+    max_connections_per_address: int = 256
+    #: Proxies (addresses or networks) whose ``X-Forwarded-For`` names the client.
+    trusted_proxies: tuple[str, ...] = ()
+    #: Wrong credentials one client address may give at once before it is
+    #: answered 429; one more is allowed every ``failed_credentials_refill_secs``.
+    failed_credentials_burst: int = 20
+    failed_credentials_refill_secs: float = 3.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> Config:
@@ -77,6 +95,8 @@ class Config:
             values["tenants"] = parse_tenants(tenants)
         if (env("DEV", environ) or "").lower() in ("1", "true", "yes", "on"):
             values["dev"] = True
+        if metrics_token := env("METRICS_TOKEN", environ):
+            values["metrics_token"] = metrics_token
         values.update({k: v for k, v in overrides.items() if v is not None})
         config = cls(**values)  # type: ignore[arg-type]
         config.validate()
@@ -99,10 +119,23 @@ class Config:
             raise errors.ConfigError("--max-body-bytes must be at least 1024")
         if self.pool_size < 1:
             raise errors.ConfigError("--pool-size must be at least 1")
+        for flag, value in (("--metrics-queues", self.metrics_queues), ("--metrics-kinds", self.metrics_kinds)):
+            if value < 1:
+                raise errors.ConfigError(f"{flag} must be at least 1")
+        if self.failed_credentials_burst < 1 or not 0 < self.failed_credentials_refill_secs < float("inf"):
+            raise errors.ConfigError("--failed-credentials-burst and --failed-credentials-refill-secs must be positive")
+        if self.max_connections_per_address < 1:
+            raise errors.ConfigError("--max-connections-per-address must be at least 1")
+        for proxy in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise errors.ConfigError(f"--trusted-proxy must be an IP address or network, not {proxy!r}") from None
 
     def _check_credentials(self) -> None:
         """Every credential names one caller: a token shared by the worker and
-        a tenant, or by two tenants, would act for whichever is looked up first."""
+        a tenant, or by two tenants, would act for whichever is looked up
+        first. Outside ``--dev``, each is long enough not to be guessed."""
         owners: dict[str, str] = {}
         if self.worker_token:
             owners[self.worker_token] = "the worker token"
@@ -110,3 +143,14 @@ class Config:
             if token in owners:
                 raise errors.ConfigError(f"tenant {name!r} has the same token as {owners[token]}: give each its own")
             owners[token] = f"tenant {name!r}"
+        if self.metrics_token:
+            if self.metrics_token in owners:
+                raise errors.ConfigError(f"the metrics token is the same as {owners[self.metrics_token]}: give it its own")
+            owners[self.metrics_token] = "the metrics token"
+        if self.dev:
+            return
+        for token, owner in owners.items():
+            if len(token) < MIN_TOKEN_CHARS:
+                raise errors.ConfigError(
+                    f"{owner}: a token must be at least {MIN_TOKEN_CHARS} characters long (or --dev for development)"
+                )

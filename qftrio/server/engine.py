@@ -176,6 +176,7 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created_at, job_id = json.loads(raw)
+        job_id.encode()  # a lone surrogate is no id, and no store can take it
         return float(created_at), str(job_id)
     except Exception:
         raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor") from None

@@ -103,7 +103,7 @@ class Route:
         # 422 for an unknown query parameter, on every route.
         found = set(self.answers) | set(self.errors) | {422, 503}
         if self.caller != "anyone":
-            found |= {401, 403}
+            found |= {401, 403, 429}  # 429: the client's address gave too many wrong credentials
         if self.body is not None:
             found |= {400, 413}
         return sorted(found)

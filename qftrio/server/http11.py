@@ -23,6 +23,13 @@ the socket, so a client that goes away is seen as ``http.disconnect`` (a
 long poll relies on that); bytes of a pipelined next request read meanwhile
 are parsed and kept for it.
 
+Connections are capped in all (``max_connections``) and per client address
+(``max_connections_per_address``), so that one address cannot take every
+connection. A peer that is a trusted proxy is not capped by address (the
+proxy limits its own clients); the client address it names in
+``X-Forwarded-For`` is the request's ASGI ``client``, which the application
+throttles by.
+
 Whatever a client sends, its connection's task ends on its own: an error
 there is logged once, and the server goes on. Malformed requests get a JSON
 error (400, 408, 413, 417, 431, 501 or 505) and the connection is closed,
@@ -36,10 +43,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import email.utils
+import ipaddress
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from http import HTTPStatus
 from typing import Any, NamedTuple
 from urllib.parse import unquote
@@ -48,6 +56,7 @@ import httptools
 import trio
 
 from .._json import dumps
+from .throttle import client_key
 
 __all__ = ["serve_asgi", "KEEP_ALIVE_SECS"]
 
@@ -85,6 +94,10 @@ RESERVED_FDS = 256
 #: when no idle connection can be closed to make room; more wait in the
 #: listen backlog.
 MAX_REFUSING = 64
+#: Connections open at once from one client address, by default; past it,
+#: an address's connections are answered 503, this many at a time.
+MAX_CONNECTIONS_PER_ADDRESS = 256
+MAX_REFUSING_PER_ADDRESS = 8
 READ_SIZE = 65536
 
 _NO_BODY_STATUS = frozenset({204, 304})
@@ -130,19 +143,54 @@ _date = _Date()
 
 
 class _Server:
-    def __init__(self, app: Any, lifespan_state: dict[str, Any], max_connections: int, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: Any,
+        lifespan_state: dict[str, Any],
+        max_connections: int,
+        max_body_bytes: int,
+        max_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
+        trusted_proxies: Sequence[str] = (),
+    ) -> None:
         self.app = app
         self.state = lifespan_state
         self.max_connections = max_connections
         self.max_body_bytes = max_body_bytes
+        self.max_per_address = max_per_address
+        self.trusted_proxies = [ipaddress.ip_network(proxy, strict=False) for proxy in trusted_proxies]
         self.slots = trio.Semaphore(max_connections + MAX_REFUSING)
         self.full_logged_at = -math.inf
         self.closing = False
-        #: Connections waiting for a next request, oldest first: the first
-        #: to close when the server is full or closing.
-        self.idle: dict[trio.CancelScope, None] = {}
+        #: Connections waiting for a next request, oldest first, with their
+        #: client address: the first to close when the server (or their
+        #: address's share) is full, or closing.
+        self.idle: dict[trio.CancelScope, str | None] = {}
         self.connections = 0
+        #: Connections open by client address (trusted proxies left out),
+        #: and those being refused for being past it.
+        self.by_address: dict[str, int] = {}
+        self.refusing: dict[str, int] = {}
         self.drained = trio.Event()
+
+    def trusted(self, host: str) -> bool:
+        """Whether *host* is a trusted proxy."""
+        if not self.trusted_proxies:
+            return False
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in network for network in self.trusted_proxies)
+
+    def address_of(self, stream: trio.SocketStream) -> str | None:
+        """The address *stream*'s connection counts against (None: uncapped)."""
+        try:
+            peer = _address(stream.socket.getpeername())
+        except OSError:
+            return None
+        if peer is None or self.trusted(peer[0]):
+            return None
+        return client_key(peer[0])
 
     def begin_closing(self) -> None:
         """Stop keeping connections alive: idle ones close now, busy ones
@@ -153,9 +201,17 @@ class _Server:
         if self.connections == 0:
             self.drained.set()
 
-    def make_room(self) -> bool:
-        """Whether a new connection may be served: below the limit, or once
-        the longest idle connection is told to close."""
+    def make_room(self, address: str | None) -> bool:
+        """Whether a new connection from *address* may be served: below the
+        limits, or once the longest idle connection (of that address, when
+        it is the address's share that is full) is told to close."""
+        if address is not None and self.by_address.get(address, 0) >= self.max_per_address:
+            for scope, idle_address in self.idle.items():
+                if idle_address == address:
+                    del self.idle[scope]
+                    scope.cancel()
+                    return True
+            return False
         if self.connections < self.max_connections:
             return True
         now = trio.current_time()
@@ -172,10 +228,12 @@ class _Server:
         scope.cancel()
         return True
 
-    async def handle(self, stream: trio.SocketStream) -> None:
+    async def handle(self, stream: trio.SocketStream, address: str | None) -> None:
         self.connections += 1
+        if address is not None:
+            self.by_address[address] = self.by_address.get(address, 0) + 1
         try:
-            connection = _Connection(self, stream)
+            connection = _Connection(self, stream, address)
             await connection.run()
             if connection.linger:
                 await connection.linger_close()
@@ -187,23 +245,45 @@ class _Server:
             log.exception("a connection failed")
         finally:
             self.connections -= 1
+            if address is not None:
+                left = self.by_address.pop(address) - 1
+                if left:
+                    self.by_address[address] = left
             if self.closing and self.connections == 0:
                 self.drained.set()
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
             self.slots.release()
 
-    async def refuse(self, stream: trio.SocketStream) -> None:
-        """Answer a connection past the limit with a 503, and close it."""
+    async def refuse(self, stream: trio.SocketStream, address: str | None) -> None:
+        """Answer a connection past a limit with a 503, and close it; an
+        address past its own limit gets at most ``MAX_REFUSING_PER_ADDRESS``
+        such answers at a time, and its further connections are closed at
+        once, so that its refusals cannot take the slots others need."""
+        over = address is not None and self.by_address.get(address, 0) >= self.max_per_address
+        if over:
+            assert address is not None
+            message = "too many connections are open from this address"
+            answer = self.refusing.get(address, 0) < MAX_REFUSING_PER_ADDRESS
+            self.refusing[address] = self.refusing.get(address, 0) + 1
+        else:
+            message = "the server has too many connections open"
+            answer = True
         try:
-            connection = _Connection(self, stream)
-            await connection.refuse(_BadRequest(503, "unavailable", "the server has too many connections open"))
-            await connection.linger_close()
+            if answer:
+                connection = _Connection(self, stream, address)
+                await connection.refuse(_BadRequest(503, "unavailable", message))
+                await connection.linger_close()
         except _Closed:
             pass
         except Exception:
             log.exception("refusing a connection failed")
         finally:
+            if over:
+                assert address is not None
+                left = self.refusing.pop(address) - 1
+                if left:
+                    self.refusing[address] = left
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
             self.slots.release()
@@ -225,9 +305,11 @@ class _Connection:
     in turn. The parser's callbacks (the ``on_*`` methods) run inside
     :meth:`_feed` and only queue events or raise :class:`_BadRequest`."""
 
-    def __init__(self, server: _Server, stream: trio.SocketStream) -> None:
+    def __init__(self, server: _Server, stream: trio.SocketStream, address: str | None) -> None:
         self.server = server
         self.stream = stream
+        #: The address this connection counts against (None: a trusted proxy).
+        self.address = address
         self.parser = httptools.HttpRequestParser(self)
         # every leniency is off by default; say so, so that a later default
         # cannot turn one on unseen
@@ -354,7 +436,7 @@ class _Connection:
         """:meth:`_receive` between requests: empty after ``KEEP_ALIVE_SECS``
         or when the server closes the connection to make room or to stop."""
         with trio.CancelScope(deadline=trio.current_time() + KEEP_ALIVE_SECS) as idle:
-            self.server.idle[idle] = None
+            self.server.idle[idle] = self.address
             try:
                 return await self._receive()
             finally:
@@ -598,11 +680,30 @@ class _Exchange:
             "query_string": url.query or b"",
             "root_path": "",
             "headers": request.headers,
-            "client": connection.peer,
+            "client": self._client(),
             "server": connection.local,
             "extensions": {},
             "state": dict(connection.server.state),
         }
+
+    def _client(self) -> tuple[str, int] | None:
+        """The client: the peer, or, when the peer is a trusted proxy, the
+        address the proxies name in ``X-Forwarded-For`` (the rightmost that
+        is not itself a trusted proxy)."""
+        peer = self.connection.peer
+        server = self.connection.server
+        if peer is None or not server.trusted(peer[0]):
+            return peer
+        forwarded = b",".join(value for name, value in self.request.headers if name == b"x-forwarded-for")
+        for item in reversed(forwarded.split(b",")):
+            host = item.strip().decode("latin-1")
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                break  # not an address: the proxy's own is what is known
+            if not server.trusted(host):
+                return host, 0
+        return peer
 
     # -- the request body -------------------------------------------------
 
@@ -867,6 +968,8 @@ async def serve_asgi(
     graceful_timeout_secs: float,
     max_connections: int | None = None,
     max_body_bytes: int = 1 << 20,
+    max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
+    trusted_proxies: Sequence[str] = (),
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve *app* on *host*:*port* until *shutdown_trigger* returns, then
@@ -877,7 +980,12 @@ async def serve_asgi(
     limit on open files, less ``RESERVED_FDS``). When a client connects
     past that, the longest idle connection is closed to make room; with none
     idle, the client is answered 503 at once (up to ``MAX_REFUSING`` at a
-    time; more wait in the listen backlog).
+    time; more wait in the listen backlog). At most
+    *max_connections_per_address* are served at once from one client address
+    (an IPv6 client's ``/64``), alike: its own longest idle connection is
+    closed, or it is answered 503. Peers in *trusted_proxies* (addresses or
+    networks) are not capped by address, and the client address they give in
+    ``X-Forwarded-For`` is the request's ``client``.
 
     A request body and its trailers together are at most *max_body_bytes*
     long (413).
@@ -887,7 +995,14 @@ async def serve_asgi(
     """
     state: dict[str, Any] = {}
     listeners = await trio.open_tcp_listeners(port, host=host.strip("[]") or None)
-    server = _Server(app, state, max_connections or _default_max_connections(), max_body_bytes)
+    server = _Server(
+        app,
+        state,
+        max_connections or _default_max_connections(),
+        max_body_bytes,
+        max_connections_per_address,
+        trusted_proxies,
+    )
     try:
         async with _lifespan(app, state):
             async with trio.open_nursery() as connections:
@@ -935,7 +1050,8 @@ async def _accept(listener: trio.SocketListener, server: _Server, connections: t
             log.warning("accepting a connection failed: %s", exc)
             await trio.sleep(0.1)
             continue
-        connections.start_soon(server.handle if server.make_room() else server.refuse, stream)
+        address = server.address_of(stream)
+        connections.start_soon(server.handle if server.make_room(address) else server.refuse, stream, address)
 
 
 def _url(listener: trio.SocketListener) -> str:

@@ -25,6 +25,7 @@ from .http11 import serve_asgi
 from .protocol import ProtocolFront
 from .store.sqlite import open_sqlite_store
 from ..worker.runtime import DEFAULT_WARN_BLOCKED_SECS, Worker, watch_blocking
+from .throttle import Throttle, ThrottleFront
 
 __all__ = ["serve", "run_server", "open_engine"]
 
@@ -144,7 +145,19 @@ async def run_server(
 ) -> None:
     """:func:`serve` on an engine the caller opened (``config``'s store
     settings are not used)."""
-    credentials = Credentials(worker_token=config.worker_token, tenants=config.tenants, dev=config.dev)
+    throttle = Throttle(
+        burst=config.failed_credentials_burst,
+        refill_secs=config.failed_credentials_refill_secs,
+        clock=trio.current_time,
+    )
+    credentials = Credentials(
+        worker_token=config.worker_token,
+        tenants=config.tenants,
+        dev=config.dev,
+        metrics_token=config.metrics_token,
+        throttle=throttle,
+    )
+    engine.metrics.set_limits(max_queues=config.metrics_queues, max_kinds=config.metrics_kinds)
     async with trio.open_nursery() as background:
         await background.start(
             lambda task_status: engine.run_janitor(
@@ -171,11 +184,14 @@ async def run_server(
                 # One watchdog for them all: one blocked loop, one warning.
                 background.start_soon(watch_blocking, DEFAULT_WARN_BLOCKED_SECS, workers)
             if config.mode in ("api", "all"):
-                app = ProtocolFront(
-                    create_app(engine, credentials, max_body_bytes=config.max_body_bytes),
-                    engine,
-                    credentials,
-                    max_body_bytes=config.max_body_bytes,
+                app = ThrottleFront(
+                    ProtocolFront(
+                        create_app(engine, credentials, max_body_bytes=config.max_body_bytes),
+                        engine,
+                        credentials,
+                        max_body_bytes=config.max_body_bytes,
+                    ),
+                    throttle,
                 )
                 host, _, port = config.bind.rpartition(":")
                 try:
@@ -187,6 +203,8 @@ async def run_server(
                             shutdown_trigger=trigger,
                             graceful_timeout_secs=config.graceful_timeout_secs,
                             max_body_bytes=config.max_body_bytes,
+                            max_connections_per_address=config.max_connections_per_address,
+                            trusted_proxies=config.trusted_proxies,
                             task_status=task_status,
                         )
                     )

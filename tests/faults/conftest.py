@@ -30,8 +30,8 @@ from ..processes import ROOT, free_port, spawn, wait_healthy
 
 T = TypeVar("T")
 
-WORKER_TOKEN = "faults-worker"
-TENANT_TOKEN = "faults-tenant"
+WORKER_TOKEN = "faults-worker-token"
+TENANT_TOKEN = "faults-tenant-token"
 TENANT = "faults"
 
 HANDLERS = textwrap.dedent(

@@ -421,9 +421,16 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
 
     # -- signing in and out ------------------------------------------------
 
+
     def _next(value: str | None) -> str:
-        # Only a path of the dashboard itself: never an open redirect.
-        if value and value.startswith(PREFIX + "/") and not value.startswith("//"):
+        # Only a path of the dashboard itself: never an open redirect, and
+        # only printable ASCII with no backslash, so nothing can break out
+        # of the Location header or be read as another host.
+        if (
+            value
+            and value.startswith(PREFIX + "/")
+            and all(" " < c < "\x7f" and c != "\\" for c in value)
+        ):
             return value
         return f"{PREFIX}/"
 
@@ -438,13 +445,14 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
         target = _next(form.get("next"))
         try:
             credentials.tenant(f"Bearer {token}")
-        except errors.ApiError as exc:
-            return await page("dashboard/signin.html", 401, next=target, problem=exc.message)
+        except errors.ApiError as exc:  # 401, or 429 (the front adds Retry-After)
+            return await page("dashboard/signin.html", exc.status_code, next=target, problem=exc.message)
         response = redirect(target, 303)
         response.set_cookie(
             COOKIE, token, path=PREFIX, httponly=True, samesite="Strict", secure=_over_tls()
         )
         return response
+
 
     @bp.post("/signout")
     @action

@@ -489,18 +489,21 @@ SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' OR
 -- or of those "{where}" names ($2, $3), and per queue one probe of an index
 -- for each time; the next lease walks the queue's running jobs, whose number
 -- the workers bound.
+-- Counts and pauses are joined to the pairs (hash joins), not looked up in
+-- the CTEs per pair, which would be quadratic in the number of queues.
 WITH counts AS (
-    SELECT tenant, queue, status, sum(n) AS n FROM qftrio_job_counts WHERE true {where}
-    GROUP BY tenant, queue, status HAVING sum(n) <> 0
+    SELECT tenant, queue, jsonb_object_agg(status, n) AS counts FROM (
+        SELECT tenant, queue, status, sum(n) AS n FROM qftrio_job_counts WHERE true {where}
+        GROUP BY tenant, queue, status HAVING sum(n) <> 0
+    ) AS s GROUP BY tenant, queue
 ), paused AS (
     SELECT tenant, queue FROM qftrio_queue_pauses WHERE true {where}
 ), pairs AS (
     SELECT tenant, queue FROM counts UNION SELECT tenant, queue FROM paused
 )
 SELECT p.tenant, p.queue,
-    coalesce((SELECT jsonb_object_agg(c.status, c.n) FROM counts AS c
-              WHERE c.tenant = p.tenant AND c.queue = p.queue), '{{}}'::jsonb) AS counts,
-    EXISTS (SELECT 1 FROM paused AS x WHERE x.tenant = p.tenant AND x.queue = p.queue) AS paused,
+    coalesce(c.counts, '{{}}'::jsonb) AS counts,
+    x.queue IS NOT NULL AS paused,
     (SELECT j.scheduled_at FROM qftrio_jobs AS j
      WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at <= $1
      ORDER BY j.scheduled_at LIMIT 1) AS oldest_ready_at,
@@ -511,6 +514,8 @@ SELECT p.tenant, p.queue,
         (SELECT min(j.locked_until) FROM qftrio_jobs AS j
          WHERE j.queue = p.queue AND j.status = 'running' AND j.tenant = p.tenant)) AS next_available_at
 FROM pairs AS p
+LEFT JOIN counts AS c ON c.tenant = p.tenant AND c.queue = p.queue
+LEFT JOIN paused AS x ON x.tenant = p.tenant AND x.queue = p.queue
 ORDER BY p.queue COLLATE "C", p.tenant COLLATE "C";
 
 -- name: counts_fold
