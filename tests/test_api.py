@@ -1,4 +1,4 @@
-"""The application API (DESIGN §3) over real HTTP, on every backend."""
+"""The application API (docs/protocol.md) over real HTTP, on every backend."""
 
 from __future__ import annotations
 

@@ -148,7 +148,8 @@ async def test_pause_resume_bulk_and_workers(tenant: Client, worker: Client) -> 
     assert await tenant.workers() == []
     with pytest.raises(errors.InvalidInput, match="status"):
         await tenant.jobs_bulk("retry", status="pending")  # the server's rule
-    for bad in ({"action": "purge"}, {"action": "cancel", "limit": 0}, {"action": "cancel", "queue": "a b"}):
+    assert await tenant.jobs_bulk("cancel", all=True) == 1  # no filter: every pending or running job
+    for bad in ({"action": "purge"}, {"action": "cancel", "limit": 0}, {"action": "cancel", "queue": "a b"}, {"action": "cancel"}):
         with pytest.raises(errors.InvalidInput):
             await Client("http://127.0.0.1:1").jobs_bulk(**bad)  # refused before the network
 
