@@ -1,10 +1,13 @@
-"""Seams that keep one thing in one place: no import cycle in the package,
-and the worker's two transports (over HTTP, and in-process against the
-engine) answering each report with the same outcome, on every backend."""
+"""Seams that keep one thing in one place: no import cycle in the package;
+a job's wire form and schema derived from its fields; the worker's two
+transports (over HTTP, and in-process against the engine) answering each
+report with the same outcome, on every backend."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,7 +15,19 @@ import pytest
 
 from qftrio import errors
 from qftrio.client import Client
-from qftrio.models import CompleteItem, EnqueueRequest, FailItem, HeartbeatItem, HeartbeatReply, Outcome, ReportReply
+from qftrio.models import (
+    CompleteItem,
+    EnqueueRequest,
+    ErrorEntry,
+    FailItem,
+    HeartbeatItem,
+    HeartbeatReply,
+    Job,
+    JobAnswer,
+    Outcome,
+    ReportReply,
+    Status,
+)
 from qftrio.server.inprocess import EngineTransport
 from qftrio.worker.transport import HttpTransport, Transport
 
@@ -111,3 +126,28 @@ async def test_both_transports_refuse_the_nul_character_in_a_report(
             await transport.fail([FailItem(lease.job.id, lease.lease_token, "\x00")])
         job = await server.engine.job_get("acme", lease.job.id)
         assert (job.status.value, job.result, job.error) == ("running", None, None), name
+
+
+def test_a_job_s_wire_form_and_schema_follow_its_fields() -> None:
+    job = Job(
+        id="01a22c53-8200-7e63-a775-0bf6e4422d36", tenant="t", queue="q", kind="k", payload={"p": [1]},
+        status=Status.FAILED, priority=-3, attempt=2, max_attempts=2, scheduled_at=1.5e9, created_at=1.5e9 - 1,
+        updated_at=1.5e9 + 0.25, locked_until=1.5e9 + 60, worker_id="w", result={"r": 1}, error="boom",
+        errors=(ErrorEntry(attempt=1, error="first", at=1.5e9 + 0.5),), workflow_id="wf", step="s", context={"c": 2},
+    )  # fmt: skip
+    wire = job.to_wire()
+    names = [field.name for field in dataclasses.fields(Job)]
+    assert list(wire) == names == list(JobAnswer.model_fields)
+    assert wire["status"] == "failed" and wire["updated_at"] == "2017-07-14T02:40:00.250000Z"
+    assert wire["errors"] == [{"attempt": 1, "error": "first", "at": "2017-07-14T02:40:00.500000Z"}]
+    assert Job.from_wire(wire) == job and Job.from_wire(json.loads(json.dumps(wire))) == job
+    JobAnswer.model_validate(wire)  # the schema /openapi.json shows holds the wire form
+    # the fields with a default may be left out of what is read
+    required = [field.name for field in dataclasses.fields(Job) if field.default is dataclasses.MISSING]
+    bare = {name: wire[name] for name in required}
+    assert Job.from_wire(bare) == dataclasses.replace(
+        job, locked_until=None, worker_id=None, result=None, error=None, errors=(), workflow_id=None, step=None, context=None
+    )
+    schema = JobAnswer.model_json_schema()
+    assert set(schema["required"]) == set(names)
+    assert schema["properties"]["locked_until"]["anyOf"][1] == {"type": "null"}
