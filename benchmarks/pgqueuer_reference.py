@@ -22,7 +22,7 @@ pgqueuer's ``Queries.enqueue`` with one job, and ``POST /api/v1/jobs`` from one
 keep-alive ``qftrio.Client``.
 
 The ``qf-inproc`` configurations run the handlers in the server instead:
-W ``qftrio serve --handlers`` processes on the same database (DESIGN §5: the
+W ``qftrio serve --handlers`` processes on the same database (docs/worker.md: the
 worker runtime against the engine, no HTTP), the same process count as
 pgqueuer's W workers. They start on a paused queue, which is resumed once
 every one of them answers; their CPU per job (handlers, engine and store

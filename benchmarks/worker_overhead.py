@@ -41,8 +41,7 @@ if _FROM not in sys.path:
 
 import trio
 
-from qftrio.client import HeartbeatReply, ReportReply
-from qftrio.models import Job, Lease, Status
+from qftrio.models import HeartbeatReply, Job, Lease, Outcome, ReportReply, Status
 from qftrio.worker.registry import Registry
 from qftrio.worker.runtime import Worker, WorkerEvent
 from qftrio.worker.transport import CompleteItem, FailItem, HeartbeatItem, Transport
@@ -97,7 +96,7 @@ class FakeTransport(Transport):
 
     async def heartbeat(self, items: Sequence[HeartbeatItem]) -> list[HeartbeatReply]:
         self.heartbeats += len(items)
-        return [HeartbeatReply(job_id=i.job_id, code=200, status="running") for i in items]
+        return [HeartbeatReply(job_id=i.job_id, outcome=Outcome.OK, status="running") for i in items]
 
     def _count(self, n: int) -> None:
         self.report_calls += 1
@@ -107,12 +106,12 @@ class FakeTransport(Transport):
     async def complete(self, items: Sequence[CompleteItem]) -> list[ReportReply]:
         self.completed += len(items)
         self._count(len(items))
-        return [ReportReply(job_id=i.job_id, code=204) for i in items]
+        return [ReportReply(job_id=i.job_id, outcome=Outcome.OK) for i in items]
 
     async def fail(self, items: Sequence[FailItem]) -> list[ReportReply]:
         self.failed += len(items)
         self._count(len(items))
-        return [ReportReply(job_id=i.job_id, code=204) for i in items]
+        return [ReportReply(job_id=i.job_id, outcome=Outcome.OK) for i in items]
 
 
 def make_registry() -> Registry:

@@ -175,15 +175,17 @@ def _jobs(args: argparse.Namespace) -> int:
     if args.jobs_command in ("retry", "cancel", "delete"):
         given = [f"--{name.replace('_', '-')}" for name in _FILTERS if getattr(args, name) is not None]
         if getattr(args, "id", None) is None:
-            if not given:
+            if not given and not args.all:
                 one = "a job id or " if args.jobs_command != "delete" else ""
                 raise errors.ConfigError(
                     f"jobs {args.jobs_command} needs {one}at least one filter: "
-                    "--queue, --status, --kind, --created-after, --created-before"
+                    "--queue, --status, --kind, --created-after, --created-before (or --all)"
                 )
             return _client_call(args, _bulk_call(args))
-        if given or args.limit is not None:
-            raise errors.ConfigError(f"give a job id or filters, not both ({', '.join(given) or '--limit'})")
+        if given or args.limit is not None or args.all:
+            raise errors.ConfigError(
+                f"give a job id or filters, not both ({', '.join(given) or ('--all' if args.all else '--limit')})"
+            )
 
     async def call(client: Any) -> Any:
         if args.jobs_command == "list":
@@ -200,7 +202,8 @@ def _jobs(args: argparse.Namespace) -> int:
 def _bulk_call(args: argparse.Namespace) -> Callable[[Any], Awaitable[Any]]:
     async def call(client: Any) -> Any:
         filters = {name: getattr(args, name) for name in _FILTERS}
-        return {"count": await client.jobs_bulk(args.jobs_command, **filters, limit=args.limit)}
+        count = await client.jobs_bulk(args.jobs_command, **filters, limit=args.limit, all=args.all)
+        return {"count": count}
 
     return call
 
@@ -432,6 +435,9 @@ def _add_filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--created-after", metavar="TIME", help="RFC 3339: jobs created at or after")
     parser.add_argument("--created-before", metavar="TIME", help="RFC 3339: jobs created before")
     parser.add_argument("--limit", type=_positive_int, help="change at most this many jobs (default 10000)")
+    parser.add_argument(
+        "--all", action="store_true", help="with no filter: every job of the tenant the action applies to"
+    )
 
 
 def _positive_int(text: str) -> int:

@@ -44,13 +44,16 @@ from .models import (
     CompleteItem,
     FailItem,
     HeartbeatItem,
+    HeartbeatReply,
     EnqueueBatchRequest,
     EnqueueRequest,
     Job,
     Lease,
     LeaseRequest,
     NAME_PATTERN,
+    Outcome,
     QueueStats,
+    ReportReply,
     Status,
     WorkerInfo,
     Workflow,
@@ -82,31 +85,6 @@ class InvalidArgument(errors.InvalidInput):
     was not asked. The message names the field and says what is wrong."""
 
     code = "invalid_argument"
-
-
-# --------------------------------------------------------------------------
-# Per-item replies of the batch routes.
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class HeartbeatReply:
-    """One heartbeat's answer. ``code`` is what the single route would have
-    answered: 200 (then ``status`` is set, and ``locked_until`` too when the
-    lease was extended), 404 unknown job, 409 stale token."""
-
-    job_id: str
-    code: int
-    status: str | None = None
-    locked_until: float | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class ReportReply:
-    """One complete's or fail's answer: 204 recorded (or replayed), 404
-    unknown job, 409 lease no longer held."""
-
-    job_id: str
-    code: int
 
 
 def _segment(value: object) -> str:
@@ -261,17 +239,24 @@ def _heartbeat(data: Any) -> tuple[str, float | None]:
     return data["status"], parse_time(data.get("locked_until"))
 
 
+# The batch routes answer each item with the status the single route would
+# have given; the replies carry the outcome it stands for.
+
+
 def _heartbeat_replies(data: Any) -> list[HeartbeatReply]:
     return [
         HeartbeatReply(
-            job_id=r["id"], code=int(r["code"]), status=r.get("status"), locked_until=parse_time(r.get("locked_until"))
+            job_id=r["id"],
+            outcome=Outcome.of_code(r["code"]),
+            status=r.get("status"),
+            locked_until=parse_time(r.get("locked_until")),
         )
         for r in data["results"]
     ]
 
 
 def _report_replies(data: Any) -> list[ReportReply]:
-    return [ReportReply(job_id=r["id"], code=int(r["code"])) for r in data["results"]]
+    return [ReportReply(job_id=r["id"], outcome=Outcome.of_code(r["code"])) for r in data["results"]]
 
 
 def _jobs(data: Any) -> list[Job]:
@@ -643,16 +628,20 @@ class _Api(Generic[X]):
         created_after: float | _dt.datetime | None = None,
         created_before: float | _dt.datetime | None = None,
         limit: int | None = None,
+        all: bool = False,
     ) -> Call[int]:
         """``retry``, ``cancel`` or ``delete`` every job matching the filters
         (at most *limit*, default 10,000), each as the single-job call would;
         returns how many changed. Times are epoch seconds or aware datetimes
-        (``created_after <= created_at < created_before``).
+        (``created_after <= created_at < created_before``). With no filter,
+        pass ``all=True`` to act on every job of the tenant the action
+        applies to.
 
         Raises:
-            InvalidInput: an unknown *action*, or a *status* the action does
-                not apply to (retry: failed, cancelled; cancel: pending,
-                running; delete: completed, failed, cancelled).
+            InvalidInput: an unknown *action*, no filter and not *all*, or a
+                *status* the action does not apply to (retry: failed,
+                cancelled; cancel: pending, running; delete: completed,
+                failed, cancelled).
         """
         if action not in ("retry", "cancel", "delete"):
             raise InvalidArgument(f"action: not one of retry, cancel, delete: {action!r}")
@@ -664,6 +653,7 @@ class _Api(Generic[X]):
             created_after=_time(created_after),
             created_before=_time(created_before),
             **({} if limit is None else {"limit": limit}),
+            **({"all": True} if all else {}),
         )
         return Call("POST", f"/api/v1/jobs/bulk/{action}", _count, json_body=body)
 

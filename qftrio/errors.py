@@ -37,6 +37,7 @@ __all__ = [
     "ConfigError",
     "PermanentError",
     "error_for_status",
+    "is_transient",
 ]
 
 
@@ -161,3 +162,13 @@ def error_for_status(status_code: int, code: str | None, message: str | None) ->
     if cls is ApiError:
         err.status_code = status_code
     return err
+
+
+def is_transient(status_code: int) -> bool:
+    """Whether an error answer with this status may be different if the same
+    request is sent again: a request timeout, throttling (429), or a server
+    error (the server, or a proxy before it, is down or busy for a while)
+    other than those that say what it will never do (``501 Not
+    Implemented``, ``505 HTTP Version Not Supported``). Any other error
+    answer lasts."""
+    return status_code in (408, 429) or (status_code >= 500 and status_code not in (501, 505))

@@ -18,9 +18,28 @@ import functools
 import math
 import re
 import time
+import types
+import typing
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    create_model,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from . import errors
+from ._json import dumps as _json_dumps
 
 __all__ = [
     "NAME_PATTERN",
@@ -35,6 +54,11 @@ __all__ = [
     "StepStatus",
     "WorkflowStep",
     "Workflow",
+    "Outcome",
+    "HeartbeatReply",
+    "ReportReply",
+    "find_nul",
+    "refuse_nul",
     "format_time",
     "parse_time",
 ]
@@ -52,7 +76,8 @@ MAX_WORKFLOW_STEPS = 1000
 MAX_WORKFLOW_DEPENDENCIES = 20_000
 #: ``GET /api/v1/workflows`` pages hold at most this many workflows.
 MAX_WORKFLOWS_PAGE = 100
-#: Field caps of request bodies (docs/protocol.md lists them).
+#: Field caps of request bodies (docs/protocol.md lists them). The worker
+#: runtime checks its worker id and cuts its errors to these too.
 MAX_WORKER_ID = 200
 MAX_TOKEN = 200
 MAX_ERROR = 65536
@@ -152,9 +177,23 @@ class ErrorEntry:
         return cls(attempt=data["attempt"], error=data["error"], at=parse_time(data["at"]) or 0.0)
 
 
+class _Rfc3339:
+    """Marks a field held as epoch seconds and carried as an RFC 3339 string."""
+
+
+#: A time: epoch seconds inside qftrio, an RFC 3339 UTC string on the wire.
+Epoch = Annotated[float, _Rfc3339]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Job:
-    """A job as the API shows it (see DESIGN §1)."""
+    """A job as the API shows it (docs/protocol.md, "The job").
+
+    Its fields are declared here alone: its wire form (:meth:`to_wire`,
+    :meth:`from_wire`) and its schema in /openapi.json (``JobAnswer``)
+    follow from them (:class:`_WireForm`). A field with a default may be
+    left out of the wire form read.
+    """
 
     id: str
     tenant: str
@@ -165,10 +204,10 @@ class Job:
     priority: int
     attempt: int
     max_attempts: int
-    scheduled_at: float
-    created_at: float
-    updated_at: float
-    locked_until: float | None = None
+    scheduled_at: Epoch
+    created_at: Epoch
+    updated_at: Epoch
+    locked_until: Epoch | None = None
     worker_id: str | None = None
     result: dict[str, Any] | None = None
     error: str | None = None
@@ -177,60 +216,104 @@ class Job:
     step: str | None = None
     context: dict[str, Any] | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "tenant": self.tenant,
-            "queue": self.queue,
-            "kind": self.kind,
-            "payload": self.payload,
-            "status": self.status.value,
-            "priority": self.priority,
-            "attempt": self.attempt,
-            "max_attempts": self.max_attempts,
-            "scheduled_at": format_time(self.scheduled_at),
-            "created_at": format_time(self.created_at),
-            "updated_at": format_time(self.updated_at),
-            "locked_until": format_time(self.locked_until),
-            "worker_id": self.worker_id,
-            "result": self.result,
-            "error": self.error,
-            "errors": [e.to_wire() for e in self.errors],
-            "workflow_id": self.workflow_id,
-            "step": self.step,
-            "context": self.context,
-        }
+    if typing.TYPE_CHECKING:  # generated below, by _WireForm
 
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> Job:
-        # A worker builds one per leased job: the status comes from a dict
-        # lookup rather than Status(), and parse_time() tests for strings
-        # first (docs/performance.md).
-        get = data.get
-        status = data["status"]
-        errors = get("errors")
-        return cls(
-            id=data["id"],
-            tenant=data["tenant"],
-            queue=data["queue"],
-            kind=data["kind"],
-            payload=get("payload") or {},
-            status=STATUS_OF.get(status) or Status(status),
-            priority=get("priority", 0),
-            attempt=get("attempt", 0),
-            max_attempts=get("max_attempts", 5),
-            scheduled_at=parse_time(data["scheduled_at"]) or 0.0,
-            created_at=parse_time(data["created_at"]) or 0.0,
-            updated_at=parse_time(data["updated_at"]) or 0.0,
-            locked_until=parse_time(get("locked_until")),
-            worker_id=get("worker_id"),
-            result=get("result"),
-            error=get("error"),
-            errors=tuple(ErrorEntry.from_wire(e) for e in errors) if errors else (),
-            workflow_id=get("workflow_id"),
-            step=get("step"),
-            context=get("context"),
+        def to_wire(self) -> dict[str, Any]: ...
+
+        @classmethod
+        def from_wire(cls, data: dict[str, Any]) -> Job: ...
+
+
+class _WireForm:
+    """The wire form of a record class, from its fields' types: a time
+    (:data:`Epoch`) as an RFC 3339 string, an enum as its value, a tuple of
+    records as a list of their wire forms, anything else as it is; and the
+    pydantic model of that form (:meth:`answer_model`), for /openapi.json.
+
+    ``to_wire`` and ``from_wire`` are generated as source and set on the
+    class, the way :mod:`dataclasses` generates ``__init__``: every leased
+    job goes through them, on the server and in the worker, and a loop over
+    the fields costs 70 % more per job than the written-out form.
+    """
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.hints = typing.get_type_hints(cls, include_extras=True)
+        self.fields = dataclasses.fields(cls)
+        env: dict[str, Any] = {"__name__": cls.__module__, "format_time": format_time, "parse_time": parse_time}
+        out, read = [], []
+        for field in self.fields:
+            name = field.name
+            kind, inner, optional = self._kind(self.hints[name])
+            value, got = f"self.{name}", self._read(field, env)
+            if kind == "time":
+                out.append(f"{name!r}: format_time({value})")
+                got = f"parse_time({got})"
+            elif kind == "enum":
+                env[f"_lookup_{name}"] = {member.value: member for member in inner}
+                env[f"_enum_{name}"] = inner
+                wire = f"{value}.value"
+                out.append(f"{name!r}: None if {value} is None else {wire}" if optional else f"{name!r}: {wire}")
+                member = f"(_lookup_{name}.get({got}) or _enum_{name}({got}))"  # a dict lookup first: faster
+                got = f"(None if {got} is None else {member})" if optional else member
+            elif kind == "records":
+                env[f"_records_{name}"] = functools.partial(_records, inner.from_wire)
+                out.append(f"{name!r}: [item.to_wire() for item in {value}]")
+                got = f"_records_{name}({got})"
+            else:
+                out.append(f"{name!r}: {value}")
+            read.append(f"{name}={got}")
+        source = (
+            "def to_wire(self):\n    return {" + ", ".join(out) + "}\n"
+            "def from_wire(cls, data):\n    get = data.get\n    return cls(" + ", ".join(read) + ")\n"
         )
+        exec(source, env)
+        self.to_wire: Callable[[Any], dict[str, Any]] = env["to_wire"]
+        self.from_wire: Callable[[type, dict[str, Any]], Any] = env["from_wire"]
+        for function in (self.to_wire, self.from_wire):
+            function.__qualname__ = f"{cls.__qualname__}.{function.__name__}"
+        type.__setattr__(cls, "to_wire", self.to_wire)
+        type.__setattr__(cls, "from_wire", classmethod(self.from_wire))
+
+    @staticmethod
+    def _kind(hint: Any) -> tuple[str, Any, bool]:
+        """What *hint* is on the wire: ``(kind, the type inside, optional)``."""
+        args = typing.get_args(hint)
+        optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args
+        if optional:
+            (hint,) = [arg for arg in args if arg is not type(None)]
+        if typing.get_origin(hint) is Annotated and _Rfc3339 in hint.__metadata__:
+            return "time", hint, optional
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            return "enum", hint, optional
+        if typing.get_origin(hint) is tuple and hasattr(typing.get_args(hint)[0], "from_wire"):
+            return "records", typing.get_args(hint)[0], optional
+        return "plain", hint, optional
+
+    @staticmethod
+    def _read(field: dataclasses.Field[Any], env: dict[str, Any]) -> str:
+        name = field.name
+        if field.default is not dataclasses.MISSING:
+            env[f"_default_{name}"] = field.default
+            return f"get({name!r}, _default_{name})"
+        return f"data[{name!r}]"
+
+    def answer_model(self, name: str, doc: str, base: type[BaseModel], answers: dict[type, Any]) -> type[BaseModel]:
+        """The pydantic model of the wire form (every field given), records
+        inside it as *answers* maps them to their own models."""
+        fields: dict[str, Any] = {}
+        for field in self.fields:
+            kind, inner, optional = self._kind(self.hints[field.name])
+            wire: Any = {"time": Time, "records": list[answers.get(inner, inner)]}.get(kind, inner)
+            fields[field.name] = (wire | None if optional else wire, ...)
+        return create_model(name, __base__=base, __doc__=doc, **fields)  # type: ignore[call-overload, no-any-return]
+
+
+def _records(from_wire: Callable[[Any], Any], items: list[Any] | None) -> tuple[Any, ...]:
+    return tuple(map(from_wire, items)) if items else ()
+
+
+_JOB_WIRE = _WireForm(Job)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -309,7 +392,7 @@ class WorkerInfo:
 
 
 class WorkflowStatus(str, enum.Enum):
-    """The life cycle of a workflow (DESIGN §4)."""
+    """The life cycle of a workflow (docs/workflows.md)."""
 
     RUNNING = "running"
     COMPLETED = "completed"
@@ -453,6 +536,58 @@ class FailItem:
     retryable: bool = True
 
 
+class Outcome(enum.Enum):
+    """What a report (heartbeat, complete, fail) came to, item by item:
+    what the engine answers, what the worker's transports answer (over HTTP
+    or in-process alike), and what the worker acts on. Over HTTP each is a
+    status, the same on the single and the batch routes (:meth:`code`)."""
+
+    OK = "ok"  # applied, or an idempotent replay of what was applied
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"  # the token is not current, or the job was cancelled
+
+    def code(self, *, heartbeat: bool = False) -> int:
+        """The HTTP status of this outcome: a heartbeat that landed answers
+        200 (with the job's status), a complete or fail 204."""
+        if self is Outcome.OK:
+            return 200 if heartbeat else 204
+        return _OUTCOME_CODES[self]
+
+    @classmethod
+    def of_code(cls, code: int) -> Outcome:
+        """The outcome an HTTP status stands for (``ValueError`` for none)."""
+        if code in (200, 204):
+            return cls.OK
+        for outcome, known in _OUTCOME_CODES.items():
+            if known == code:
+                return outcome
+        raise ValueError(f"{code} is not the status of a report")
+
+
+_OUTCOME_CODES = {Outcome.NOT_FOUND: 404, Outcome.CONFLICT: 409}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class HeartbeatReply:
+    """One heartbeat's answer: ``OK`` (then ``status`` is set, and
+    ``locked_until`` too when the lease was extended), ``NOT_FOUND``
+    (unknown job) or ``CONFLICT`` (stale token)."""
+
+    job_id: str
+    outcome: Outcome
+    status: str | None = None
+    locked_until: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ReportReply:
+    """One complete's or fail's answer: ``OK`` recorded (or replayed),
+    ``NOT_FOUND`` unknown job, ``CONFLICT`` lease no longer held."""
+
+    job_id: str
+    outcome: Outcome
+
+
 # --------------------------------------------------------------------------
 # Request bodies (validated by the server, built by the client)
 
@@ -470,14 +605,78 @@ def _json_time(value: Any) -> Any:
     return value
 
 
+# PostgreSQL cannot store the character U+0000 in text or jsonb, and SQLite
+# can: refused in every string and JSON object of a request, both stores
+# keep the same things (docs/protocol.md, "Limits").
+_NUL = "\x00"
+_NUL_ESCAPED = b"\\u0000"  # how JSON writes it: no other way
+
+
+def find_nul(value: Any) -> str | None:
+    """Where *value* holds U+0000, in a string or a key: the path to it
+    (``"a.0.b"``; ``""`` for *value* itself), or ``None``."""
+    if isinstance(value, str):
+        return "" if _NUL in value else None
+    items: Any = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and _NUL in key:
+            return key.replace(_NUL, "\\u0000")
+        found = find_nul(item)
+        if found is not None:
+            return f"{key}.{found}" if found else str(key)
+    return None
+
+
+def _nul_path(value: dict[str, Any]) -> str | None:
+    # Serialising finds one far faster than walking the object, which is
+    # done only to say where it is (a backslash followed by "u0000" reads
+    # the same, hence the walk's word).
+    try:
+        if _NUL_ESCAPED not in _json_dumps(value):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return find_nul(value)
+
+
+_NUL_MESSAGE = "holds the character \\u0000{at}, which qftrio does not store"
+
+
+def _no_nul_text(value: str) -> str:
+    if _NUL in value:
+        raise PydanticCustomError("nul_character", _NUL_MESSAGE.format(at=""))
+    return value
+
+
+def _no_nul_object(value: dict[str, Any]) -> dict[str, Any]:
+    where = _nul_path(value)
+    if where is not None:
+        raise PydanticCustomError("nul_character", _NUL_MESSAGE.format(at=f" at {where}"))
+    return value
+
+
+def refuse_nul(value: dict[str, Any] | str, field: str) -> None:
+    """Raise :class:`~qftrio.errors.InvalidInput` naming *field* when
+    *value* holds U+0000: what a request body's model refuses, for what
+    reaches the engine without one (the in-process worker's reports)."""
+    where = find_nul(value) if isinstance(value, str) else _nul_path(value)
+    if where is not None:
+        at = f" at {where}" if where else ""
+        raise errors.InvalidInput(f"{field}: {_NUL_MESSAGE.format(at=at)}")
+
+
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 Int = Annotated[int, BeforeValidator(_json_number)]
 Number = Annotated[float, BeforeValidator(_json_number)]
 TimeInput = Annotated[_dt.datetime, BeforeValidator(_json_time)]
 #: A queue or kind name in a path, validated as in a body.
 NAME = TypeAdapter(Name)
-Token = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TOKEN)]
-JobId = Annotated[str, StringConstraints(max_length=MAX_JOB_ID)]
+#: Free text of a request: a string without U+0000.
+Text = Annotated[str, AfterValidator(_no_nul_text)]
+#: A JSON object of a request (payload, result, context): no U+0000 in it.
+JsonObject = Annotated[dict[str, Any], AfterValidator(_no_nul_object)]
+Token = Annotated[Text, StringConstraints(min_length=1, max_length=MAX_TOKEN)]
+JobId = Annotated[Text, StringConstraints(max_length=MAX_JOB_ID)]
 
 
 class _Body(BaseModel):
@@ -493,9 +692,12 @@ class JobConfig(_Body):
     queue: Name = "default"
     priority: Int = Field(0, ge=-(2**31), le=2**31 - 1)
     max_attempts: Int = Field(5, ge=1, le=1000)
-    delay_secs: Number | None = Field(None, ge=0, le=10 * 365 * 86400)
+    # The bounds on the float, before the number check: on the union, or
+    # after the check, they would be left out of /openapi.json, which would
+    # then let a negative delay through.
+    delay_secs: Annotated[float, Field(ge=0, le=10 * 365 * 86400), BeforeValidator(_json_number)] | None = None
     scheduled_at: TimeInput | None = None
-    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | None = None
+    idempotency_key: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | None = None
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobConfig:
@@ -510,7 +712,7 @@ class JobConfig(_Body):
 
 class EnqueueRequest(_Body):
     kind: Name
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: JsonObject = Field(default_factory=dict)
     config: JobConfig = Field(default_factory=JobConfig)
 
 
@@ -522,7 +724,7 @@ class LeaseRequest(_Body):
     max_jobs: Int = Field(1, ge=1, le=MAX_LEASE_JOBS)
     lease_secs: Int = Field(60, ge=1, le=MAX_LEASE_SECS)
     wait_secs: Number = Field(0, ge=0, le=MAX_WAIT_SECS)
-    worker_id: Annotated[str, StringConstraints(max_length=MAX_WORKER_ID)] | None = None
+    worker_id: Annotated[Text, StringConstraints(max_length=MAX_WORKER_ID)] | None = None
 
 
 class HeartbeatRequest(_Body):
@@ -532,12 +734,12 @@ class HeartbeatRequest(_Body):
 
 class CompleteRequest(_Body):
     lease_token: Token
-    result: dict[str, Any] = Field(default_factory=dict)
+    result: JsonObject = Field(default_factory=dict)
 
 
 class FailRequest(_Body):
     lease_token: Token
-    error: Annotated[str, StringConstraints(max_length=MAX_ERROR)]
+    error: Annotated[Text, StringConstraints(max_length=MAX_ERROR)]
     retryable: bool = Field(True, strict=True)
 
 
@@ -571,7 +773,7 @@ class FailManyRequest(_Body):
 class WorkflowStepRequest(_Body):
     name: Name
     kind: Name
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: JsonObject = Field(default_factory=dict)
     depends_on: list[Name] = Field(default_factory=list, max_length=MAX_WORKFLOW_STEPS)
     max_attempts: Int = Field(5, ge=1, le=1000)
 
@@ -580,8 +782,8 @@ class WorkflowCreateRequest(_Body):
     """``POST /api/v1/workflows``. The step graph itself (unique names, known
     dependencies, no cycle) is checked by the server beyond this schema."""
 
-    name: Annotated[str, StringConstraints(min_length=1, max_length=MAX_WORKFLOW_NAME)]
-    context: dict[str, Any] = Field(default_factory=dict)
+    name: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_WORKFLOW_NAME)]
+    context: JsonObject = Field(default_factory=dict)
     steps: list[WorkflowStepRequest] = Field(min_length=1, max_length=MAX_WORKFLOW_STEPS)
 
 
@@ -589,10 +791,25 @@ class EmptyBody(_Body):
     """A body that carries nothing: empty, or ``{}``."""
 
 
+#: The filters of a bulk action: one of them, or ``"all": true``, is needed.
+BULK_FILTERS = ("queue", "status", "kind", "created_after", "created_before")
+
+
+def _bulk_schema(schema: dict[str, Any]) -> None:
+    # What the validator below says, for /openapi.json: a filter that is not
+    # null, or "all": true.
+    schema["anyOf"] = [
+        {"required": [name], "properties": {name: {"not": {"type": "null"}}}} for name in BULK_FILTERS
+    ] + [{"required": ["all"], "properties": {"all": {"const": True}}}]
+
+
 class BulkRequest(_Body):
     """``POST /api/v1/jobs/bulk/{retry,cancel,delete}``: which of the tenant's
-    jobs (every filter optional; created in ``[created_after,
-    created_before)``), and how many at most."""
+    jobs (created in ``[created_after, created_before)``), and how many at
+    most. At least one filter, or ``"all": true`` to take every job the
+    action applies to: an empty body changes nothing by mistake."""
+
+    model_config = ConfigDict(json_schema_extra=_bulk_schema)
 
     queue: Name | None = None
     status: Status | None = None
@@ -600,6 +817,19 @@ class BulkRequest(_Body):
     created_after: TimeInput | None = None
     created_before: TimeInput | None = None
     limit: Int = Field(10_000, ge=1, le=MAX_BULK)
+    all: bool = Field(False, strict=True, validate_default=True)
+
+    @field_validator("all")
+    @classmethod
+    def _filtered(cls, value: bool, info: ValidationInfo) -> bool:
+        # The fields before this one that failed are not in info.data: they
+        # are named already, and this would be a second, wrong complaint.
+        given = info.data
+        if not value and len(given) == len(cls.model_fields) - 1 and all(given[name] is None for name in BULK_FILTERS):
+            raise PydanticCustomError(
+                "filter_required", "give a filter (" + ", ".join(BULK_FILTERS) + ') or "all": true'
+            )
+        return value
 
 
 # --------------------------------------------------------------------------
@@ -653,29 +883,8 @@ class ErrorEntryAnswer(_Answer):
     at: Time
 
 
-class JobAnswer(_Answer):
-    """A job."""
-
-    id: str
-    tenant: str
-    queue: str
-    kind: str
-    payload: dict[str, Any]
-    status: Status
-    priority: int
-    attempt: int
-    max_attempts: int
-    scheduled_at: Time
-    created_at: Time
-    updated_at: Time
-    locked_until: Time | None
-    worker_id: str | None
-    result: dict[str, Any] | None
-    error: str | None
-    errors: list[ErrorEntryAnswer]
-    workflow_id: str | None
-    step: str | None
-    context: dict[str, Any] | None
+#: A job, as :class:`Job` declares it.
+JobAnswer = _JOB_WIRE.answer_model("JobAnswer", "A job.", _Answer, {ErrorEntry: ErrorEntryAnswer})
 
 
 class JobsAnswer(_Answer):

@@ -1,4 +1,4 @@
-"""The application API (DESIGN §3) over real HTTP, on every backend."""
+"""The application API (docs/protocol.md) over real HTTP, on every backend."""
 
 from __future__ import annotations
 
@@ -360,3 +360,60 @@ async def test_health_metrics_openapi(http, server) -> None:
     spec = (await http.get("/openapi.json")).json()
     assert "/api/v1/queues/{queue}/lease" in spec["paths"]
     assert "/api/v1/jobs" in spec["paths"]
+
+
+async def test_the_nul_character_is_refused_by_name_on_every_store(http, server) -> None:
+    # PostgreSQL cannot store U+0000, SQLite can: both refuse it, so that a
+    # job holds the same on either.
+    h, w = server.headers(), server.headers("worker")
+    nul = "a\u0000b"
+    cases = [
+        ("/api/v1/jobs", {"kind": "k", "payload": {"deep": [{"x": nul}]}}, "payload", "deep.0.x"),
+        ("/api/v1/jobs", {"kind": "k", "payload": {nul: 1}}, "payload", "a\\u0000b"),
+        ("/api/v1/jobs", {"kind": "k", "config": {"idempotency_key": nul}}, "config.idempotency_key", ""),
+        ("/api/v1/jobs/batch", {"jobs": [{"kind": "k"}, {"kind": "k", "payload": {"s": nul}}]}, "jobs.1.payload", "s"),
+        ("/api/v1/workflows", {"name": "w", "context": {"c": nul}, "steps": [{"name": "a", "kind": "k"}]}, "context", "c"),
+        ("/api/v1/workflows", {"name": nul, "steps": [{"name": "a", "kind": "k"}]}, "name", ""),
+        ("/api/v1/workflows", {"name": "w", "steps": [{"name": "a", "kind": "k", "payload": {"p": nul}}]}, "steps.0.payload", "p"),
+    ]
+    for path, body, field, where in cases:
+        r = await http.post(path, json=body, headers=h)
+        assert r.status_code == 422, (body, r.text)
+        message = r.json()["error"]["message"]
+        assert message.startswith(f"{field}: holds the character \\u0000"), message
+        assert where in message, message
+    assert (await http.get("/api/v1/jobs", headers=h)).json()["jobs"] == []
+    assert (await http.get("/api/v1/workflows", headers=h)).json()["workflows"] == []
+
+    # reports: a result or an error holding it changes nothing
+    r = await post_job(http, server, payload={"escaped": "\\u0000"})  # six characters: kept
+    assert r.status_code == 201 and r.json()["payload"] == {"escaped": "\\u0000"}
+    (leased,) = (await http.post("/api/v1/queues/default/lease", json={}, headers=w)).json()["jobs"]
+    job_id, token = leased["job"]["id"], leased["lease_token"]
+    refused = [
+        (f"/api/v1/jobs/{job_id}/complete", {"lease_token": token, "result": {"r": nul}}, "result"),
+        (f"/api/v1/jobs/{job_id}/fail", {"lease_token": token, "error": nul}, "error"),
+        ("/api/v1/leases/complete", {"items": [{"id": job_id, "lease_token": token, "result": {"r": nul}}]}, "items.0.result"),
+        ("/api/v1/leases/fail", {"items": [{"id": job_id, "lease_token": token, "error": nul}]}, "items.0.error"),
+        ("/api/v1/queues/default/lease", {"worker_id": nul}, "worker_id"),
+    ]
+    for path, body, field in refused:
+        r = await http.post(path, json=body, headers=w)
+        assert r.status_code == 422 and r.json()["error"]["message"].startswith(field), (body, r.text)
+    got = (await http.get(f"/api/v1/jobs/{job_id}", headers=h)).json()
+    assert (got["status"], got["result"], got["error"]) == ("running", None, None)
+
+
+async def test_a_negative_delay_is_refused_in_a_batch_as_alone(http, server) -> None:
+    h = server.headers()
+    for delay in (-1, -1e-300):
+        r = await post_job(http, server, config={"delay_secs": delay})
+        assert r.status_code == 422 and r.json()["error"]["message"].startswith("config.delay_secs"), r.text
+        batch = {"jobs": [{"kind": "k"}, {"kind": "k", "config": {"delay_secs": delay}}]}
+        r = await http.post("/api/v1/jobs/batch", json=batch, headers=h)
+        assert r.status_code == 422 and r.json()["error"]["message"].startswith("jobs.1.config.delay_secs"), r.text
+    assert (await http.get("/api/v1/jobs", headers=h)).json()["jobs"] == []
+    # and the document says so, so that no client is led to send one
+    doc = (await http.get("/openapi.json")).json()
+    (number,) = [s for s in doc["components"]["schemas"]["JobConfig"]["properties"]["delay_secs"]["anyOf"] if s.get("type") == "number"]
+    assert (number["minimum"], number["maximum"]) == (0, 10 * 365 * 86400)

@@ -162,6 +162,8 @@ async def test_operations_commands_answer_json_when_piped(server, capsys: pytest
     assert await run_cli("stats", *opts) == 0
     (stats,) = json.loads(capsys.readouterr().out)["queues"]
     assert stats["counts"] == {"pending": 2, "running": 0, "completed": 0, "failed": 0, "cancelled": 0}
+    assert await run_cli("jobs", "retry", "--all", *opts) == 0  # no failed or cancelled job left
+    assert json.loads(capsys.readouterr().out) == {"count": 0}
 
     # refusals: one line each, 1 for the server's answer, 2 for usage; nothing changed
     assert await run_cli("jobs", "retry", "--status", "pending", *opts) == 1
@@ -170,6 +172,7 @@ async def test_operations_commands_answer_json_when_piped(server, capsys: pytest
         (["jobs", "delete"], "at least one filter"),
         (["jobs", "cancel"], "a job id or at least one filter"),
         (["jobs", "retry", "some-id", "--queue", "ops"], "not both"),
+        (["jobs", "cancel", "some-id", "--all"], "not both"),
     ):
         assert await run_cli(*argv, *opts) == 2
         err = capsys.readouterr().err

@@ -18,7 +18,7 @@ import trio
 
 from qftrio import errors
 from qftrio.client import Client, CompleteItem, FailItem, HeartbeatItem
-from qftrio.models import Status
+from qftrio.models import Outcome, Status
 
 from .conftest import RunningServer
 from .test_http_client import start
@@ -155,7 +155,8 @@ async def test_pause_resume_bulk_and_workers(tenant: Client, worker: Client) -> 
     assert await tenant.workers() == []
     with pytest.raises(errors.InvalidInput, match="status"):
         await tenant.jobs_bulk("retry", status="pending")  # the server's rule
-    for bad in ({"action": "purge"}, {"action": "cancel", "limit": 0}, {"action": "cancel", "queue": "a b"}):
+    assert await tenant.jobs_bulk("cancel", all=True) == 1  # no filter: every pending or running job
+    for bad in ({"action": "purge"}, {"action": "cancel", "limit": 0}, {"action": "cancel", "queue": "a b"}, {"action": "cancel"}):
         with pytest.raises(errors.InvalidInput):
             await Client("http://127.0.0.1:1").jobs_bulk(**bad)  # refused before the network
 
@@ -260,17 +261,19 @@ async def test_batch_routes(tenant: Client, worker: Client) -> None:
             HeartbeatItem(unknown, "t", 60),
         ]
     )
-    assert [(r.job_id, r.code) for r in beats] == [(a.job.id, 200), (b.job.id, 409), (unknown, 404)]
+    assert [(r.job_id, r.outcome) for r in beats] == [
+        (a.job.id, Outcome.OK), (b.job.id, Outcome.CONFLICT), (unknown, Outcome.NOT_FOUND)
+    ]
     assert beats[0].status == "running" and beats[0].locked_until is not None
 
     done = await worker.complete_many(
         [CompleteItem(a.job.id, a.lease_token, {"n": 1}), CompleteItem(b.job.id, "stale", {})]
     )
-    assert [r.code for r in done] == [204, 409]
+    assert [r.outcome for r in done] == [Outcome.OK, Outcome.CONFLICT]
     failed = await worker.fail_many(
         [FailItem(c.job.id, c.lease_token, "again"), FailItem(d.job.id, d.lease_token, "never", retryable=False)]
     )
-    assert [r.code for r in failed] == [204, 204]
+    assert [r.outcome for r in failed] == [Outcome.OK, Outcome.OK]
     states = [(await tenant.job_get(j.id)).status for j in jobs]
     assert states == [Status.COMPLETED, Status.RUNNING, Status.PENDING, Status.FAILED]
 

@@ -4,7 +4,7 @@ simple model, on every store.
 Hypothesis draws a list of operations (enqueue, lease, heartbeat, complete,
 fail, cancel, retry, time passing, janitor rounds); the test runs them
 through the engine's public methods on a fresh store and, after each one,
-checks the store's jobs against the model and the guarantees of DESIGN §6:
+checks the store's jobs against the model and the guarantees of docs/reliability.md:
 
 * a stale token never changes a job, and a report is answered as the table
   in :mod:`qftrio.server.store.base` says;

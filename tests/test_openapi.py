@@ -106,6 +106,16 @@ async def test_the_document_is_complete(http: httpx.AsyncClient) -> None:
     assert bulk["required"] is False
     limit = bulk["content"]["application/json"]["schema"]["properties"]["limit"]
     assert (limit["minimum"], limit["maximum"], limit["default"]) == (1, 1_000_000, 10_000)
+    # each action's statuses, and a filter or "all": true (an empty body is refused)
+    for action, statuses in (
+        ("retry", ["failed", "cancelled"]), ("cancel", ["pending", "running"]), ("delete", ["completed", "failed", "cancelled"])
+    ):
+        body = paths[f"/api/v1/jobs/bulk/{action}"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        body = schemas[body["$ref"].rpartition("/")[2]] if "$ref" in body else body
+        (status,) = [s for s in body["properties"]["status"]["anyOf"] if "enum" in s]
+        assert status["enum"] == statuses, action
+        needs = [branch["required"] for branch in body["anyOf"]]
+        assert needs == [["queue"], ["status"], ["kind"], ["created_after"], ["created_before"], ["all"]], action
     assert "paused" in schemas["QueueStatsAnswer"]["required"]
     assert "200" in paths["/api/v1/queues/{queue}/pause"]["post"]["responses"]
     assert "200" in paths["/api/v1/workers"]["get"]["responses"]

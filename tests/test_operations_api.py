@@ -125,7 +125,11 @@ async def test_pause_resume_and_bulk_refuse_bad_input_by_name(http, server) -> N
         ("/api/v1/jobs/bulk/cancel", {"limit": "5"}, "limit"),
         ("/api/v1/jobs/bulk/cancel", {"created_after": "yesterday"}, "created_after"),
         ("/api/v1/jobs/bulk/cancel", {"created_before": 1800000000}, "created_before"),
-        ("/api/v1/jobs/bulk/cancel", {"tenant": "globex"}, "tenant"),
+        ("/api/v1/jobs/bulk/cancel", {"tenant": "globex", "queue": "images"}, "tenant"),
+        ("/api/v1/jobs/bulk/cancel", {}, "all"),
+        ("/api/v1/jobs/bulk/retry", {"limit": 5, "queue": None}, "all"),
+        ("/api/v1/jobs/bulk/delete", {"all": False}, "all"),
+        ("/api/v1/jobs/bulk/cancel", {"all": "yes"}, "all"),
     ]
     for path, body, field in cases:
         r = await http.post(path, json=body, headers=acme)
@@ -183,7 +187,7 @@ async def test_bulk_actions_touch_exactly_the_matching_jobs_of_the_tenant(http, 
     theirs = await jobs_of(http, server, "globex")
     assert statuses(theirs, gx) == ["failed", "failed"]
     assert (await check_counts(http, server, "globex"))["a"]["failed"] == 2
-    assert await bulk(http, server, "delete", who="globex") == 2
+    assert await bulk(http, server, "delete", who="globex", all=True) == 2
     assert await jobs_of(http, server, "globex") == {}
     assert len(await jobs_of(http, server, "acme")) == 5
 

@@ -1,4 +1,4 @@
-"""The worker protocol (DESIGN §2) over real HTTP, on every backend."""
+"""The worker protocol (docs/protocol.md) over real HTTP, on every backend."""
 
 from __future__ import annotations
 

@@ -731,7 +731,7 @@ async def test_lease_backs_off_with_jitter_and_rides_out_an_outage(server: Fault
         job_id = await server.add("echo")
         await server.wait_status(Status.COMPLETED, job_id)
         worker.stop()
-    base, cap = runtime_mod.LEASE_BACKOFF
+    base, cap = runtime_mod.LEASE_BACKOFF["base"], runtime_mod.LEASE_BACKOFF["cap"]
     assert 5 <= len(delays) <= 20
     for n, d in enumerate(delays, 1):
         assert 0.5 * min(cap, base * 2 ** (n - 1)) <= d <= min(cap, base * 2 ** (n - 1))
@@ -748,7 +748,13 @@ async def test_unauthorized_stops_the_worker_with_a_clear_error(server: Faults, 
 
 @pytest.mark.parametrize(
     "refusal",
-    [errors.InvalidInput("worker_id: String should have at most 200 characters"), errors.NotFound("<html>Not Found")],
+    [
+        errors.InvalidInput("worker_id: String should have at most 200 characters"),
+        errors.NotFound("<html>Not Found"),
+        # what a plain web server at the URL answers: it would answer the same for ever
+        errors.error_for_status(405, None, "the answer is not qftrio's (text/html): is the URL a qftrio server?"),
+        errors.error_for_status(501, None, "the answer is not qftrio's (text/html): is the URL a qftrio server?"),
+    ],
 )
 async def test_a_lease_request_refused_stops_the_worker(
     server: Faults, autojump_clock: Any, refusal: errors.ApiError
@@ -761,6 +767,41 @@ async def test_a_lease_request_refused_stops_the_worker(
     with trio.fail_after(60), pytest.raises(type(refusal)):
         await worker.run()
     assert not rec.of("waiting")
+
+
+@pytest.mark.parametrize("status", [502, 503, 504, 429, 500])
+async def test_answers_that_may_change_are_ridden_out(server: Faults, autojump_clock: Any, status: int) -> None:
+    answers = [errors.error_for_status(status, None, "<html>Bad Gateway</html>")] * 3
+    real_lease = server.lease
+
+    async def flaky(queue: str, **kw: Any) -> list[Lease]:
+        if answers:
+            raise answers.pop()
+        return await real_lease(queue, **kw)
+
+    server.lease = flaky  # type: ignore[method-assign]
+    job_id = await server.add("echo")
+    worker, rec = make_worker(server, echo_registry())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await server.wait_status(Status.COMPLETED, job_id)
+        worker.stop()
+    assert len(rec.of("waiting")) == 3
+
+
+async def test_a_heartbeat_answered_by_something_else_stops_the_worker(server: Faults, autojump_clock: Any) -> None:
+    job_id = await server.add("echo", {"secs": 100})
+
+    async def not_qftrio(items: Sequence[HeartbeatItem]) -> list[HeartbeatReply]:
+        raise errors.error_for_status(501, None, "the answer is not qftrio's (text/html)")
+
+    server.heartbeat = not_qftrio  # type: ignore[method-assign]
+    worker, _ = make_worker(server, echo_registry())
+    with trio.fail_after(60), pytest.raises(errors.ApiError) as raised:
+        await worker.run()
+    assert raised.value.status_code == 501
+    assert trio.current_time() < 6  # at the first heartbeat
+    assert server.reports(job_id) == []
 
 
 async def test_unauthorized_heartbeat_stops_the_worker(server: Faults, autojump_clock: Any) -> None:

@@ -1,4 +1,4 @@
-"""Workflows (DESIGN §4) over real HTTP, on every backend: the application API
+"""Workflows (docs/workflows.md) over real HTTP, on every backend: the application API
 creates and inspects them, and steps run through the worker protocol."""
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ Enqueue lives with the worker protocol's hot routes
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+import pydantic
 
 from ..models import (
     NAME,
@@ -20,6 +22,7 @@ from ..models import (
     JobsPageAnswer,
     QueueStatsAnswer,
     QueuesAnswer,
+    Status,
     WorkflowAnswer,
     WorkflowCreateRequest,
     WorkflowsListQuery,
@@ -27,10 +30,11 @@ from ..models import (
     WorkersAnswer,
     parse_time,
 )
+from . import transitions
 from .engine import Engine
-from .store.base import BulkAction
 from .envelope import Call, Reply, Route
 from .protocol import ROUTES as PROTOCOL_ROUTES
+from .store.base import BulkAction
 
 __all__ = ["ROUTES", "ALL_ROUTES"]
 
@@ -125,10 +129,23 @@ def _as_shown(bound: Any) -> float | None:
     return None if at is None else at - 0.5e-6
 
 
+def _bulk_request(action: BulkAction) -> type[BulkRequest]:
+    """The body of one bulk action: :class:`~qftrio.models.BulkRequest`
+    with ``status`` one of the statuses the action applies to, so that
+    /openapi.json says which."""
+    statuses = tuple(status.value for status in transitions.BULK_STATUSES[action])
+    return pydantic.create_model(  # type: ignore[no-any-return, call-overload]
+        f"Bulk{action.capitalize()}Request",
+        __base__=BulkRequest,
+        __doc__=BulkRequest.__doc__,
+        status=(Literal[statuses] | None, None),  # type: ignore[valid-type]
+    )
+
+
 async def _bulk(engine: Engine, call: Call, action: BulkAction) -> Reply:
     b: BulkRequest = call.body
     count = await engine.jobs_bulk(
-        _tenant(call), action, queue=b.queue, status=b.status, kind=b.kind,
+        _tenant(call), action, queue=b.queue, status=None if b.status is None else Status(b.status), kind=b.kind,
         created_after=_as_shown(b.created_after), created_before=_as_shown(b.created_before), limit=b.limit,
     )  # fmt: skip
     return 200, {"count": count}
@@ -175,7 +192,7 @@ ROUTES: list[Route] = [
         for name, handler in (("pause", queue_pause), ("resume", queue_resume))
     ),
     *(
-        Route("POST", f"/api/v1/jobs/bulk/{name}", handler, "tenant", {200: CountAnswer}, body=BulkRequest)
+        Route("POST", f"/api/v1/jobs/bulk/{name}", handler, "tenant", {200: CountAnswer}, body=_bulk_request(name))
         for name, handler in (("retry", jobs_bulk_retry), ("cancel", jobs_bulk_cancel), ("delete", jobs_bulk_delete))
     ),
     Route("GET", "/api/v1/workers", workers, "tenant", {200: WorkersAnswer}),

@@ -17,7 +17,7 @@ transport calls the same methods. The engine owns
   jobs;
 * operations: queue stats, pause and resume, bulk actions by filter, the
   live workers;
-* workflows (DESIGN §4): the graph is checked here
+* workflows (docs/workflows.md): the graph is checked here
   (:mod:`qftrio.server.workflows`); advancing one
   (:func:`~qftrio.server.transitions.advance`) happens inside the store's job
   transactions, and the engine wakes the long-polls of the queue that the
@@ -33,7 +33,6 @@ import dataclasses
 import functools
 import json
 import logging
-import math
 import random
 import time
 from collections import Counter
@@ -43,6 +42,7 @@ import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
 from .. import errors
+from .._backoff import backoff
 from .._batching import Batcher
 from ..models import (
     EnqueueRequest,
@@ -94,8 +94,7 @@ class RetryPolicy:
     jitter: float = 0.5
 
     def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        raw = min(self.cap_secs, self.base_secs * math.pow(2, max(0, attempt - 1)))
-        return raw * (1.0 - self.jitter * rand())
+        return backoff(attempt, base=self.base_secs, cap=self.cap_secs, jitter=self.jitter, rand=rand)
 
     def retry_at(self, attempt: int, max_attempts: int, retryable: bool, now: float) -> float | None:
         if not retryable or attempt >= max_attempts:

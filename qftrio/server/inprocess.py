@@ -11,17 +11,13 @@ from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from .. import errors
-from ..client import HeartbeatReply, ReportReply
-from ..models import CompleteItem, FailItem, HeartbeatItem, Lease
+from ..models import CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, Lease, ReportReply, refuse_nul
 from ..worker.transport import Transport
 from .engine import Engine
-from .store.base import Outcome
 
 __all__ = ["EngineTransport"]
 
 log = logging.getLogger("qftrio.worker")
-
-_CODES = {Outcome.OK: 204, Outcome.NOT_FOUND: 404, Outcome.CONFLICT: 409}
 
 
 class EngineTransport(Transport):
@@ -54,19 +50,27 @@ class EngineTransport(Transport):
 
     async def heartbeat(self, items: Sequence[HeartbeatItem]) -> list[HeartbeatReply]:
         results = await self._call("heartbeat", self.engine.heartbeat(items))
-        replies = []
-        for item, r in zip(items, results, strict=True):
-            if r.outcome is Outcome.OK:
-                status = r.status.value if r.status is not None else None
-                replies.append(HeartbeatReply(job_id=item.job_id, code=200, status=status, locked_until=r.locked_until))
-            else:
-                replies.append(HeartbeatReply(job_id=item.job_id, code=_CODES[r.outcome]))
-        return replies
+        return [
+            HeartbeatReply(
+                job_id=item.job_id,
+                outcome=r.outcome,
+                status=r.status.value if r.status is not None else None,
+                locked_until=r.locked_until,
+            )
+            for item, r in zip(items, results, strict=True)
+        ]
+
+    # What the HTTP routes' models refuse, refused here too, so that both
+    # stores keep the same results and errors in-process as over HTTP.
 
     async def complete(self, items: Sequence[CompleteItem]) -> list[ReportReply]:
+        for item in items:
+            refuse_nul(item.result, "result")
         results = await self._call("complete", self.engine.complete(items))
-        return [ReportReply(job_id=i.job_id, code=_CODES[r.outcome]) for i, r in zip(items, results, strict=True)]
+        return [ReportReply(job_id=i.job_id, outcome=r.outcome) for i, r in zip(items, results, strict=True)]
 
     async def fail(self, items: Sequence[FailItem]) -> list[ReportReply]:
+        for item in items:
+            refuse_nul(item.error, "error")
         results = await self._call("fail", self.engine.fail(items))
-        return [ReportReply(job_id=i.job_id, code=_CODES[r.outcome]) for i, r in zip(items, results, strict=True)]
+        return [ReportReply(job_id=i.job_id, outcome=r.outcome) for i, r in zip(items, results, strict=True)]

@@ -38,17 +38,17 @@ from ..models import (
     JobsAnswer,
     LeaseRequest,
     LeasesAnswer,
+    Outcome,
     ReportResultsAnswer,
     format_time,
 )
 from .auth import Credentials
 from .engine import Engine
 from .envelope import Call, Caller, Disconnected, Envelope, Handler, Reply, Route, Router
-from .store.base import HeartbeatResult, Outcome, ReportResult
+from .store.base import HeartbeatResult, ReportResult
 
 __all__ = ["ProtocolFront", "ROUTES"]
 
-_REPORT_CODES = {Outcome.OK: 204, Outcome.NOT_FOUND: 404, Outcome.CONFLICT: 409}
 _CONFLICT_MESSAGE = "the lease token is not the job's current one, or the job was cancelled"
 
 
@@ -60,12 +60,18 @@ def _heartbeat_wire(result: HeartbeatResult) -> dict[str, Any]:
     return out
 
 
-def _report_reply(result: ReportResult) -> Reply:
-    if result.outcome is Outcome.OK:
-        return 204, None
-    if result.outcome is Outcome.NOT_FOUND:
+def _refuse(outcome: Outcome, conflict: str) -> None:
+    """Raise the error answer of a report that did not land (the single
+    routes; the batch routes give each item :meth:`Outcome.code`)."""
+    if outcome is Outcome.NOT_FOUND:
         raise errors.NotFound("job not found")
-    raise errors.Conflict(_CONFLICT_MESSAGE, code="lease_lost")
+    if outcome is Outcome.CONFLICT:
+        raise errors.Conflict(conflict, code="lease_lost")
+
+
+def _report_reply(result: ReportResult) -> Reply:
+    _refuse(result.outcome, _CONFLICT_MESSAGE)
+    return result.outcome.code(), None
 
 
 # -- the routes ----------------------------------------------------------------
@@ -102,11 +108,8 @@ async def heartbeat(engine: Engine, call: Call) -> Reply:
     """Extend a lease, or learn that the job no longer runs."""
     body: HeartbeatRequest = call.body
     (result,) = await engine.heartbeat([HeartbeatItem(call.path["job_id"], body.lease_token, body.extend_secs)])
-    if result.outcome is Outcome.NOT_FOUND:
-        raise errors.NotFound("job not found")
-    if result.outcome is Outcome.CONFLICT:
-        raise errors.Conflict("the lease token is not the job's current one", code="lease_lost")
-    return 200, _heartbeat_wire(result)
+    _refuse(result.outcome, "the lease token is not the job's current one")
+    return result.outcome.code(heartbeat=True), _heartbeat_wire(result)
 
 
 async def complete(engine: Engine, call: Call) -> Reply:
@@ -133,10 +136,10 @@ async def heartbeat_many(engine: Engine, call: Call) -> Reply:
     results = await engine.heartbeat([HeartbeatItem(i.id, i.lease_token, i.extend_secs) for i in items])
     out = []
     for item, result in zip(items, results):
+        answer = {"id": item.id, "code": result.outcome.code(heartbeat=True)}
         if result.outcome is Outcome.OK:
-            out.append({"id": item.id, "code": 200, **_heartbeat_wire(result)})
-        else:
-            out.append({"id": item.id, "code": _REPORT_CODES[result.outcome]})
+            answer.update(_heartbeat_wire(result))
+        out.append(answer)
     return 200, {"results": out}
 
 
@@ -144,14 +147,14 @@ async def complete_many(engine: Engine, call: Call) -> Reply:
     """Complete many jobs."""
     items = call.body.items
     results = await engine.complete([CompleteItem(i.id, i.lease_token, i.result) for i in items])
-    return 200, {"results": [{"id": i.id, "code": _REPORT_CODES[r.outcome]} for i, r in zip(items, results)]}
+    return 200, {"results": [{"id": i.id, "code": r.outcome.code()} for i, r in zip(items, results)]}
 
 
 async def fail_many(engine: Engine, call: Call) -> Reply:
     """Fail many jobs."""
     items = call.body.items
     results = await engine.fail([FailItem(i.id, i.lease_token, i.error, i.retryable) for i in items])
-    return 200, {"results": [{"id": i.id, "code": _REPORT_CODES[r.outcome]} for i, r in zip(items, results)]}
+    return 200, {"results": [{"id": i.id, "code": r.outcome.code()} for i, r in zip(items, results)]}
 
 
 def _long_poll(call: Call) -> bool:
@@ -189,14 +192,14 @@ ROUTES: list[Route] = [
 class ProtocolFront:
     """An ASGI app: the hot routes answered here, a method a declared path
     does not allow answered ``405``, everything else passed to *app* (the
-    Quart app, which serves the other routes of
-    :data:`~qftrio.server.api.ALL_ROUTES`)."""
+    Quart app, which serves the other routes of *routes*, every route of the
+    API: :data:`~qftrio.server.api.ALL_ROUTES`)."""
 
-    def __init__(self, app: Any, engine: Engine, credentials: Credentials, *, max_body_bytes: int) -> None:
-        from .api import ALL_ROUTES  # which imports this module's routes
-
+    def __init__(
+        self, app: Any, engine: Engine, credentials: Credentials, *, routes: list[Route], max_body_bytes: int
+    ) -> None:
         self.app = app
-        self.router = Router(ALL_ROUTES)
+        self.router = Router(routes)
         self.envelope = Envelope(engine, credentials, max_body_bytes=max_body_bytes)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import trio
 
 from .. import errors
+from .api import ALL_ROUTES
 from .app import create_app
 from .auth import Credentials
 from .config import Config
@@ -189,6 +190,7 @@ async def run_server(
                         create_app(engine, credentials, max_body_bytes=config.max_body_bytes),
                         engine,
                         credentials,
+                        routes=ALL_ROUTES,
                         max_body_bytes=config.max_body_bytes,
                     ),
                     throttle,

@@ -1,6 +1,6 @@
 """The worker runtime: lease jobs, run their handlers, heartbeat, report.
 
-Task tree of one :meth:`Worker.run` (DESIGN §7)::
+Task tree of one :meth:`Worker.run` (docs/worker.md)::
 
     run                               cancel scope: Worker.cancel()
     └── worker nursery
@@ -29,7 +29,7 @@ reporter gathers the reports made within a few milliseconds into one call.
 Most jobs end before their first heartbeat falls due: their whole cost is
 one task, one scope, and their share of a lease call and of a report call.
 
-Rules (DESIGN §7, and the protocol's "rules that keep at-least-once honest"):
+Rules (docs/worker.md, "What the runtime guarantees"):
 
 * A job is heartbeated from the moment it is claimed, every ``lease_secs/2``,
   also while it waits for a lane (a batch lease may hold more jobs than lanes).
@@ -41,10 +41,12 @@ Rules (DESIGN §7, and the protocol's "rules that keep at-least-once honest"):
   (``unreported``): the job then runs again elsewhere, which is why handlers
   must be idempotent. A report the server refuses as malformed or too large
   is not retried: a refused result fails the job, not retryably, saying why.
-* Lease calls back off with jitter on transport errors and 5xx answers
-  (``waiting``), forever: a server restart is ridden out. Answers that never
-  change (``401``/``403``, a refused request, an answer that is not
-  qftrio's) stop the worker.
+* Lease calls back off with jitter on transport errors and answers that may
+  change (``502``/``503``/``504``, ``429``; ``waiting``), forever: a server
+  restart is ridden out. Answers that never change (``401``/``403``, a
+  refused request, a ``404``, ``405`` or ``501`` from something that is not
+  qftrio's worker route, an answer that is not qftrio's) stop the worker,
+  whichever call gets them.
 * After :meth:`Worker.stop`, held jobs get ``shutdown_timeout`` seconds at
   most; then they are cancelled as by :meth:`Worker.cancel`.
 * A watchdog (:func:`watch_blocking`) warns when the Trio loop did not run
@@ -61,7 +63,6 @@ import heapq
 import logging
 import math
 import os
-import random
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
@@ -69,18 +70,22 @@ from typing import Any, Literal
 import trio
 
 from .. import errors
+from .._backoff import backoff
 from .._json import dumps_strict as json_dumps
 from .._batching import Batcher, BatcherClosed
 from ..models import (
     MAX_BATCH,
+    MAX_ERROR,
     MAX_LEASE_JOBS,
     MAX_LEASE_SECS,
     MAX_WAIT_SECS,
+    MAX_WORKER_ID,
     CompleteItem,
     FailItem,
     HeartbeatItem,
     Job,
     Lease,
+    Outcome,
     valid_name,
 )
 from .registry import Handler, Registry
@@ -111,17 +116,15 @@ _LEVELS = {
     "stopping": logging.INFO,
 }
 
-# Backoff of retried calls (seconds): the first retry comes after about
-# ``base``, doubling up to ``cap``; each wait is scaled by a random factor in
-# [0.5, 1] so that a fleet of workers does not retry in lockstep.
-LEASE_BACKOFF = (0.5, 15.0)
-REPORT_BACKOFF = (0.25, 5.0)
+# Backoff of retried calls (seconds, :func:`qftrio._backoff.backoff`): the
+# first retry comes after about ``base``, doubling up to ``cap``; each wait is
+# scaled by a random factor in [0.5, 1] so that a fleet of workers does not
+# retry in lockstep.
+LEASE_BACKOFF = {"base": 0.5, "cap": 15.0}
+REPORT_BACKOFF = {"base": 0.25, "cap": 5.0}
 
 #: Lanes of a worker unless told otherwise.
 DEFAULT_LANES = 200
-
-#: Longest worker id the server records.
-MAX_WORKER_ID = 200
 
 #: Bytes of a report body besides the result (id, token, keys).
 RESULT_ROOM = 1024
@@ -139,11 +142,6 @@ BLOCKED_NAMED = 5
 #: Seconds allowed between the server claiming a job and the worker getting
 #: the answer; the worker reckons its lease from then.
 CLAIM_SLACK = 0.1
-
-
-def backoff(failures: int, base: float, cap: float, rand: Callable[[], float] = random.random) -> float:
-    raw = min(cap, base * 2 ** max(0, failures - 1))
-    return raw * (0.5 + 0.5 * rand())
 
 
 def default_worker_id() -> str:
@@ -293,17 +291,16 @@ class _Lanes:
 #: Stands in for a timeout scope when a handler has none.
 _NO_TIMEOUT = contextlib.nullcontext()
 
-#: Errors longer than this are cut to it (the server refuses longer ones).
-MAX_ERROR_CHARS = 65536
 _TRUNCATED = "\n[truncated: {} characters in all]"
 
 
 def truncate_error(text: str) -> str:
-    """*text*, cut to :data:`MAX_ERROR_CHARS` with a note saying so."""
-    if len(text) <= MAX_ERROR_CHARS:
+    """*text*, cut to the longest error the server takes
+    (:data:`~qftrio.models.MAX_ERROR`) with a note saying so."""
+    if len(text) <= MAX_ERROR:
         return text
     note = _TRUNCATED.format(len(text))
-    return text[: MAX_ERROR_CHARS - len(note)] + note
+    return text[: MAX_ERROR - len(note)] + note
 
 
 def _describe(exc: BaseException) -> str:
@@ -312,7 +309,14 @@ def _describe(exc: BaseException) -> str:
 
 
 def _is_fatal(exc: BaseException) -> bool:
-    return isinstance(exc, (errors.Unauthorized, errors.Forbidden, UnexpectedAnswer))
+    """An answer that no call of the worker would get otherwise if sent
+    again: a credential refused, or a server that is not qftrio's (a
+    whole-call ``404``, ``405``, ``501``: no qftrio route answered; a qftrio
+    server answers a job it does not know item by item). The request's own
+    refusals (400, 413, 422) are :func:`_is_refusal`'s."""
+    if isinstance(exc, UnexpectedAnswer):
+        return True
+    return isinstance(exc, errors.ApiError) and not _is_refusal(exc) and not errors.is_transient(exc.status_code)
 
 
 def _is_refusal(exc: BaseException) -> bool:
@@ -703,13 +707,12 @@ class Worker:
             if scope.cancelled_caught:
                 return  # the long poll, abandoned by stop()
         except errors.QftrioError as exc:
-            if _is_fatal(exc) or _is_refusal(exc) or isinstance(exc, errors.NotFound):
-                # A 404 here means no qftrio worker route at this URL.
+            if _is_fatal(exc) or _is_refusal(exc):
                 self._die(exc)
                 return
             self._lease_failures += 1
             self._backlog = False
-            delay = backoff(self._lease_failures, *LEASE_BACKOFF)
+            delay = backoff(self._lease_failures, **LEASE_BACKOFF)
             self._lease_retry_at = max(self._lease_retry_at, trio.current_time() + delay)
             self._emit(WorkerEvent(type="waiting", error=_one_line(str(exc)), delay=delay))
             return
@@ -726,7 +729,7 @@ class Worker:
         if not leases and wait_secs > 0 and trio.current_time() - sent_at < min(wait_secs, 1.0) / 2:
             # An empty answer that did not wait: a server shutting down
             # answers long polls at once. Do not spin on it.
-            self._lease_retry_at = max(self._lease_retry_at, trio.current_time() + backoff(1, *LEASE_BACKOFF))
+            self._lease_retry_at = max(self._lease_retry_at, trio.current_time() + backoff(1, **LEASE_BACKOFF))
             return
         # No checkpoint from the lease's answer to here: a stop() cannot
         # drop jobs we were handed.
@@ -811,22 +814,22 @@ class Worker:
             for held in due:
                 held.failures += 1
                 held.last_error = error
-                held.next_beat = now + backoff(held.failures, *REPORT_BACKOFF)
+                held.next_beat = now + backoff(held.failures, **REPORT_BACKOFF)
         else:
             for held, reply in zip(due, replies):
-                if reply.code == 200 and reply.status == "running":
+                if reply.outcome is Outcome.OK and reply.status == "running":
                     held.deadline = sent_at + self.lease_secs
                     held.failures = 0
                     held.next_beat = sent_at + self.heartbeat_secs
                     continue
                 if not held.beating:
                     continue  # its handler is done: its report learns the same
-                if reply.code == 200:
+                if reply.outcome is Outcome.OK:
                     held.lost = f"the job is {reply.status}"
-                elif reply.code == 409:
+                elif reply.outcome is Outcome.CONFLICT:
                     held.lost = "lease lost (409): the job was taken back"
                 else:
-                    held.lost = f"heartbeat answered {reply.code}"
+                    held.lost = "the server no longer knows the job (404)"
                 held.beating = False
                 held.scope.cancel()
         finally:
@@ -1033,16 +1036,16 @@ class Worker:
         for held, reply in zip(batch, replies):
             outcome = held.outcome
             assert outcome is not None
-            if reply.code == 204:
+            if reply.outcome is Outcome.OK:
                 if outcome.ok:
                     self._job_event("completed", held)
                 else:
                     self._job_event("failed", held, error=outcome.error, retryable=outcome.retryable)
             else:
-                if reply.code == 409:
+                if reply.outcome is Outcome.CONFLICT:
                     held.lost = "lease lost (409): the report was refused"
                 else:
-                    held.lost = f"report answered {reply.code}"
+                    held.lost = "the server no longer knows the job (404)"
                 self._job_event("lost", held, error=held.lost)
             self._forget(held)
 
@@ -1066,7 +1069,7 @@ class Worker:
                 held.failures += 1
                 log.debug("report of job %s failed (%s); retrying", held.job.id, error)
                 self._retry_seq += 1
-                retry_at = min(now + backoff(held.failures, *REPORT_BACKOFF), held.deadline)
+                retry_at = min(now + backoff(held.failures, **REPORT_BACKOFF), held.deadline)
                 heapq.heappush(self._retries, (retry_at, self._retry_seq, held))
         self._wake_reporter()
 

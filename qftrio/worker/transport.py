@@ -3,8 +3,8 @@ its HTTP implementation.
 
 A :class:`Transport` offers the four protocol calls, the three reports in
 batch form: one call may carry many jobs' heartbeats, completions or failures,
-and answers each item with the code the single-job route would have given
-(200/204, 404, 409). The runtime gathers the reports its jobs make within
+and answers each item with its :class:`~qftrio.models.Outcome` (over HTTP,
+what the status the single-job route would have given stands for). The runtime gathers the reports its jobs make within
 :attr:`Transport.coalesce_secs` into one call (:mod:`qftrio._batching`).
 
 The in-process implementation, against the engine of the same process, is
@@ -24,8 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from .._json import dumps
-from ..client import Client, HeartbeatReply, ReportReply
-from ..models import CompleteItem, FailItem, HeartbeatItem, Lease
+from ..client import Client
+from ..models import CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, Lease, Outcome, ReportReply
 
 __all__ = [
     "Transport",
@@ -35,6 +35,7 @@ __all__ = [
     "FailItem",
     "HeartbeatReply",
     "ReportReply",
+    "Outcome",
 ]
 
 #: The server's request body cap unless it was configured otherwise.

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import enum
 import functools
 import os
 import re
@@ -76,6 +75,7 @@ from ...models import (
     HeartbeatItem,
     Job,
     Lease,
+    Outcome,
     QueueStats,
     Status,
     WorkerInfo,
@@ -256,12 +256,6 @@ def new_tokens(n: int) -> list[str]:
     """*n* lease tokens: random version-4 UUIDs in canonical form, which
     tell nothing of when they were made."""
     return [str(uuid.uuid4()) for _ in range(n)]
-
-
-class Outcome(enum.Enum):
-    OK = "ok"  # applied, or an idempotent replay of what was applied
-    NOT_FOUND = "not_found"
-    CONFLICT = "conflict"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

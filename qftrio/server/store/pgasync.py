@@ -43,7 +43,6 @@ import dataclasses
 import getpass
 import logging
 import os
-import random
 import threading
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
@@ -55,6 +54,7 @@ import outcome
 import trio
 
 from ... import errors
+from ..._backoff import backoff
 from ..._json import dumps_strict, loads
 
 __all__ = [
@@ -650,7 +650,7 @@ class Database:
     async def _run_again(self, call: tuple[Any, ...], conflict: BaseException) -> Any:
         for attempt in range(1, _RETRIES):
             log.info("transaction conflict (%s); running it again", type(conflict).__name__)
-            await trio.sleep(0.01 * attempt * (1 + random.random()))
+            await trio.sleep(backoff(attempt, base=0.02, cap=0.1))  # 10-20 ms, then 20-40 ms
             try:
                 return await self._loop.run(*call)
             except _RETRY as exc:

@@ -50,7 +50,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -61,6 +60,7 @@ import orjson
 import trio
 
 from ... import _json, errors
+from ..._backoff import backoff
 from ...models import (
     STATUS_OF,
     ErrorEntry,
@@ -506,7 +506,7 @@ class PostgresStore(Store):
         """
         started = False
         missed = False  # whether notifications may have been lost
-        backoff = min_backoff_secs
+        failures = 0  # connections lost (or refused) in a row
         while True:
             try:
                 async with pgasync.open_listener(
@@ -523,7 +523,7 @@ class PostgresStore(Store):
                     if missed and listener.listening:
                         on_notify(ALL_QUEUES)
                     missed = False
-                    backoff = min_backoff_secs
+                    failures = 0
                     while True:
                         if listener.listening:
                             self._listening.set()
@@ -536,7 +536,9 @@ class PostgresStore(Store):
                             self._listening = trio.Event()
                             await listener.unlisten()
             except errors.Unavailable as exc:
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                failures += 1
+                delay = backoff(failures, base=min_backoff_secs, cap=max_backoff_secs)
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
             finally:
                 self.listener_pid = None
                 self._listener = None
@@ -547,8 +549,7 @@ class PostgresStore(Store):
             if not started:
                 task_status.started()
                 started = True
-            await trio.sleep(backoff * (0.5 + random.random() / 2))
-            backoff = min(max_backoff_secs, backoff * 2)
+            await trio.sleep(delay)
 
     def _wanted(self) -> bool:
         return trio.current_time() < self._wanted_until

@@ -233,6 +233,8 @@ export interface BulkFilter {
   created_after?: string | null;
   created_before?: string | null;
   limit?: number;
+  /** Act on every job the action applies to when no filter is given. */
+  all?: boolean;
 }
 
 /** @wire CountAnswer */

@@ -1,0 +1,36 @@
+"""The one backoff of qftrio: how long to wait before trying again.
+
+Every retry qftrio schedules waits this way: a job's retry after a failed
+attempt (the engine's ``RetryPolicy``), the worker's lease and report calls,
+the PostgreSQL store's LISTEN reconnects and its transactions run again after
+a conflict. Each caller keeps its own base and cap (documented where it is).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+__all__ = ["backoff"]
+
+# 2.0 ** 1023 is the largest power of two a float holds: beyond it the
+# exponent is not raised further (the cap has long been reached).
+_MAX_EXPONENT = 1023
+
+
+def backoff(
+    failures: int, *, base: float, cap: float, jitter: float = 0.5, rand: Callable[[], float] = random.random
+) -> float:
+    """Seconds to wait after *failures* failures in a row (1 for the first):
+    ``min(cap, base * 2**(failures - 1))``, scaled by a random factor in
+    ``[1 - jitter, 1]`` so that many clients do not retry in lockstep.
+
+    Args:
+        failures: how many tries failed in a row; 0 counts as 1.
+        base: the wait after the first failure, before jitter.
+        cap: the longest wait, before jitter.
+        jitter: how much of the wait may be taken off at random (0 to 1).
+        rand: a source of numbers in ``[0, 1)``.
+    """
+    raw = min(cap, base * 2.0 ** min(max(0, failures - 1), _MAX_EXPONENT))
+    return raw * (1.0 - jitter * rand())
