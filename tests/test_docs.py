@@ -37,13 +37,18 @@ def texts() -> list[str]:
 # -- what the docs name ------------------------------------------------------
 
 
+#: Words that run the command after them.
+RUNNERS = ("exec", "sudo", "nohup", "time", "env")
+
+
 def shell_lines(text: str) -> Iterator[str]:
     """Every line of a shell or console block, and every inline code span
     outside code blocks."""
-    for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+    # a fence may be indented, as in a list item
+    for lang, body in re.findall(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", text, re.S | re.M):
         if lang in SHELL_FENCES:
             yield from body.splitlines()
-    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    prose = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", text, flags=re.S | re.M)
     # a span may go on over a line's end, as a paragraph does
     yield from re.findall(r"`([^`]+)`", re.sub(r"(?<!\n)\n(?!\n)", " ", prose))
 
@@ -68,7 +73,11 @@ def flags_named(text: str) -> Iterator[tuple[str, list[str], list[str]]]:
         for segment in re.split(r"\s(?:\|\|?|&&|;|#)\s|\$\(|\)", line.replace("\\|", "⁞")):
             words = segment.split()
             for i, word in enumerate(words):
-                if word == "qftrio" or word.endswith("/qftrio"):
+                # a command, not the name in a sentence: first in its segment,
+                # after variables set for it, or after a word that runs it
+                before = words[i - 1] if i else ""
+                runs = all("=" in w for w in words[:i]) or before.endswith((";", "&")) or before in RUNNERS
+                if (word == "qftrio" or word.endswith("/qftrio")) and runs:
                     yield line, words[i + 1 :], []
     for row in re.findall(r"^\|(.*)\|$", text, re.M):
         cells = row.replace("\\|", "⁞").split("|")

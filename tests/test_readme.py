@@ -157,8 +157,8 @@ async def test_the_production_command_starts_a_server_without_dev_mode(tmp_path:
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "WORKER_TOKEN": "w-secret",
-        "ACME_TOKEN": "acme-secret",
+        "WORKER_TOKEN": "worker-secret-0123456789",
+        "ACME_TOKEN": "acme-secret-0123456789",
     }
     server = subprocess.Popen(
         ["bash", "-c", command.replace("0.0.0.0:8000", f"127.0.0.1:{port}")], cwd=tmp_path, env=env,
@@ -167,7 +167,7 @@ async def test_the_production_command_starts_a_server_without_dev_mode(tmp_path:
     try:
         await wait_healthy(f"http://127.0.0.1:{port}")
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-            tenant = await client.get("/api/v1/queues", headers={"Authorization": "Bearer acme-secret"})
+            tenant = await client.get("/api/v1/queues", headers={"Authorization": "Bearer acme-secret-0123456789"})
             dev = await client.get("/api/v1/queues", headers={"Authorization": "Bearer dev"})
     finally:
         stop(server)

@@ -26,7 +26,7 @@ import trio
 import qftrio
 from qftrio import errors
 from qftrio.client import CompleteItem, FailItem, HeartbeatItem
-from qftrio.models import Status, WorkflowStatus
+from qftrio.models import Outcome, Status, WorkflowStatus
 
 from .conftest import RunningServer
 from .test_client import dripping
@@ -116,11 +116,11 @@ async def test_the_worker_protocol(tenant: qftrio.SyncClient, worker: qftrio.Syn
         worker.fail(b.job.id, b.lease_token, "never", retryable=False)
 
         beats = worker.heartbeat_many([HeartbeatItem(c.job.id, c.lease_token, 60), HeartbeatItem(UNKNOWN, "t", 60)])
-        assert [(r.job_id, r.code) for r in beats] == [(c.job.id, 200), (UNKNOWN, 404)]
+        assert [(r.job_id, r.outcome) for r in beats] == [(c.job.id, Outcome.OK), (UNKNOWN, Outcome.NOT_FOUND)]
         done = worker.complete_many([CompleteItem(c.job.id, c.lease_token, {"n": 1}), CompleteItem(d.job.id, "stale")])
-        assert [r.code for r in done] == [204, 409]
+        assert [r.outcome for r in done] == [Outcome.OK, Outcome.CONFLICT]
         failed = worker.fail_many([FailItem(d.job.id, d.lease_token, "again"), FailItem(e.job.id, e.lease_token, "x")])
-        assert [r.code for r in failed] == [204, 204]
+        assert [r.outcome for r in failed] == [Outcome.OK, Outcome.OK]
 
         states = [tenant.job_get(j.id).status for j in jobs]
         assert states == [Status.COMPLETED, Status.FAILED, Status.COMPLETED, Status.PENDING, Status.PENDING]
