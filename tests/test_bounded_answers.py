@@ -265,3 +265,44 @@ async def test_20000_queues_are_read_a_page_at_a_time(storage, nursery) -> None:
         # another tenant sees none of them
         r = await http.get("/api/v1/queues", headers={"Authorization": "Bearer globex-secret"})
         assert r.json() == {"queues": [], "next_cursor": None}
+
+
+async def test_the_clients_the_command_line_and_the_dashboard_follow_the_queue_pages(
+    storage, nursery, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import re
+
+    import qftrio
+    from qftrio.cli import main
+
+    url = await start(storage, nursery)
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        names = await many_queues(http, 2_500)
+        async with qftrio.Client(url, "acme-secret") as client:
+            assert [s.queue for s in await client.queues()] == names[:100]
+            listed, cursor = await client.queues_page(limit=1000)
+            while cursor is not None:
+                page, cursor = await client.queues_page(limit=1000, cursor=cursor)
+                listed += page
+            assert [s.queue for s in listed] == names
+        # qftrio queues lists every queue, a page at a time
+        code = await trio.to_thread.run_sync(lambda: main(["queues", "--url", url, "--token", "acme-secret"]))
+        assert code == 0
+        assert [q["queue"] for q in json.loads(capsys.readouterr().out)["queues"]] == names
+        # the dashboard shows a page, with a link to the next
+        assert (await http.post("/dashboard/signin", data={"token": "acme-secret"})).status_code == 303
+        seen: list[str] = []
+        path = "/dashboard/"
+        while True:
+            r = await http.get(path)
+            assert r.status_code == 200
+            seen += re.findall(r'<tr data-queue="([^"]+)"', r.text)
+            found = re.search(r'<a href="([^"]+)">Next queues »</a>', r.text)
+            if found is None:
+                break
+            path = "/dashboard/" + found[1].replace("&amp;", "&")
+            assert "those of the queues on this page" in r.text
+        assert seen == names
+        live = await http.get("/dashboard/queues.json", params={"cursor": re.search(r"cursor=([^\"&]+)", path)[1]})
+        assert [q["queue"] for q in live.json()["queues"]] == names[2_400:]

@@ -755,16 +755,7 @@ class PostgresStore(Store):
         return out
 
     async def queues_page(self, *, tenant: str, now: float, limit: int, after: str | None = None) -> list[QueueStats]:
-        statement = Q["queues_stats"].format(where="AND tenant = $2 AND queue = ANY($3::text[])")
-
-        async def page(conn: asyncpg.Connection) -> list[QueueStats]:
-            names = [row["queue"] for row in await conn.fetch(Q["queues_page"], tenant, after or "", limit)]
-            if not names:
-                return []
-            rows = {row["queue"]: row for row in await conn.fetch(statement, now, tenant, names)}
-            return [_stats_row(rows[name]) for name in names if name in rows]
-
-        return await self._db.run(page)
+        return [_stats_row(row) for row in await self._db.fetch(Q["queues_page"], now, tenant, after or "", limit)]
 
     async def queues_overview(self, *, now: float) -> list[tuple[str, QueueStats]]:
         rows = await self._db.fetch(Q["queues_stats"].format(where=""), now)

@@ -490,6 +490,20 @@ RETURNING {job_columns};
 -- name: failed_step
 SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' ORDER BY updated_at, id LIMIT 1;
 
+-- name: queue_times
+-- The times of the stats of each queue p (p.tenant, p.queue) at $1: one
+-- probe of an index each; the next lease walks the queue's running jobs,
+-- whose number the workers bound.
+(SELECT j.scheduled_at FROM qftrio_jobs AS j
+     WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at <= $1
+     ORDER BY j.scheduled_at LIMIT 1) AS oldest_ready_at,
+    least(
+        (SELECT j.scheduled_at FROM qftrio_jobs AS j
+         WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at > $1
+         ORDER BY j.scheduled_at LIMIT 1),
+        (SELECT min(j.locked_until) FROM qftrio_jobs AS j
+         WHERE j.queue = p.queue AND j.status = 'running' AND j.tenant = p.tenant)) AS next_available_at
+
 -- name: queues_stats
 -- The queues with jobs (counts from the ledger) or paused, of every tenant
 -- or of those "{where}" names ($2, $3), and per queue one probe of an index
@@ -510,32 +524,44 @@ WITH counts AS (
 SELECT p.tenant, p.queue,
     coalesce(c.counts, '{{}}'::jsonb) AS counts,
     x.queue IS NOT NULL AS paused,
-    (SELECT j.scheduled_at FROM qftrio_jobs AS j
-     WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at <= $1
-     ORDER BY j.scheduled_at LIMIT 1) AS oldest_ready_at,
-    least(
-        (SELECT j.scheduled_at FROM qftrio_jobs AS j
-         WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at > $1
-         ORDER BY j.scheduled_at LIMIT 1),
-        (SELECT min(j.locked_until) FROM qftrio_jobs AS j
-         WHERE j.queue = p.queue AND j.status = 'running' AND j.tenant = p.tenant)) AS next_available_at
+    {queue_times}
 FROM pairs AS p
 LEFT JOIN counts AS c ON c.tenant = p.tenant AND c.queue = p.queue
 LEFT JOIN paused AS x ON x.tenant = p.tenant AND x.queue = p.queue
 ORDER BY p.queue COLLATE "C", p.tenant COLLATE "C";
 
 -- name: queues_page
--- The names of a page of a tenant's queues with jobs or paused, after $2,
--- in the database's order of text: each side read in order from an index
--- (qftrio_job_counts_idx, and qftrio_queue_pauses_tenant_idx of migration
--- 0012), a page's worth at most.
-SELECT queue FROM (
-    (SELECT queue FROM qftrio_job_counts WHERE tenant = $1 AND queue > $2
-     GROUP BY queue HAVING sum(n) > 0 ORDER BY queue LIMIT $3)
-    UNION
-    (SELECT queue FROM qftrio_queue_pauses WHERE tenant = $1 AND queue > $2 ORDER BY queue LIMIT $3)
-) AS q
-ORDER BY queue LIMIT $3;
+-- The stats of a page of a tenant's ($2) queues with jobs or paused, named
+-- after $3, at $1, by name (in the database's order of text): O($4) probes
+-- of indexes, however many queues the tenant has. The names with jobs are
+-- walked one index probe each (qftrio_job_counts_idx), skipping those whose
+-- ledger rows sum to nothing, and merged with the paused ones
+-- (qftrio_queue_pauses_tenant_idx of migration 0012); then each name's
+-- counts, pause and times are probes of their own.
+WITH RECURSIVE counted AS (
+    (SELECT queue FROM qftrio_job_counts WHERE tenant = $2 AND queue > $3 ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT c.queue FROM qftrio_job_counts AS c WHERE c.tenant = $2 AND c.queue > w.queue
+            ORDER BY c.queue LIMIT 1)
+    FROM counted AS w WHERE w.queue IS NOT NULL
+), names AS (
+    SELECT queue FROM (
+        (SELECT queue FROM counted AS w WHERE queue IS NOT NULL
+            AND (SELECT sum(c.n) FROM qftrio_job_counts AS c WHERE c.tenant = $2 AND c.queue = w.queue) <> 0
+         LIMIT $4)
+        UNION
+        (SELECT queue FROM qftrio_queue_pauses WHERE tenant = $2 AND queue > $3 ORDER BY queue LIMIT $4)
+    ) AS u
+    ORDER BY queue LIMIT $4
+)
+SELECT p.queue,
+    coalesce((SELECT jsonb_object_agg(status, n) FROM (
+        SELECT status, sum(n) AS n FROM qftrio_job_counts AS c WHERE c.tenant = p.tenant AND c.queue = p.queue
+        GROUP BY status HAVING sum(n) <> 0) AS s), '{}'::jsonb) AS counts,
+    EXISTS (SELECT FROM qftrio_queue_pauses AS x WHERE x.tenant = p.tenant AND x.queue = p.queue) AS paused,
+    {queue_times}
+FROM (SELECT $2::text AS tenant, queue FROM names) AS p
+ORDER BY p.queue;
 
 -- name: counts_fold
 -- Sums the ledger rows of each combination that has several into one (the
