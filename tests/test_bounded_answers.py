@@ -306,3 +306,63 @@ async def test_the_clients_the_command_line_and_the_dashboard_follow_the_queue_p
         assert seen == names
         live = await http.get("/dashboard/queues.json", params={"cursor": re.search(r"cursor=([^\"&]+)", path)[1]})
         assert [q["queue"] for q in live.json()["queues"]] == names[2_400:]
+
+
+async def add_queues(storage: Store, first: int, last: int) -> None:
+    """Queues ``q{first:05d}`` up to ``q{last - 1:05d}``, a job each."""
+    for start_at in range(first, last, 1000):
+        jobs = [
+            NewJob(tenant="acme", queue=f"q{i:05d}", kind="k", payload={}, scheduled_at=T0)
+            for i in range(start_at, min(start_at + 1000, last))
+        ]
+        await storage.jobs_insert(jobs, now=T0)
+
+
+async def page_work(storage: Store, after: str, limit: int) -> int:
+    """What the store does for one page of queues: SQLite's virtual machine
+    steps; on PostgreSQL, the rows every node of the plan handles."""
+    if hasattr(storage, "_conn"):
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += 1
+            return 0
+
+        storage._conn.set_progress_handler(count, 100)
+        try:
+            await storage.queues_page(tenant="acme", now=T0, limit=limit, after=after)
+        finally:
+            storage._conn.set_progress_handler(None, 0)
+        return steps[0]
+    import asyncpg
+
+    from qftrio.server.store import sql
+
+    from .pg import on_asyncio, pg_url
+
+    async def explain() -> Any:
+        conn = await asyncpg.connect(pg_url())
+        try:
+            statement = "EXPLAIN (ANALYZE, FORMAT JSON) " + sql.load("postgres")["queues_page"]
+            return await conn.fetchval(statement, T0, "acme", after, limit)
+        finally:
+            await conn.close()
+
+    import json
+
+    def rows(node: dict[str, Any]) -> int:
+        own = node["Actual Rows"] * node["Actual Loops"]
+        return own + sum(rows(child) for child in node.get("Plans", ()))
+
+    return rows(json.loads(await on_asyncio(explain))[0]["Plan"])
+
+
+async def test_a_page_of_queues_costs_the_same_with_20000_names_as_with_1000(storage) -> None:
+    await add_queues(storage, 0, 1_000)
+    small = await page_work(storage, "q00500", 100)
+    await add_queues(storage, 1_000, 20_000)
+    large = await page_work(storage, "q00500", 100)
+    assert [s.queue for s in await storage.queues_page(tenant="acme", now=T0, limit=100, after="q00500")] == [
+        f"q{i:05d}" for i in range(501, 601)
+    ]
+    assert large < small * 1.5, (small, large)
