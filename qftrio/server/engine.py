@@ -518,10 +518,14 @@ class Engine:
         letters (by creation), and whether that count reached *limit* (more
         may have failed). One page of the filtered list, so the cost does not
         grow with the dead letters kept; a job created before the newest
-        *limit* dead letters that failed since goes uncounted."""
-        jobs = await self.store.jobs_list(tenant=tenant, status=Status.FAILED, limit=limit)
-        failed = sum(1 for job in jobs if job.updated_at >= since)
-        return failed, failed >= limit
+        *limit* dead letters that failed since goes uncounted. Large dead
+        letters count among fewer: the page stops at
+        :attr:`max_answer_bytes`, as a listing does."""
+        page = await self.store.jobs_page(
+            tenant=tenant, status=Status.FAILED, limit=limit, max_bytes=self.max_answer_bytes
+        )
+        failed = sum(1 for job in page.items if job.updated_at >= since)
+        return failed, failed == len(page.items) and (failed >= limit or page.next is not None)
 
     async def workers(self, tenant: str) -> list[WorkerInfo]:
         """The worker ids holding the tenant's running jobs, most jobs first:
