@@ -6,8 +6,11 @@ For each size, a fresh store is bulk-loaded with a table that looks like
 months of traffic (mostly completed jobs, a backlog, dead letters, a few
 cancelled; ten queues, twenty kinds and one rare kind), a server is started
 on it, and each query is timed over HTTP (median of ``--repeat`` calls
-after one warm-up). Then the plans of the statements behind them are printed
-(``EXPLAIN ANALYZE`` on PostgreSQL, ``EXPLAIN QUERY PLAN`` on SQLite).
+after one warm-up). Then ``--queue-names`` queues with a job each are added
+and a page of the queues list is timed (the first, and one from the middle),
+which must not grow with the number of names. Then the plans of the
+statements behind them are printed (``EXPLAIN ANALYZE`` on PostgreSQL,
+``EXPLAIN QUERY PLAN`` on SQLite).
 
 The goal (issue 16): within 2x from 20k to 200k jobs, and at most 25 ms at
 10 million on PostgreSQL.
@@ -21,6 +24,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import base64
 import sqlite3
 import sys
 import time
@@ -40,7 +44,7 @@ MIX = (("pending", 0.05), ("failed", 0.03), ("cancelled", 0.02))
 
 QUERIES = [
     ("stats of one queue", "/api/v1/queues/q3/stats"),
-    ("all queues", "/api/v1/queues"),
+    ("queues, first page", "/api/v1/queues"),
     ("dead letters of a queue", "/api/v1/jobs?queue=q3&status=failed"),
     ("dead letters, all queues", "/api/v1/jobs?status=failed"),
     ("running jobs of a queue", "/api/v1/jobs?queue=q3&status=running"),
@@ -58,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", default="20000,200000", help="table sizes, comma-separated (default 20000,200000)")
     p.add_argument("--repeat", type=int, default=15, help="calls per query; the median is reported (default 15)")
     p.add_argument("--no-plans", action="store_true", help="do not print the plans")
+    p.add_argument("--queue-names", type=int, default=20_000, help="queues with a job each for the queue pages (default 20000)")
     p.add_argument("--running", type=int, default=1000, help="PostgreSQL: jobs leased after loading (default 1000)")
     b.add_common(p)
     return p.parse_args(argv)
@@ -143,18 +148,22 @@ def load_postgres(url: str, n: int, running: int, chunk: int = 500_000) -> float
 # -- timing -------------------------------------------------------------------------
 
 
-def time_queries(url: str, repeat: int) -> dict[str, float]:
+def timed(client: httpx.Client, repeat: int, path: str, **params: Any) -> float:
+    """The median milliseconds of *repeat* calls of ``GET path``, after one."""
+    client.get(path, params=params).raise_for_status()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        client.get(path, params=params).raise_for_status()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return b.median(samples)
+
+
+def time_queries(url: str, repeat: int, queue_names: int) -> dict[str, float]:
     out = {}
     with httpx.Client(base_url=url, headers=b.tenant_headers(), timeout=60) as client:
         for name, path in QUERIES:
-            r = client.get(path)
-            r.raise_for_status()
-            samples = []
-            for _ in range(repeat):
-                t0 = time.perf_counter()
-                client.get(path).raise_for_status()
-                samples.append((time.perf_counter() - t0) * 1000)
-            out[name] = b.median(samples)
+            out[name] = timed(client, repeat, path)
         # a second page of dead letters, through its cursor
         cursor = client.get("/api/v1/jobs?status=failed&limit=50").json().get("next_cursor")
         if cursor:
@@ -166,6 +175,16 @@ def time_queries(url: str, repeat: int) -> dict[str, float]:
             out["dead letters, second page"] = b.median(samples)
         counts = client.get("/api/v1/queues/q3/stats").json()["counts"]
         b.say(f"  q3 counts: {counts}")
+        if queue_names:
+            for first in range(0, queue_names, 1000):
+                names = [f"many-{i:06d}" for i in range(first, min(first + 1000, queue_names))]
+                jobs = [{"kind": "k0", "config": {"queue": name}} for name in names]
+                client.post("/api/v1/jobs/batch", json={"jobs": jobs}).raise_for_status()
+            label = f"{queue_names:,} more queues"
+            out[f"{label}: first page (100)"] = timed(client, repeat, "/api/v1/queues")
+            middle = base64.urlsafe_b64encode(f"many-{queue_names // 2:06d}".encode()).decode().rstrip("=")
+            out[f"{label}: a middle page (100)"] = timed(client, repeat, "/api/v1/queues", cursor=middle)
+            out[f"{label}: a middle page (1000)"] = timed(client, repeat, "/api/v1/queues", cursor=middle, limit=1000)
     return out
 
 
@@ -174,12 +193,12 @@ def time_queries(url: str, repeat: int) -> dict[str, float]:
 
 def pg_plans(url: str) -> None:
     Q = sql.load("postgres")
-    page = Q["jobs_page"].replace("{page_keys}", Q["page_keys"])
+    page = Q["page_keys"]
     now = time.time()
     queue_status = "AND queue = $2 AND status = ANY($3::text[])"
     statements = [
         ("stats of one queue", Q["queues_stats"].format(where="AND tenant = $2 AND queue = $3"), [now, b.TENANT, "q3"]),
-        ("all queues", Q["queues_stats"].format(where="AND tenant = $2"), [now, b.TENANT]),
+        ("a page of queues", Q["queues_page"], [now, b.TENANT, "many-010000", 101]),
         (
             "dead letters of a queue",
             page.format(combos=queue_status, running="AND j.queue = $2", keys="", limit="$4"),
@@ -221,6 +240,7 @@ def sqlite_plans(path: Path) -> None:
         ("oldest ready", Q["queue_oldest_ready"], [b.TENANT, "q3", now]),
         ("next lease", Q["queue_next_lease"], ["q3", b.TENANT]),
         ("page combos", Q["page_combos"].format(where="AND status IN (?)"), [b.TENANT, "failed"]),
+        ("a page of queue names", Q["queues_page"], [b.TENANT, "many-010000", 101]),
         ("one combination's page", Q["combo_page"].format(where="AND (created_at, id) < (?, ?)"),
          [b.TENANT, "q3", "failed", "k13", now, "z", 51]),  # fmt: skip
     ]
@@ -242,7 +262,7 @@ def run_size(args: argparse.Namespace, procs: b.Procs, store: str, n: int, base_
         b.say(f"  loaded in {load_sqlite(path, n):.1f}s")
         server = b.start_server(procs, store="sqlite", sqlite_path=path, name=f"sqlite-{n}")
         try:
-            timed = time_queries(server.url, args.repeat)
+            timed = time_queries(server.url, args.repeat, args.queue_names)
         finally:
             procs.stop(server.proc)
         if not args.no_plans:
@@ -255,7 +275,7 @@ def run_size(args: argparse.Namespace, procs: b.Procs, store: str, n: int, base_
         b.say(f"  loaded in {load_postgres(url, n, args.running):.1f}s")
         server = b.start_server(procs, store="postgres", database_url=url, name=f"pg-{n}")
         try:
-            timed = time_queries(server.url, args.repeat)
+            timed = time_queries(server.url, args.repeat, args.queue_names)
             if not args.no_plans:
                 pg_plans(url)
         finally:
@@ -282,9 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     for store, by_size in table.items():
         b.say(f"RESULT ops_scale store={store} (ms, median of {args.repeat} over HTTP)")
         names = list(next(iter(by_size.values())))
-        b.say("  " + "query".ljust(34) + "".join(f"{n:>14,}" for n in by_size))
+        b.say("  " + "query".ljust(44) + "".join(f"{n:>14,}" for n in by_size))
         for name in names:
-            b.say("  " + name.ljust(34) + "".join(f"{by_size[n].get(name, float('nan')):>14.2f}" for n in by_size))
+            b.say("  " + name.ljust(44) + "".join(f"{by_size[n].get(name, float('nan')):>14.2f}" for n in by_size))
     return 0
 
 

@@ -87,6 +87,7 @@ def _serve(args: argparse.Namespace) -> int:
         tenants=parse_tenants(args.tenant) if args.tenant else None,
         dev=True if args.dev else None,
         max_body_bytes=args.max_body_bytes,
+        max_answer_bytes=args.max_answer_bytes,
         pool_size=args.pool_size,
         retention_secs=args.retention_secs,
         metrics_token=args.metrics_token,
@@ -327,11 +328,20 @@ def _show(wire: Any, table: Callable[[], str]) -> None:
 
 
 def _queues(args: argparse.Namespace) -> int:
+    from .models import MAX_QUEUES_PAGE
+
     async def call(client: Any) -> Any:
         if args.queues_command is not None:
             method = {"pause": client.queue_pause, "resume": client.queue_resume}[args.queues_command]
             return (await method(args.queue)).to_wire()
-        stats = await client.queues()
+        # Every page, one request each: a page's answer is bounded, the list is not.
+        stats: list[Any] = []
+        cursor = None
+        while True:
+            page, cursor = await client.queues_page(limit=MAX_QUEUES_PAGE, cursor=cursor)
+            stats += page
+            if cursor is None:
+                break
         _show({"queues": [s.to_wire() for s in stats]}, lambda: _queues_table(stats, now=time.time()))
         return None
 
@@ -489,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dev", action="store_true", help="development mode (QFTRIO_DEV=1): never on an open network")
     p.add_argument("--max-body-bytes", type=_positive_int, help="request body cap (default 1 MiB)")
+    p.add_argument("--max-answer-bytes", type=_positive_int, help="a page of jobs or workflows stops before passing this size (default 8 MiB)")
     p.add_argument("--pool-size", type=_positive_int, help="PostgreSQL connections (default 10)")
     p.add_argument("--retention-secs", type=_non_negative, help="keep completed and cancelled jobs this long (default 7 days)")
     p.add_argument("--metrics-token", help="the token GET /metrics asks for (QFTRIO_METRICS_TOKEN; default: none)")

@@ -271,6 +271,10 @@ def _queues(data: Any) -> list[QueueStats]:
     return [QueueStats.from_wire(q) for q in data["queues"]]
 
 
+def _queues_page(data: Any) -> tuple[list[QueueStats], str | None]:
+    return _queues(data), data.get("next_cursor")
+
+
 def _count(data: Any) -> int:
     return int(data["count"])
 
@@ -601,7 +605,15 @@ class _Api(Generic[X]):
 
     @_method
     def queues() -> Call[list[QueueStats]]:
+        """The first page of the tenant's queues, by name (100 of them):
+        :meth:`queues_page` reads the others."""
         return Call("GET", "/api/v1/queues", _queues)
+
+    @_method
+    def queues_page(*, limit: int | None = None, cursor: str | None = None) -> Call[tuple[list[QueueStats], str | None]]:
+        """One page of the tenant's queues, by name, and the cursor of the
+        next page (``None`` on the last)."""
+        return Call("GET", "/api/v1/queues", _queues_page, params={"limit": limit, "cursor": cursor})
 
     @_method
     def queue_stats(queue: str) -> Call[QueueStats]:

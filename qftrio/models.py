@@ -86,6 +86,13 @@ MAX_JOB_ID = 100
 MAX_WORKFLOW_NAME = 200
 #: A bulk action changes at most this many jobs per call (default 10,000).
 MAX_BULK = 1_000_000
+#: A page of jobs or workflows stops before the item that would take it past
+#: this many bytes, by default (``qftrio serve --max-answer-bytes``).
+MAX_ANSWER_BYTES = 8 << 20
+#: ``GET /api/v1/queues`` pages hold this many queues unless asked for
+#: fewer, and at most ``MAX_QUEUES_PAGE``.
+QUEUES_PAGE = 100
+MAX_QUEUES_PAGE = 1000
 
 
 def valid_name(name: str) -> bool:
@@ -846,6 +853,13 @@ class JobsListQuery(_Fields):
     cursor: str | None = None
 
 
+class QueuesListQuery(_Fields):
+    """``GET /api/v1/queues``: a page."""
+
+    limit: int = Field(QUEUES_PAGE, ge=1, le=MAX_QUEUES_PAGE)
+    cursor: str | None = None
+
+
 class WorkflowsListQuery(_Fields):
     """``GET /api/v1/workflows``: a filter and a page."""
 
@@ -950,9 +964,11 @@ class QueueStatsAnswer(_Answer):
 
 
 class QueuesAnswer(_Answer):
-    """Every queue the tenant has jobs in."""
+    """A page of the queues the tenant has jobs in or paused, by name, and
+    the cursor of the next page."""
 
     queues: list[QueueStatsAnswer]
+    next_cursor: str | None
 
 
 class CountAnswer(_Answer):

@@ -42,7 +42,7 @@ def test_every_sqlite_job_list_is_the_fields_of_job_in_order() -> None:
 
 def test_every_postgres_job_list_holds_the_fields_of_job() -> None:
     lists = job_lists("postgres")
-    assert {"job_get", "claim", "jobs_page", "job_cancel", "job_reset", "jobs_of_workflows"} <= lists.keys()
+    assert {"job_get", "claim", "jobs_by_ids", "job_cancel", "job_reset", "jobs_of_workflows"} <= lists.keys()
     for name, columns in lists.items():
         assert len(set(columns)) == len(columns), f"queries/postgres.sql {name} repeats a column"
         assert set(columns) == set(FIELDS) | PG_EXTRA, f"queries/postgres.sql {name}: {columns} against {FIELDS}"
@@ -57,7 +57,7 @@ def test_a_job_list_missing_a_field_is_caught() -> None:
 def plan_statements() -> set[str]:
     """The names every plan of ``changes.py`` may yield."""
     source = inspect.getsource(changes)
-    return set(re.findall(r'(?:_value|_row|_rows|_run|Call)\(\s*"([a-z_]+)"', source))
+    return set(re.findall(r'(?:_value|_row|_rows|_run|Call|fitting)\(\s*"([a-z_]+)"', source))
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])

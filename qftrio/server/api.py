@@ -22,6 +22,7 @@ from ..models import (
     JobsPageAnswer,
     QueueStatsAnswer,
     QueuesAnswer,
+    QueuesListQuery,
     Status,
     WorkflowAnswer,
     WorkflowCreateRequest,
@@ -100,8 +101,10 @@ async def workflow_cancel(engine: Engine, call: Call) -> Reply:
 
 
 async def queues(engine: Engine, call: Call) -> Reply:
-    """The backlog of every queue the tenant has jobs in."""
-    return 200, {"queues": [s.to_wire() for s in await engine.queues_stats(_tenant(call))]}
+    """A page of the queues the tenant has jobs in or paused, by name, with their backlog."""
+    q: QueuesListQuery = call.query
+    stats, cursor = await engine.queues_page(_tenant(call), limit=q.limit, cursor=q.cursor or None)
+    return 200, {"queues": [s.to_wire() for s in stats], "next_cursor": cursor}
 
 
 async def queue_stats(engine: Engine, call: Call) -> Reply:
@@ -184,7 +187,7 @@ ROUTES: list[Route] = [
         "POST", "/api/v1/workflows/<workflow_id>/cancel", workflow_cancel, "tenant", {200: WorkflowAnswer}, (404, 409),
         body=EmptyBody,
     ),  # fmt: skip
-    Route("GET", "/api/v1/queues", queues, "tenant", {200: QueuesAnswer}),
+    Route("GET", "/api/v1/queues", queues, "tenant", {200: QueuesAnswer}, query=QueuesListQuery),
     Route("GET", "/api/v1/queues/<queue>/stats", queue_stats, "tenant", {200: QueueStatsAnswer}, path_params={"queue": NAME}),
     *(
         Route("POST", f"/api/v1/queues/<queue>/{name}", handler, "tenant", {200: QueueStatsAnswer}, body=EmptyBody,

@@ -10,6 +10,7 @@ from typing import Literal
 
 from .. import errors
 from .._env import env
+from ..models import MAX_ANSWER_BYTES
 
 __all__ = ["Config", "parse_tenants"]
 
@@ -59,6 +60,9 @@ class Config:
     tenants: dict[str, str] = dataclasses.field(default_factory=dict)
     dev: bool = False
     max_body_bytes: int = 1 << 20
+    #: A page of jobs or workflows stops before the item that would take it
+    #: past this size (never before its first item).
+    max_answer_bytes: int = MAX_ANSWER_BYTES
     pool_size: int = 10
     #: Completed and cancelled jobs are deleted this long after they ended.
     retention_secs: float | None = 7 * 86400
@@ -117,6 +121,8 @@ class Config:
         self._check_credentials()
         if self.max_body_bytes < 1024:
             raise errors.ConfigError("--max-body-bytes must be at least 1024")
+        if self.max_answer_bytes < 1024:
+            raise errors.ConfigError("--max-answer-bytes must be at least 1024")
         if self.pool_size < 1:
             raise errors.ConfigError("--pool-size must be at least 1")
         for flag, value in (("--metrics-queues", self.metrics_queues), ("--metrics-kinds", self.metrics_kinds)):

@@ -45,6 +45,8 @@ from .. import errors
 from .._backoff import backoff
 from .._batching import Batcher
 from ..models import (
+    MAX_ANSWER_BYTES,
+    QUEUES_PAGE,
     EnqueueRequest,
     Job,
     Lease,
@@ -55,6 +57,7 @@ from ..models import (
     WorkflowCreateRequest,
     WorkflowStatus,
     parse_time,
+    valid_name,
 )
 from . import transitions
 from .metrics import Metrics
@@ -166,8 +169,9 @@ class Waker:
                 parked.event.set()
 
 
-def encode_cursor(item: Job | Workflow) -> str:
-    raw = json.dumps([item.created_at, item.id]).encode()
+def encode_cursor(key: tuple[float, str]) -> str:
+    """The cursor of the page after the item of *key*, ``(created_at, id)``."""
+    raw = json.dumps(list(key)).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -181,6 +185,21 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor") from None
 
 
+def encode_queue_cursor(queue: str) -> str:
+    """The cursor of the page of queues after *queue*."""
+    return base64.urlsafe_b64encode(queue.encode()).decode().rstrip("=")
+
+
+def decode_queue_cursor(cursor: str) -> str:
+    try:
+        queue = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except Exception:
+        queue = ""
+    if not valid_name(queue):
+        raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
+    return queue
+
+
 class Engine:
     """Every operation of the job server.
 
@@ -191,6 +210,9 @@ class Engine:
             from Trio's so that time is deterministic.
         safety_poll_secs: a parked long-poll re-checks the store at least this
             often, in case a wake-up was missed.
+        max_answer_bytes: a page of jobs or workflows stops before the item
+            that would take it past this size (never before its first item),
+            so that no listing pins more memory than this, about.
     """
 
     def __init__(
@@ -200,8 +222,10 @@ class Engine:
         policy: RetryPolicy = RetryPolicy(),
         clock: Callable[[], float] = time.time,
         safety_poll_secs: float = 5.0,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.store = store
+        self.max_answer_bytes = max_answer_bytes
         self.policy = policy
         self.clock = clock
         self.safety_poll_secs = safety_poll_secs
@@ -377,15 +401,14 @@ class Engine:
         cursor: str | None = None,
     ) -> tuple[list[Job], str | None]:
         """A page of jobs, newest first, and the cursor of the next page
-        (None on the last page)."""
+        (None on the last page): *limit* jobs, or fewer where more would
+        pass :attr:`max_answer_bytes`."""
         before = decode_cursor(cursor) if cursor else None
-        jobs = await self.store.jobs_list(
-            tenant=tenant, queue=queue, status=status, kind=kind, limit=limit + 1, before=before
-        )
-        if len(jobs) > limit:
-            jobs = jobs[:limit]
-            return jobs, encode_cursor(jobs[-1])
-        return jobs, None
+        page = await self.store.jobs_page(
+            tenant=tenant, queue=queue, status=status, kind=kind, limit=limit, before=before,
+            max_bytes=self.max_answer_bytes,
+        )  # fmt: skip
+        return page.items, None if page.next is None else encode_cursor(page.next)
 
     async def job_cancel(self, tenant: str, job_id: str) -> Job:
         job = await self.store.job_cancel(job_id, tenant=tenant, now=self.clock())
@@ -405,6 +428,19 @@ class Engine:
         *queue* only when given), sorted by name; exact counts, at a cost
         that does not grow with the number of jobs kept."""
         return await self.store.queues_stats(tenant=tenant, now=self.clock(), queue=queue)
+
+    async def queues_page(
+        self, tenant: str, *, limit: int = QUEUES_PAGE, cursor: str | None = None
+    ) -> tuple[list[QueueStats], str | None]:
+        """A page of :meth:`queues_stats`, by name, and the cursor of the
+        next page (None on the last page): O(*limit*), however many queues
+        the tenant has."""
+        after = decode_queue_cursor(cursor) if cursor else None
+        stats = await self.store.queues_page(tenant=tenant, now=self.clock(), limit=limit + 1, after=after)
+        if len(stats) > limit:
+            stats = stats[:limit]
+            return stats, encode_queue_cursor(stats[-1].queue)
+        return stats, None
 
     # -- operations ----------------------------------------------------------
 
@@ -482,10 +518,14 @@ class Engine:
         letters (by creation), and whether that count reached *limit* (more
         may have failed). One page of the filtered list, so the cost does not
         grow with the dead letters kept; a job created before the newest
-        *limit* dead letters that failed since goes uncounted."""
-        jobs = await self.store.jobs_list(tenant=tenant, status=Status.FAILED, limit=limit)
-        failed = sum(1 for job in jobs if job.updated_at >= since)
-        return failed, failed >= limit
+        *limit* dead letters that failed since goes uncounted. Large dead
+        letters count among fewer: the page stops at
+        :attr:`max_answer_bytes`, as a listing does."""
+        page = await self.store.jobs_page(
+            tenant=tenant, status=Status.FAILED, limit=limit, max_bytes=self.max_answer_bytes
+        )
+        failed = sum(1 for job in page.items if job.updated_at >= since)
+        return failed, failed == len(page.items) and (failed >= limit or page.next is not None)
 
     async def workers(self, tenant: str) -> list[WorkerInfo]:
         """The worker ids holding the tenant's running jobs, most jobs first:
@@ -516,13 +556,13 @@ class Engine:
         self, tenant: str, *, status: WorkflowStatus | None = None, limit: int = 50, cursor: str | None = None
     ) -> tuple[list[Workflow], str | None]:
         """A page of workflows, newest first (steps without their jobs), and
-        the cursor of the next page (None on the last page)."""
+        the cursor of the next page (None on the last page): *limit*
+        workflows, or fewer where more would pass :attr:`max_answer_bytes`."""
         before = decode_cursor(cursor) if cursor else None
-        workflows = await self.store.workflows_list(tenant=tenant, status=status, limit=limit + 1, before=before)
-        if len(workflows) > limit:
-            workflows = workflows[:limit]
-            return workflows, encode_cursor(workflows[-1])
-        return workflows, None
+        page = await self.store.workflows_page(
+            tenant=tenant, status=status, limit=limit, before=before, max_bytes=self.max_answer_bytes
+        )
+        return page.items, None if page.next is None else encode_cursor(page.next)
 
     async def workflow_cancel(self, tenant: str, workflow_id: str) -> Workflow:
         workflow = await self.store.workflow_cancel(workflow_id, tenant=tenant, now=self.clock())

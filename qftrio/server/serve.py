@@ -159,6 +159,7 @@ async def run_server(
         throttle=throttle,
     )
     engine.metrics.set_limits(max_queues=config.metrics_queues, max_kinds=config.metrics_kinds)
+    engine.max_answer_bytes = config.max_answer_bytes
     async with trio.open_nursery() as background:
         await background.start(
             lambda task_status: engine.run_janitor(

@@ -484,8 +484,9 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
         return rows
 
     async def summary(tenant: str, stats: list[QueueStats]) -> dict[str, str]:
-        """The queues page's summary row: jobs pending and running in every
-        queue, dead letters of the last hour, the oldest ready job's wait."""
+        """The queues page's summary row: jobs pending and running in the
+        queues of the page, dead letters of the last hour, the oldest ready
+        job's wait."""
         now = engine.clock()
         failed, more = await engine.jobs_failed_since(tenant, now - FAILED_WINDOW_SECS, limit=PAGE)
         ready = [s.oldest_ready_at for s in stats if s.oldest_ready_at is not None]
@@ -499,19 +500,28 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
     @bp.get("/")
     @view
     async def queues(tenant: str) -> Response:
-        stats = await engine.queues_stats(tenant)
+        # A page of queues at a time, so that a tenant with many queue
+        # names gets a page whose size and cost do not grow with them.
+        cursor = request.args.get("cursor") or None
+        stats, next_cursor = await engine.queues_page(tenant, cursor=cursor)
         return await page(
             "dashboard/queues.html",
             rows=queue_rows(tenant, stats),
             summary=await summary(tenant, stats),
             statuses=[s.value for s in Status],
+            paged=cursor is not None or next_cursor is not None,
+            cursor=cursor,
+            **_pages({}, cursor, next_cursor),
         )
 
     @bp.get("/queues.json")
     @view
     async def queues_json(tenant: str) -> Response:
         queue = _name("queue", request.args.get("queue"))
-        stats = await engine.queues_stats(tenant, queue)
+        if queue is None:
+            stats, _ = await engine.queues_page(tenant, cursor=request.args.get("cursor") or None)
+        else:
+            stats = await engine.queues_stats(tenant, queue)
         answer: dict[str, Any] = {"queues": queue_rows(tenant, stats)}
         if queue is None:
             answer["summary"] = await summary(tenant, stats)

@@ -65,7 +65,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import trio
 
@@ -107,8 +107,11 @@ __all__ = [
     "NewStep",
     "NewWorkflow",
     "WORKFLOW_QUEUE",
+    "Page",
     "Store",
 ]
+
+T = TypeVar("T")
 
 #: ``retry_at(attempt, max_attempts, retryable, now)``: when a failed attempt
 #: runs again, or ``None`` to dead-letter the job. Supplied by the engine.
@@ -320,6 +323,16 @@ class NewWorkflow:
     steps: tuple[NewStep, ...]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """A page of a listing, newest first: its *items*, and the key
+    ``(created_at, id)`` of the last of them when more follow (where the
+    next page starts), else None."""
+
+    items: list[T]
+    next: tuple[float, str] | None = None
+
+
 #: The queue workflow steps run on.
 WORKFLOW_QUEUE = "default"
 
@@ -442,6 +455,25 @@ class Store(abc.ABC):
         *tenant* when one is given). *job_id* may be any string."""
 
     @abc.abstractmethod
+    async def jobs_page(
+        self,
+        *,
+        tenant: str,
+        queue: str | None = None,
+        status: Status | None = None,
+        kind: str | None = None,
+        limit: int = 50,
+        before: tuple[float, str] | None = None,
+        max_bytes: int | None = None,
+    ) -> Page[Job]:
+        """Up to *limit* jobs, newest first by ``(created_at, id)``; *before*
+        is the key of the last job of the previous page. With *max_bytes*,
+        the page stops before the job that would take the jobs' size on the
+        wire (as ``job_bytes`` reckons it, never less) past it, though never
+        before its first job: the sizes are read with the keys, and only the
+        jobs that fit are loaded. O(page) for every combination of filters,
+        however many jobs are kept."""
+
     async def jobs_list(
         self,
         *,
@@ -452,9 +484,9 @@ class Store(abc.ABC):
         limit: int = 50,
         before: tuple[float, str] | None = None,
     ) -> list[Job]:
-        """Newest first by ``(created_at, id)``; *before* is the key of the
-        last job of the previous page. O(page) for every combination of
-        filters, however many jobs are kept."""
+        """The jobs of :meth:`jobs_page`, with no byte budget."""
+        page = await self.jobs_page(tenant=tenant, queue=queue, status=status, kind=kind, limit=limit, before=before)
+        return page.items
 
     @abc.abstractmethod
     async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
@@ -475,6 +507,13 @@ class Store(abc.ABC):
         *queue* only, with zero counts if it has none), sorted by name.
         Exact counts, kept in the transactions that change them; the cost
         does not grow with the number of jobs kept."""
+
+    @abc.abstractmethod
+    async def queues_page(self, *, tenant: str, now: float, limit: int, after: str | None = None) -> list[QueueStats]:
+        """Stats of the first *limit* queues, by name, that the tenant has
+        jobs in or has paused, named after *after* (the last queue of the
+        previous page) when given: as :meth:`queues_stats`, at a cost of
+        O(*limit*), however many queues the tenant has."""
 
     @abc.abstractmethod
     async def queues_overview(self, *, now: float) -> list[tuple[str, QueueStats]]:
@@ -579,6 +618,20 @@ class Store(abc.ABC):
         None if unknown or another tenant's. *workflow_id* may be any string."""
 
     @abc.abstractmethod
+    async def workflows_page(
+        self,
+        *,
+        tenant: str,
+        status: WorkflowStatus | None = None,
+        limit: int = 50,
+        before: tuple[float, str] | None = None,
+        max_bytes: int | None = None,
+    ) -> Page[Workflow]:
+        """Up to *limit* workflows, newest first by ``(created_at, id)``,
+        steps without their jobs; *before* is the key of the last workflow of
+        the previous page. *max_bytes* as for :meth:`jobs_page` (a
+        workflow's size: its context and its steps, ``workflow_bytes``)."""
+
     async def workflows_list(
         self,
         *,
@@ -587,8 +640,8 @@ class Store(abc.ABC):
         limit: int = 50,
         before: tuple[float, str] | None = None,
     ) -> list[Workflow]:
-        """Newest first by ``(created_at, id)``, steps without their jobs;
-        *before* is the key of the last workflow of the previous page."""
+        """The workflows of :meth:`workflows_page`, with no byte budget."""
+        return (await self.workflows_page(tenant=tenant, status=status, limit=limit, before=before)).items
 
     @abc.abstractmethod
     async def workflow_cancel(self, workflow_id: str, *, tenant: str, now: float) -> Workflow | None:

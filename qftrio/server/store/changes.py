@@ -41,6 +41,7 @@ from .base import (
     BulkAction,
     BulkBatch,
     NewWorkflow,
+    Page,
     Reaped,
     ReportResult,
     RetryAt,
@@ -270,15 +271,65 @@ def workflow_cancel(workflow_id: str, tenant: str, now: float) -> Plan[Workflow 
 
 
 def workflows_page(
-    tenant: str, status: WorkflowStatus | None, limit: int, before: tuple[float, str] | None
-) -> Plan[list[Workflow]]:
-    """``Store.workflows_list``."""
+    tenant: str, status: WorkflowStatus | None, limit: int, before: tuple[float, str] | None, max_bytes: int | None
+) -> Plan[Page[Workflow]]:
+    """``Store.workflows_page``: the keys of *limit* + 1 workflows, then the
+    workflows that fit in *max_bytes* (:func:`fitting`)."""
     after_at, after_id = (None, None) if before is None else (float(before[0]), before[1])
-    rows = yield _rows(
-        "workflows_page", tenant, None if status is None else WorkflowStatus(status).value, after_at, after_id, limit,
-        json=(4,),
+    keys = yield _rows(
+        "workflows_page", tenant, None if status is None else WorkflowStatus(status).value, after_at, after_id,
+        limit + 1,
     )  # fmt: skip
-    return (yield from build_workflows(rows, jobs=False))
+    ids = yield from fitting("workflow_bytes", [key[1] for key in keys[:limit]], max_bytes)
+    rows = {row[0]: row for row in (yield _rows("workflows_by_ids", ids, json=(4,)))}
+    workflows = yield from build_workflows([rows[i] for i in ids if i in rows], jobs=False)
+    return Page(workflows, _next(keys, len(ids)))
+
+
+def jobs_page(keys: Sequence[tuple[float, str]], limit: int, max_bytes: int | None) -> Plan[Page[Job]]:
+    """``Store.jobs_page``, from the keys of the page's first *limit* + 1
+    jobs: the jobs that fit in *max_bytes* (:func:`fitting`)."""
+    ids = yield from fitting("job_bytes", [key[1] for key in keys[:limit]], max_bytes)
+    jobs = {job.id: job for job in (yield Call("jobs_by_ids", (ids,), Want.JOBS))}
+    return Page([jobs[i] for i in ids if i in jobs], _next(keys, len(ids)))
+
+
+def _next(keys: Sequence[Sequence[Any]], taken: int) -> tuple[float, str] | None:
+    """Where the page after the first *taken* of *keys* starts, if any
+    key is left."""
+    if taken >= len(keys):
+        return None
+    created_at, id_ = keys[taken - 1]
+    return float(created_at), str(id_)
+
+
+#: How many sizes :func:`fitting` reads first; each further read takes four
+#: times as many.
+FIRST_SIZES = 16
+
+
+def fitting(statement: str, ids: list[str], max_bytes: int | None) -> Plan[list[str]]:
+    """The first of *ids* whose sizes on the wire (*statement*: ``(id,
+    bytes)`` of each of the ids it is given) add up to *max_bytes* at most,
+    and never fewer than one, so that a page always makes progress. Sizes
+    are read in growing chunks: a page of big items reads few past the
+    budget, a page of small ones few statements. An id gone meanwhile
+    weighs nothing (its item is not loaded either)."""
+    if max_bytes is None or not ids:
+        return ids
+    taken: list[str] = []
+    total = 0
+    chunk = FIRST_SIZES
+    while len(taken) < len(ids):
+        batch = ids[len(taken) : len(taken) + chunk]
+        sizes = dict((yield _rows(statement, batch)))
+        for id_ in batch:
+            total += sizes.get(id_, 0)
+            if taken and total > max_bytes:
+                return taken
+            taken.append(id_)
+        chunk *= 4
+    return taken
 
 
 def build_workflows(rows: Sequence[Sequence[Any]], *, jobs: bool) -> Plan[list[Workflow]]:

@@ -88,6 +88,7 @@ from .base import (
     Inserted,
     NewJob,
     NewWorkflow,
+    Page,
     Reaped,
     ReportResult,
     RetryAt,
@@ -704,7 +705,7 @@ class PostgresStore(Store):
             rows = await self._db.fetch(Q["job_get_owned"], key, tenant)
         return _job(rows[0]) if rows else None
 
-    async def jobs_list(
+    async def jobs_page(
         self,
         *,
         tenant: str,
@@ -713,17 +714,26 @@ class PostgresStore(Store):
         kind: str | None = None,
         limit: int = 50,
         before: tuple[float, str] | None = None,
-    ) -> list[Job]:
+        max_bytes: int | None = None,
+    ) -> Page[Job]:
         args: list[Any] = [tenant]
         page = _page_keys_where(
             queue=queue,
             statuses=None if status is None else [Status(status).value],
             kind=kind,
             before=before,
-            limit=limit,
+            limit=limit + 1,
             args=args,
         )
-        return [_job(row) for row in await self._db.fetch(Q["jobs_page"].format(**page), *args)]
+        statement = Q["page_keys"].format(**page)
+
+        async def read(conn: asyncpg.Connection) -> Page[Job]:
+            # One snapshot: the sizes are those of the jobs then loaded.
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                keys = [(row["created_at"], str(row["id"])) for row in await conn.fetch(statement, *args)]
+                return await _drive(conn, changes.jobs_page(keys, limit, max_bytes))
+
+        return await self._db.run(read, transaction=False)
 
     async def job_cancel(self, job_id: str, *, tenant: str, now: float) -> Job | None:
         return await _run_plan(self._db, lambda: changes.job_cancel(job_id, tenant, now))
@@ -743,6 +753,9 @@ class PostgresStore(Store):
             zero = {s.value: 0 for s in Status}
             out = [QueueStats(queue=queue, counts=zero, oldest_ready_at=None, next_available_at=None)]
         return out
+
+    async def queues_page(self, *, tenant: str, now: float, limit: int, after: str | None = None) -> list[QueueStats]:
+        return [_stats_row(row) for row in await self._db.fetch(Q["queues_page"], now, tenant, after or "", limit)]
 
     async def queues_overview(self, *, now: float) -> list[tuple[str, QueueStats]]:
         rows = await self._db.fetch(Q["queues_stats"].format(where=""), now)
@@ -930,17 +943,18 @@ class PostgresStore(Store):
     async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:
         return await self._read(lambda: changes.workflow_get(workflow_id, tenant=tenant, jobs=jobs))
 
-    async def workflows_list(
+    async def workflows_page(
         self,
         *,
         tenant: str,
         status: WorkflowStatus | None = None,
         limit: int = 50,
         before: tuple[float, str] | None = None,
-    ) -> list[Workflow]:
+        max_bytes: int | None = None,
+    ) -> Page[Workflow]:
         if before is not None and _uuid(before[1]) is None:
             raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
-        return await self._read(lambda: changes.workflows_page(tenant, status, limit, before))
+        return await self._read(lambda: changes.workflows_page(tenant, status, limit, before, max_bytes))
 
     async def _read(self, make: Callable[[], changes.Plan[T]]) -> T:
         """The plan *make* builds, reading one snapshot (a workflow, its

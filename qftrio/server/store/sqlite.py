@@ -63,6 +63,7 @@ from .base import (
     Inserted,
     NewJob,
     NewWorkflow,
+    Page,
     Reaped,
     ReportResult,
     RetryAt,
@@ -365,11 +366,11 @@ def _page_keys(
 
 
 def _stats(
-    conn: sqlite3.Connection, *, tenant: str | None, queue: str | None, now: float
+    conn: sqlite3.Connection, *, tenant: str | None, queue: str | tuple[str, ...] | None, now: float
 ) -> list[tuple[str, QueueStats]]:
     """``(tenant, stats)`` of the queues with jobs or paused (of one tenant,
-    one queue, when given), sorted: counts from ``job_counts``, times from
-    one probe of an index each."""
+    one queue or some, when given), sorted: counts from ``job_counts``,
+    times from one probe of an index each."""
     where, args = _where({"tenant": tenant, "queue": queue})
     counts: dict[tuple[str, str], dict[str, int]] = {}
     for t, q, status, n in conn.execute(Q["counts"].format(where=where), args):
@@ -377,7 +378,7 @@ def _stats(
             counts.setdefault((t, q), {})[status] = n
     paused = {(t, q) for t, q in conn.execute(Q["pauses"].format(where=where), args)}
     pairs = sorted(counts.keys() | paused)
-    if not pairs and tenant is not None and queue is not None:
+    if not pairs and tenant is not None and isinstance(queue, str):
         pairs = [(tenant, queue)]
     out = []
     for t, q in pairs:
@@ -581,7 +582,7 @@ class SqliteStore(Store):
 
         return await self._run(get)
 
-    async def jobs_list(
+    async def jobs_page(
         self,
         *,
         tenant: str,
@@ -590,8 +591,9 @@ class SqliteStore(Store):
         kind: str | None = None,
         limit: int = 50,
         before: tuple[float, str] | None = None,
-    ) -> list[Job]:
-        def page(conn: sqlite3.Connection) -> list[Job]:
+        max_bytes: int | None = None,
+    ) -> Page[Job]:
+        def page(conn: sqlite3.Connection) -> Page[Job]:
             keys = _page_keys(
                 conn,
                 tenant,
@@ -599,13 +601,9 @@ class SqliteStore(Store):
                 statuses=None if status is None else (Status(status).value,),
                 kind=kind,
                 before=before,
-                limit=limit,
+                limit=limit + 1,
             )
-            if not keys:
-                return []
-            ids = [job_id for _, job_id in keys]
-            rows = {row[0]: row for row in conn.execute(Q["jobs_by_ids"].format(marks=_marks(len(ids))), ids)}
-            return [_row_to_job(rows[job_id]) for job_id in ids]
+            return _drive(conn, changes.jobs_page(keys, limit, max_bytes))
 
         return await self._run(page)
 
@@ -619,6 +617,13 @@ class SqliteStore(Store):
         return await self._run(
             lambda conn: [stats for _, stats in _stats(conn, tenant=tenant, queue=queue, now=now)]
         )
+
+    async def queues_page(self, *, tenant: str, now: float, limit: int, after: str | None = None) -> list[QueueStats]:
+        def page(conn: sqlite3.Connection) -> list[QueueStats]:
+            names = tuple(queue for (queue,) in conn.execute(Q["queues_page"], (tenant, after or "", limit)))
+            return [stats for _, stats in _stats(conn, tenant=tenant, queue=names, now=now)] if names else []
+
+        return await self._run(page)
 
     async def queues_overview(self, *, now: float) -> list[tuple[str, QueueStats]]:
         return await self._run(lambda conn: _stats(conn, tenant=None, queue=None, now=now))
@@ -734,15 +739,18 @@ class SqliteStore(Store):
     async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:
         return await self._run(lambda conn: _drive(conn, changes.workflow_get(workflow_id, tenant=tenant, jobs=jobs)))
 
-    async def workflows_list(
+    async def workflows_page(
         self,
         *,
         tenant: str,
         status: WorkflowStatus | None = None,
         limit: int = 50,
         before: tuple[float, str] | None = None,
-    ) -> list[Workflow]:
-        return await self._run(lambda conn: _drive(conn, changes.workflows_page(tenant, status, limit, before)))
+        max_bytes: int | None = None,
+    ) -> Page[Workflow]:
+        return await self._run(
+            lambda conn: _drive(conn, changes.workflows_page(tenant, status, limit, before, max_bytes))
+        )
 
     async def workflow_cancel(self, workflow_id: str, *, tenant: str, now: float) -> Workflow | None:
         return await self._run(lambda conn: _drive(conn, changes.workflow_cancel(workflow_id, tenant, now)))

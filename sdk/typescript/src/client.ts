@@ -28,6 +28,8 @@ import type {
   Lease,
   LeaseRequest,
   QueueStats,
+  QueuesAnswer,
+  QueuesFilter,
   ReportResult,
   WorkerInfo,
   Workflow,
@@ -258,8 +260,14 @@ export class Client {
     return (await this.#call("jobRetry", { job_id: jobId }, undefined)) as Job;
   }
 
+  /** The first page of queues, by name (100 of them); `queuesPage` reads the others. */
   async queues(): Promise<QueueStats[]> {
     return field<QueueStats[]>(await this.#call("queues", {}, undefined), "queues", "queues");
+  }
+
+  /** One page of queues, by name; pass `next_cursor` as `cursor` for the next. */
+  async queuesPage(filter: QueuesFilter = {}): Promise<QueuesAnswer> {
+    return (await this.#call("queues", {}, undefined, { ...filter })) as QueuesAnswer;
   }
 
   async queueStats(queue: string): Promise<QueueStats> {

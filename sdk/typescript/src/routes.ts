@@ -41,7 +41,7 @@ export const ROUTES = {
   jobsBulkRetry: { method: "POST", path: "/api/v1/jobs/bulk/retry", request: "BulkRequest", answer: "CountAnswer" },
   jobsBulkCancel: { method: "POST", path: "/api/v1/jobs/bulk/cancel", request: "BulkRequest", answer: "CountAnswer" },
   jobsBulkDelete: { method: "POST", path: "/api/v1/jobs/bulk/delete", request: "BulkRequest", answer: "CountAnswer" },
-  queues: { method: "GET", path: "/api/v1/queues", request: null, answer: "QueuesAnswer" },
+  queues: { method: "GET", path: "/api/v1/queues", request: null, answer: "QueuesAnswer", query: ["limit", "cursor"] },
   queueStats: { method: "GET", path: "/api/v1/queues/{queue}/stats", request: null, answer: "QueueStatsAnswer" },
   queuePause: { method: "POST", path: "/api/v1/queues/{queue}/pause", request: null, answer: "QueueStatsAnswer" },
   queueResume: { method: "POST", path: "/api/v1/queues/{queue}/resume", request: null, answer: "QueueStatsAnswer" },

@@ -218,9 +218,18 @@ export interface QueueStats {
   paused: boolean;
 }
 
-/** @wire QueuesAnswer */
+/** A page of queues, by name; `next_cursor` is `null` on the last page.
+ * @wire QueuesAnswer */
 export interface QueuesAnswer {
   queues: QueueStats[];
+  next_cursor: string | null;
+}
+
+/** The query of `GET /api/v1/queues`: at most `limit` queues (default
+ * 100, at most 1000), after the page whose `next_cursor` is `cursor`. */
+export interface QueuesFilter {
+  limit?: number;
+  cursor?: string;
 }
 
 /** Which jobs a bulk action takes (`created_after <= created_at <

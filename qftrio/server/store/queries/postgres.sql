@@ -8,6 +8,22 @@ id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, sched
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
     context
 
+-- name: job_bytes
+-- What each job of a page takes on the wire, about (changes.fitting): the
+-- length of its JSON columns as text (which has a space more than the
+-- answer after each ':' and ','), twice that of its error (which the answer
+-- escapes), and 1 KiB for its names and fixed fields. Counted on the
+-- server, without sending the job; a column added to job_columns that can be
+-- long belongs here too.
+SELECT id, 1024 + octet_length(payload::text) + coalesce(octet_length(result::text), 0)
+    + coalesce(octet_length(context::text), 0) + octet_length(errors::text)
+    + 2 * coalesce(octet_length(error), 0) + coalesce(octet_length(worker_id), 0) + coalesce(octet_length(step), 0)
+FROM qftrio_jobs WHERE id = ANY($1::uuid[]);
+
+-- name: jobs_by_ids
+SELECT {job_columns}
+FROM qftrio_jobs WHERE id = ANY($1::uuid[]);
+
 -- name: notify_queues
 -- Inside the caller's transaction, so it is delivered on commit only; on
 -- the channel postgres.CHANNEL.
@@ -216,16 +232,6 @@ SELECT created_at, id FROM (
 ) AS p
 ORDER BY created_at DESC, id DESC
 LIMIT {limit}
-
--- name: jobs_page
-WITH keys AS (
-    {page_keys}
-)
-SELECT j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
-    j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
-    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context
-FROM keys JOIN qftrio_jobs AS j ON j.id = keys.id
-ORDER BY keys.created_at DESC, keys.id DESC;
 
 -- name: next_available
 -- A lease counts even if it already ran out: its job is claimable now. A
@@ -484,6 +490,20 @@ RETURNING {job_columns};
 -- name: failed_step
 SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' ORDER BY updated_at, id LIMIT 1;
 
+-- name: queue_times
+-- The times of the stats of each queue p (p.tenant, p.queue) at $1: one
+-- probe of an index each; the next lease walks the queue's running jobs,
+-- whose number the workers bound.
+(SELECT j.scheduled_at FROM qftrio_jobs AS j
+     WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at <= $1
+     ORDER BY j.scheduled_at LIMIT 1) AS oldest_ready_at,
+    least(
+        (SELECT j.scheduled_at FROM qftrio_jobs AS j
+         WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at > $1
+         ORDER BY j.scheduled_at LIMIT 1),
+        (SELECT min(j.locked_until) FROM qftrio_jobs AS j
+         WHERE j.queue = p.queue AND j.status = 'running' AND j.tenant = p.tenant)) AS next_available_at
+
 -- name: queues_stats
 -- The queues with jobs (counts from the ledger) or paused, of every tenant
 -- or of those "{where}" names ($2, $3), and per queue one probe of an index
@@ -504,19 +524,44 @@ WITH counts AS (
 SELECT p.tenant, p.queue,
     coalesce(c.counts, '{{}}'::jsonb) AS counts,
     x.queue IS NOT NULL AS paused,
-    (SELECT j.scheduled_at FROM qftrio_jobs AS j
-     WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at <= $1
-     ORDER BY j.scheduled_at LIMIT 1) AS oldest_ready_at,
-    least(
-        (SELECT j.scheduled_at FROM qftrio_jobs AS j
-         WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at > $1
-         ORDER BY j.scheduled_at LIMIT 1),
-        (SELECT min(j.locked_until) FROM qftrio_jobs AS j
-         WHERE j.queue = p.queue AND j.status = 'running' AND j.tenant = p.tenant)) AS next_available_at
+    {queue_times}
 FROM pairs AS p
 LEFT JOIN counts AS c ON c.tenant = p.tenant AND c.queue = p.queue
 LEFT JOIN paused AS x ON x.tenant = p.tenant AND x.queue = p.queue
 ORDER BY p.queue COLLATE "C", p.tenant COLLATE "C";
+
+-- name: queues_page
+-- The stats of a page of a tenant's ($2) queues with jobs or paused, named
+-- after $3, at $1, by name (in the database's order of text): O($4) probes
+-- of indexes, however many queues the tenant has. The names with jobs are
+-- walked one index probe each (qftrio_job_counts_idx), skipping those whose
+-- ledger rows sum to nothing, and merged with the paused ones
+-- (qftrio_queue_pauses_tenant_idx of migration 0012); then each name's
+-- counts, pause and times are probes of their own.
+WITH RECURSIVE counted AS (
+    (SELECT queue FROM qftrio_job_counts WHERE tenant = $2 AND queue > $3 ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT c.queue FROM qftrio_job_counts AS c WHERE c.tenant = $2 AND c.queue > w.queue
+            ORDER BY c.queue LIMIT 1)
+    FROM counted AS w WHERE w.queue IS NOT NULL
+), names AS (
+    SELECT queue FROM (
+        (SELECT queue FROM counted AS w WHERE queue IS NOT NULL
+            AND (SELECT sum(c.n) FROM qftrio_job_counts AS c WHERE c.tenant = $2 AND c.queue = w.queue) <> 0
+         LIMIT $4)
+        UNION
+        (SELECT queue FROM qftrio_queue_pauses WHERE tenant = $2 AND queue > $3 ORDER BY queue LIMIT $4)
+    ) AS u
+    ORDER BY queue LIMIT $4
+)
+SELECT p.queue,
+    coalesce((SELECT jsonb_object_agg(status, n) FROM (
+        SELECT status, sum(n) AS n FROM qftrio_job_counts AS c WHERE c.tenant = p.tenant AND c.queue = p.queue
+        GROUP BY status HAVING sum(n) <> 0) AS s), '{}'::jsonb) AS counts,
+    EXISTS (SELECT FROM qftrio_queue_pauses AS x WHERE x.tenant = p.tenant AND x.queue = p.queue) AS paused,
+    {queue_times}
+FROM (SELECT $2::text AS tenant, queue FROM names) AS p
+ORDER BY p.queue;
 
 -- name: counts_fold
 -- Sums the ledger rows of each combination that has several into one (the
@@ -664,11 +709,25 @@ SELECT status FROM qftrio_workflows WHERE id = $1 AND tenant = $2 FOR UPDATE;
 SELECT id, tenant, name, status, context, created_at, updated_at FROM qftrio_workflows WHERE id = $1;
 
 -- name: workflows_page
--- After the key ($3, $4) of the previous page's last workflow, if any.
-SELECT id, tenant, name, status, context, created_at, updated_at FROM qftrio_workflows
+-- The keys of a page, after the key ($3, $4) of the previous page's last
+-- workflow, if any.
+SELECT created_at, id FROM qftrio_workflows
 WHERE tenant = $1 AND ($2::text IS NULL OR status = $2)
     AND (created_at, id) < (coalesce($3::float8, 'infinity'), coalesce($4::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
 ORDER BY created_at DESC, id DESC LIMIT $5;
+
+-- name: workflow_bytes
+-- What each workflow of a page takes on the wire without its steps' jobs,
+-- about, as job_bytes reckons a job's: its context, and each step's payload,
+-- dependencies and names.
+SELECT w.id, 512 + octet_length(w.context::text) + coalesce((
+    SELECT sum(256 + octet_length(s.payload::text) + octet_length(s.depends_on::text) + octet_length(s.name)
+        + octet_length(s.kind))
+    FROM qftrio_workflow_steps AS s WHERE s.workflow_id = w.id), 0)
+FROM qftrio_workflows AS w WHERE w.id = ANY($1::uuid[]);
+
+-- name: workflows_by_ids
+SELECT id, tenant, name, status, context, created_at, updated_at FROM qftrio_workflows WHERE id = ANY($1::uuid[]);
 
 -- name: steps_of_workflows
 SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id

@@ -10,6 +10,18 @@
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
 
+-- name: job_bytes
+-- What each job of a page takes on the wire, about (changes.fitting): the
+-- stored length of its variable columns, in bytes (JSON is kept as the text
+-- the answer writes), twice that of its error (which the answer escapes),
+-- and 1 KiB for its names and fixed fields. Counted without loading the
+-- job; a column added to job_columns that can be long belongs here too.
+SELECT id, 1024 + length(CAST(payload AS BLOB)) + coalesce(length(CAST(result AS BLOB)), 0)
+    + coalesce(length(CAST(context AS BLOB)), 0) + length(CAST(errors AS BLOB))
+    + 2 * coalesce(length(CAST(error AS BLOB)), 0) + coalesce(length(CAST(worker_id AS BLOB)), 0)
+    + coalesce(length(CAST(step AS BLOB)), 0)
+FROM jobs WHERE id IN (SELECT value FROM json_each(?1));
+
 -- name: job_get
 SELECT {job_columns}
 FROM jobs WHERE id = ?;
@@ -152,6 +164,18 @@ SELECT tenant, queue, status, sum(n) FROM job_counts WHERE true {where} GROUP BY
 -- name: pauses
 SELECT tenant, queue FROM queue_pauses WHERE true {where};
 
+-- name: queues_page
+-- The names of a page of a tenant's queues with jobs or paused, after ?2:
+-- each side read in order from an index (job_counts' key, and
+-- queue_pauses_by_tenant of migration 0010), a page's worth at most.
+SELECT queue FROM (
+    SELECT DISTINCT queue FROM job_counts WHERE tenant = ?1 AND queue > ?2 AND n > 0 ORDER BY queue LIMIT ?3)
+UNION
+SELECT queue FROM (
+    SELECT queue FROM queue_pauses INDEXED BY queue_pauses_by_tenant WHERE tenant = ?1 AND queue > ?2
+    ORDER BY queue LIMIT ?3)
+ORDER BY queue LIMIT ?3;
+
 -- name: queue_oldest_ready
 SELECT scheduled_at FROM jobs INDEXED BY jobs_pending_by_tenant
 WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at <= ? ORDER BY scheduled_at LIMIT 1;
@@ -184,7 +208,7 @@ ORDER BY created_at DESC, id DESC LIMIT ?;
 
 -- name: jobs_by_ids
 SELECT {job_columns}
-FROM jobs WHERE id IN ({marks});
+FROM jobs WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: lock_workflows_of_jobs
 -- The workflows of a bulk batch's jobs, to lock first: one writer owns the file.
@@ -333,10 +357,25 @@ SELECT status FROM workflows WHERE id = ?1 AND tenant = ?2;
 SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows WHERE id = ?;
 
 -- name: workflows_page
--- After the key (?3, ?4) of the previous page's last workflow, if any.
-SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows
+-- The keys of a page, after the key (?3, ?4) of the previous page's last
+-- workflow, if any.
+SELECT created_at, id FROM workflows
 WHERE tenant = ?1 AND (?2 IS NULL OR status = ?2) AND (created_at, id) < (coalesce(?3, 1e999), coalesce(?4, ''))
 ORDER BY created_at DESC, id DESC LIMIT ?5;
+
+-- name: workflow_bytes
+-- What each workflow of a page takes on the wire without its steps' jobs,
+-- about, as job_bytes reckons a job's: its context, and each step's payload,
+-- dependencies and names.
+SELECT w.id, 512 + length(CAST(w.context AS BLOB)) + coalesce((
+    SELECT sum(256 + length(CAST(s.payload AS BLOB)) + length(CAST(s.depends_on AS BLOB)) + length(s.name)
+        + length(s.kind))
+    FROM workflow_steps AS s WHERE s.workflow_id = w.id), 0)
+FROM workflows AS w WHERE w.id IN (SELECT value FROM json_each(?1));
+
+-- name: workflows_by_ids
+SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows
+WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: steps_of_workflows
 SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
