@@ -86,6 +86,10 @@ MAX_JOB_ID = 100
 MAX_WORKFLOW_NAME = 200
 #: A bulk action changes at most this many jobs per call (default 10,000).
 MAX_BULK = 1_000_000
+#: A job's timeout, at most (``config.timeout_secs``).
+MAX_TIMEOUT_SECS = 7 * 86400
+#: A snooze's delay and a fail's ``retry_in_secs``, at most.
+MAX_DELAY_SECS = 30 * 86400
 
 
 def valid_name(name: str) -> bool:
@@ -215,6 +219,9 @@ class Job:
     workflow_id: str | None = None
     step: str | None = None
     context: dict[str, Any] | None = None
+    #: The job's own policies, as enqueued (docs/protocol.md, "Enqueue").
+    timeout_secs: int | None = None
+    backoff: dict[str, Any] | None = None
 
     if typing.TYPE_CHECKING:  # generated below, by _WireForm
 
@@ -534,6 +541,15 @@ class FailItem:
     lease_token: str
     error: str
     retryable: bool = True
+    #: The retry's delay instead of the backoff (an upstream's Retry-After).
+    retry_in_secs: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnoozeItem:
+    job_id: str
+    lease_token: str
+    delay_secs: float
 
 
 class Outcome(enum.Enum):
@@ -688,6 +704,18 @@ class _Fields(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class BackoffConfig(_Body):
+    """A job's retry delays (``config.backoff``): the *n*-th failed attempt
+    waits ``min(max_secs, initial_secs * factor**(n-1))``, less a random
+    part of up to ``jitter`` of it. Each field left out is the server's
+    default's."""
+
+    initial_secs: Annotated[float, Field(gt=0, le=MAX_DELAY_SECS), BeforeValidator(_json_number)] = 1.0
+    factor: Annotated[float, Field(ge=1, le=100), BeforeValidator(_json_number)] = 2.0
+    max_secs: Annotated[float, Field(gt=0, le=MAX_DELAY_SECS), BeforeValidator(_json_number)] = 3600.0
+    jitter: Annotated[float, Field(ge=0, le=1), BeforeValidator(_json_number)] = 0.5
+
+
 class JobConfig(_Body):
     queue: Name = "default"
     priority: Int = Field(0, ge=-(2**31), le=2**31 - 1)
@@ -698,6 +726,8 @@ class JobConfig(_Body):
     delay_secs: Annotated[float, Field(ge=0, le=10 * 365 * 86400), BeforeValidator(_json_number)] | None = None
     scheduled_at: TimeInput | None = None
     idempotency_key: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | None = None
+    timeout_secs: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECS), BeforeValidator(_json_number)] | None = None
+    backoff: BackoffConfig | None = None
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobConfig:
@@ -737,10 +767,20 @@ class CompleteRequest(_Body):
     result: JsonObject = Field(default_factory=dict)
 
 
+#: A delay of a report: seconds, 0 to 30 days.
+Delay = Annotated[float, Field(ge=0, le=MAX_DELAY_SECS), BeforeValidator(_json_number)]
+
+
 class FailRequest(_Body):
     lease_token: Token
     error: Annotated[Text, StringConstraints(max_length=MAX_ERROR)]
     retryable: bool = Field(True, strict=True)
+    retry_in_secs: Delay | None = None
+
+
+class SnoozeRequest(_Body):
+    lease_token: Token
+    delay_secs: Delay
 
 
 HeartbeatStatus = Literal["running", "pending", "completed", "failed", "cancelled"]
@@ -758,6 +798,10 @@ class FailManyItem(FailRequest):
     id: JobId
 
 
+class SnoozeManyItem(SnoozeRequest):
+    id: JobId
+
+
 class HeartbeatManyRequest(_Body):
     items: list[HeartbeatManyItem] = Field(max_length=MAX_BATCH)
 
@@ -768,6 +812,10 @@ class CompleteManyRequest(_Body):
 
 class FailManyRequest(_Body):
     items: list[FailManyItem] = Field(max_length=MAX_BATCH)
+
+
+class SnoozeManyRequest(_Body):
+    items: list[SnoozeManyItem] = Field(max_length=MAX_BATCH)
 
 
 class WorkflowStepRequest(_Body):

@@ -29,11 +29,9 @@ Each state transition is one store call, so one transaction.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import functools
 import json
 import logging
-import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -42,7 +40,6 @@ import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
 from .. import errors
-from .._backoff import backoff
 from .._batching import Batcher
 from ..models import (
     EnqueueRequest,
@@ -71,6 +68,8 @@ from .store.base import (
     NewJob,
     Outcome,
     ReportResult,
+    RetryPolicy,
+    SnoozeItem,
     Store,
 )
 from .workflows import new_workflow
@@ -78,28 +77,6 @@ from .workflows import new_workflow
 __all__ = ["Engine", "RetryPolicy", "Waker"]
 
 log = logging.getLogger("qftrio.engine")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class RetryPolicy:
-    """Exponential backoff with full jitter on the upper half, capped.
-
-    The *n*-th failed attempt waits ``min(cap, base * 2**(n-1))`` seconds,
-    scaled by a random factor in ``[1 - jitter, 1]``. Defaults: 1 s, 2 s, 4 s,
-    ... up to one hour.
-    """
-
-    base_secs: float = 1.0
-    cap_secs: float = 3600.0
-    jitter: float = 0.5
-
-    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        return backoff(attempt, base=self.base_secs, cap=self.cap_secs, jitter=self.jitter, rand=rand)
-
-    def retry_at(self, attempt: int, max_attempts: int, retryable: bool, now: float) -> float | None:
-        if not retryable or attempt >= max_attempts:
-            return None
-        return now + self.delay(attempt)
 
 
 class Parked:
@@ -218,6 +195,9 @@ class Engine:
         self._fails: Batcher[FailItem, ReportResult] = Batcher(
             lambda items: self.store.jobs_fail(items, now=self.clock(), retry_at=self.policy.retry_at)
         )
+        self._snoozes: Batcher[SnoozeItem, ReportResult] = Batcher(
+            lambda items: self.store.jobs_snooze(items, now=self.clock())
+        )
         self._claims: dict[tuple[str, float, str | None], Batcher[int, list[Lease]]] = {}
 
     # -- lifecycle ---------------------------------------------------------
@@ -311,6 +291,8 @@ class Engine:
                     max_attempts=cfg.max_attempts,
                     scheduled_at=scheduled_at,
                     idempotency_key=cfg.idempotency_key,
+                    timeout_secs=cfg.timeout_secs,
+                    backoff=None if cfg.backoff is None else cfg.backoff.model_dump(),
                 )
             )
         # Jobs due now go straight to the long-polls parked on their queue:
@@ -634,9 +616,19 @@ class Engine:
         await self._count_conflicts(items, results)
         return results
 
+    async def snooze(self, items: Sequence[SnoozeItem]) -> list[ReportResult]:
+        """Put running jobs back to pending for a while without using up
+        their attempt (:func:`~qftrio.server.transitions.snooze`)."""
+        results = await self._snoozes(items)
+        for queue in {r.queue for r in results if r.applied and r.queue is not None}:
+            # parked long-polls recompute their wait
+            self.waker.notify(queue)
+        await self._count_conflicts(items, results)
+        return results
+
     async def _count_conflicts(
         self,
-        items: Sequence[HeartbeatItem | CompleteItem | FailItem],
+        items: Sequence[HeartbeatItem | CompleteItem | FailItem | SnoozeItem],
         results: Sequence[HeartbeatResult | ReportResult],
     ) -> None:
         """Count the stale-token refusals by their jobs' queue and kind. A
@@ -652,9 +644,9 @@ class Engine:
     # -- janitor -----------------------------------------------------------
 
     async def reap_expired(self) -> int:
-        reaped = await self.store.jobs_reap_expired(now=self.clock())
+        reaped = await self.store.jobs_reap_expired(now=self.clock(), retry_at=self.policy.retry_at)
         for r in reaped:
-            # a lost lease is a failed attempt, retried or dead-lettered
+            # a lost lease or a timeout is a failed attempt, retried or dead-lettered
             self.metrics.of(self.metrics.failed, r.queue, r.kind).inc()
             if r.status is Status.FAILED:
                 self.metrics.of(self.metrics.dead_lettered, r.queue, r.kind).inc()

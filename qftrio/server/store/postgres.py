@@ -91,6 +91,8 @@ from .base import (
     Reaped,
     ReportResult,
     RetryAt,
+    RetryPolicy,
+    SnoozeItem,
     Store,
     issued,
     new_ids,
@@ -166,6 +168,8 @@ def _job(row: asyncpg.Record) -> Job:
         workflow_id=None if workflow_id is None else str(workflow_id),
         step=row["step"],
         context=row["context"],
+        timeout_secs=row["timeout_secs"],
+        backoff=row["backoff"],
     )
 
 
@@ -186,7 +190,8 @@ def _insert_batch(ids: Sequence[str], jobs: Sequence[NewJob]) -> str:
                 [
                     job_id, new.tenant, new.queue, new.kind, _json_fragment(new.payload), new.priority,
                     new.max_attempts, new.scheduled_at, new.idempotency_key, new.workflow_id, new.step,
-                    None if new.context is None else _json_fragment(new.context),
+                    None if new.context is None else _json_fragment(new.context), new.timeout_secs,
+                    None if new.backoff is None else _json_fragment(new.backoff),
                 ]  # fmt: skip
                 for job_id, new in zip(ids, jobs)
             ]
@@ -623,6 +628,8 @@ class PostgresStore(Store):
             float(claim.lease_secs),
             claim.worker_id,
             CHANNEL,
+            [j.timeout_secs for j in jobs],
+            [j.backoff for j in jobs],
         )
         inserted = [Inserted(job_id, new, now) for job_id, new in zip(ids, jobs)]
         if rows and rows[0]["older_found"]:
@@ -916,8 +923,13 @@ class PostgresStore(Store):
             return []
         return await _run_plan(self._db, lambda: changes.jobs_fail(items, now, retry_at))
 
-    async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
-        return await _run_plan(self._db, lambda: changes.reap_expired(now, limit))
+    async def jobs_snooze(self, items: Sequence[SnoozeItem], *, now: float) -> list[ReportResult]:
+        return await _run_plan(self._db, lambda: changes.jobs_snooze(items, now))
+
+    async def jobs_reap_expired(
+        self, *, now: float, limit: int = 1000, retry_at: RetryAt = RetryPolicy().retry_at
+    ) -> list[Reaped]:
+        return await _run_plan(self._db, lambda: changes.reap_expired(now, limit, retry_at))
 
     async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
         return await _run_plan(self._db, lambda: changes.prune(before, limit))

@@ -66,6 +66,8 @@ from .base import (
     Reaped,
     ReportResult,
     RetryAt,
+    RetryPolicy,
+    SnoozeItem,
     Store,
     new_ids,
     new_tokens,
@@ -95,7 +97,8 @@ def _dumps(value: Any) -> str | None:
 def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     (
         id_, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-        updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context,
+        updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context, timeout_secs,
+        backoff,
     ) = row  # fmt: skip
     return Job(
         id=id_,
@@ -120,6 +123,8 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         workflow_id=workflow_id,
         step=step,
         context=_loads(context),
+        timeout_secs=timeout_secs,
+        backoff=_loads(backoff),
     )
 
 
@@ -136,6 +141,7 @@ class _Row:
     step: str | None
     kind: str
     claimed_at: float | None
+    deadline: float | None
 
     def applied(self, result: ReportResult) -> ReportResult:
         """*result* (applied to this job) with what the metrics need."""
@@ -148,10 +154,8 @@ def _report_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, _Row
     unique = list(dict.fromkeys(ids))
     for start in range(0, len(unique), 500):
         chunk = unique[start : start + 500]
-        for id_, status, token, queue, attempt, max_attempts, workflow_id, step, kind, claimed_at in conn.execute(
-            Q["reports_of"].format(marks=_marks(len(chunk))), chunk
-        ):
-            out[id_] = _Row(STATUS_OF[status], token, queue, attempt, max_attempts, workflow_id, step, kind, claimed_at)
+        for id_, status, token, *rest in conn.execute(Q["reports_of"].format(marks=_marks(len(chunk))), chunk):
+            out[id_] = _Row(STATUS_OF[status], token, *rest)
     return out
 
 
@@ -177,6 +181,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
             (
                 job_id, new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority, new.max_attempts,
                 new.scheduled_at, now, now, new.idempotency_key, new.workflow_id, new.step, _dumps(new.context),
+                new.timeout_secs, _dumps(new.backoff),
             )  # fmt: skip
         )
         out.append(Inserted(job_id, new, now))
@@ -218,7 +223,7 @@ def _claim(
     rows = conn.execute(
         Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
         (
-            now + lease_secs, worker_id, now, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
+            now + lease_secs, now + lease_secs, now, now, worker_id, now, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
             transitions.LOST_ATTEMPT, transitions.LOST_ATTEMPT, now, *ids,
         ),  # fmt: skip
     ).fetchall()
@@ -681,8 +686,10 @@ class SqliteStore(Store):
             updates = []
             out = []
             for item in unique:
-                _, status, current = _state(rows, item.job_id, item.lease_token)
-                result = transitions.heartbeat(status, current, extend_secs=item.extend_secs, now=now)
+                row, status, current = _state(rows, item.job_id, item.lease_token)
+                result = transitions.heartbeat(
+                    status, current, extend_secs=item.extend_secs, now=now, deadline=row.deadline if row else None
+                )
                 if result.locked_until is not None:
                     updates.append((result.locked_until, now, item.job_id, item.lease_token))
                 out.append(result)
@@ -720,8 +727,13 @@ class SqliteStore(Store):
     async def jobs_fail(self, items: Sequence[FailItem], *, now: float, retry_at: RetryAt) -> list[ReportResult]:
         return await self._run(lambda conn: _drive(conn, changes.jobs_fail(items, now, retry_at)))
 
-    async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
-        return await self._run(lambda conn: _drive(conn, changes.reap_expired(now, limit)))
+    async def jobs_snooze(self, items: Sequence[SnoozeItem], *, now: float) -> list[ReportResult]:
+        return await self._run(lambda conn: _drive(conn, changes.jobs_snooze(items, now)))
+
+    async def jobs_reap_expired(
+        self, *, now: float, limit: int = 1000, retry_at: RetryAt = RetryPolicy().retry_at
+    ) -> list[Reaped]:
+        return await self._run(lambda conn: _drive(conn, changes.reap_expired(now, limit, retry_at)))
 
     async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
         return await self._run(lambda conn: _drive(conn, changes.prune(before, limit)))
