@@ -92,6 +92,13 @@ MAX_TIMEOUT_SECS = 7 * 86400
 MAX_DELAY_SECS = 30 * 86400
 
 
+def timeout_error(timeout_secs: int | None) -> str:
+    """The error of an attempt that ran past its job's ``timeout_secs``: the
+    server's (its janitor ends the attempt) and the worker runtime's (it
+    cancels the handler then), alike."""
+    return f"timed out after {timeout_secs} s"
+
+
 def valid_name(name: str) -> bool:
     """Whether *name* is a valid queue or kind name (the whole of it: ``$``
     alone would let a final newline through)."""

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
 from .. import errors
-from ..models import HeartbeatItem, Status, WorkflowStatus
+from ..models import HeartbeatItem, Status, WorkflowStatus, timeout_error
 from .store.base import LEASE_EXPIRED, HeartbeatResult, Outcome, ReportResult, RetryAt
 
 
@@ -370,11 +370,6 @@ def timed_out(locked_until: float, deadline: float | None) -> bool:
     job (the janitor fails it) and each store's claim statements ask the
     same (``locked_until < deadline``)."""
     return deadline is not None and locked_until >= deadline
-
-
-def timeout_error(timeout_secs: int | None) -> str:
-    """The error of an attempt that ran past its job's ``timeout_secs``."""
-    return f"timed out after {timeout_secs} s"
 
 
 def sibling_cancelled(step: str) -> str:
