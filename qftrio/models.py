@@ -88,6 +88,9 @@ MAX_WORKFLOW_NAME = 200
 MAX_BULK = 1_000_000
 #: A job's timeout, at most (``config.timeout_secs``).
 MAX_TIMEOUT_SECS = 7 * 86400
+#: Queue stats count the scheduled jobs of a queue up to this many, so that
+#: their cost does not grow with the jobs kept.
+MAX_SCHEDULED_COUNT = 10_000
 #: A snooze's delay and a fail's ``retry_in_secs``, at most.
 MAX_DELAY_SECS = 30 * 86400
 
@@ -355,11 +358,14 @@ class QueueStats:
     next_available_at: float | None
     #: Paused for this tenant: leases hand out none of its jobs of the queue.
     paused: bool = False
+    #: Of the pending jobs, those whose time has not come (a delay, a retry's
+    #: backoff, a snooze), counted up to :data:`MAX_SCHEDULED_COUNT`.
+    scheduled: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "queue": self.queue,
-            "counts": {s.value: self.counts.get(s.value, 0) for s in Status},
+            "counts": {**{s.value: self.counts.get(s.value, 0) for s in Status}, "scheduled": self.scheduled},
             "oldest_ready_at": format_time(self.oldest_ready_at),
             "next_available_at": format_time(self.next_available_at),
             "paused": self.paused,
@@ -373,6 +379,7 @@ class QueueStats:
             oldest_ready_at=parse_time(data.get("oldest_ready_at")),
             next_available_at=parse_time(data.get("next_available_at")),
             paused=bool(data.get("paused", False)),
+            scheduled=int(data["counts"].get("scheduled", 0)),
         )
 
 
@@ -987,11 +994,15 @@ class ReportResultsAnswer(_Answer):
 
 
 class CountsAnswer(_Answer):
+    """Jobs by status; ``scheduled`` counts the pending ones whose time has
+    not come (up to 10,000: 10,000 means that many or more)."""
+
     pending: int
     running: int
     completed: int
     failed: int
     cancelled: int
+    scheduled: int
 
 
 class QueueStatsAnswer(_Answer):

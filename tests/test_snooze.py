@@ -170,3 +170,18 @@ async def test_bad_job_policies_are_refused_naming_the_field(http, server, confi
     assert r.status_code == 422 and field in r.json()["error"]["message"], r.text
     listed = await http.get("/api/v1/jobs", params={"queue": "bad"}, headers=server.headers())
     assert listed.json()["jobs"] == []
+
+
+async def test_stats_count_the_jobs_whose_time_has_not_come(storage: Store) -> None:
+    ready, delayed, snoozed = (i.id for i in await storage.jobs_insert([new(), new(), new()], now=T0))
+    await storage.jobs_insert([NewJob(tenant="t1", queue="q", kind="k", payload={}, scheduled_at=T0 + 500)], now=T0)
+    leases = await storage.jobs_claim("q", limit=3, lease_secs=30, worker_id="w1", now=T0)
+    token = {lease.job.id: lease.lease_token for lease in leases}
+    await storage.jobs_snooze([SnoozeItem(snoozed, token[snoozed], 60)], now=T0 + 1)
+    await storage.jobs_fail([FailItem(delayed, token[delayed], "x", retry_in_secs=100)], now=T0 + 1, retry_at=DEFAULT)
+    (stats,) = await storage.queues_stats(tenant="t1", now=T0 + 2)
+    assert (stats.counts["pending"], stats.counts["running"], stats.scheduled) == (3, 1, 3)
+    assert stats.to_wire()["counts"]["scheduled"] == 3
+    (stats,) = await storage.queues_stats(tenant="t1", now=T0 + 102)
+    assert stats.scheduled == 1
+    assert ready in token

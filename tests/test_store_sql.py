@@ -85,3 +85,9 @@ def test_no_sqlite_statement_joins_two_arrays() -> None:
     # times more per job; parallel arrays are read with json_extract by index
     for name, statement in sql.load("sqlite").items():
         assert not re.search(r"JOIN\s+json_each", statement), f"queries/sqlite.sql {name} joins on json_each"
+
+
+def test_both_stores_count_scheduled_jobs_up_to_the_same_cap() -> None:
+    from qftrio.models import MAX_SCHEDULED_COUNT
+
+    assert f"LIMIT {MAX_SCHEDULED_COUNT})" in sql.load("postgres")["queues_stats"]

@@ -420,6 +420,7 @@ def _stats_row(row: asyncpg.Record) -> QueueStats:
         counts={s.value: int(counts.get(s.value, 0)) for s in Status},
         oldest_ready_at=row["oldest_ready_at"],
         next_available_at=row["next_available_at"],
+        scheduled=row["scheduled"],
         paused=row["paused"],
     )
 

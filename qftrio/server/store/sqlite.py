@@ -37,6 +37,7 @@ import trio
 
 from ... import _json, errors
 from ...models import (
+    MAX_SCHEDULED_COUNT,
     STATUS_OF,
     ErrorEntry,
     Job,
@@ -388,6 +389,7 @@ def _stats(
     for t, q in pairs:
         oldest = conn.execute(Q["queue_oldest_ready"], (t, q, now)).fetchone()
         scheduled = conn.execute(Q["queue_next_scheduled"], (t, q, now)).fetchone()
+        (waiting,) = conn.execute(Q["queue_scheduled"], (t, q, now, MAX_SCHEDULED_COUNT)).fetchone()
         (lease,) = conn.execute(Q["queue_next_lease"], (q, t)).fetchone()
         nexts = [x for x in (scheduled[0] if scheduled else None, lease) if x is not None]
         found = counts.get((t, q), {})
@@ -400,6 +402,7 @@ def _stats(
                     oldest_ready_at=oldest[0] if oldest else None,
                     next_available_at=min(nexts) if nexts else None,
                     paused=(t, q) in paused,
+                    scheduled=waiting,
                 ),
             )
         )

@@ -538,7 +538,12 @@ SELECT p.tenant, p.queue,
          WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at > $1
          ORDER BY j.scheduled_at LIMIT 1),
         (SELECT min(j.locked_until) FROM qftrio_jobs AS j
-         WHERE j.queue = p.queue AND j.status = 'running' AND j.tenant = p.tenant)) AS next_available_at
+         WHERE j.queue = p.queue AND j.status = 'running' AND j.tenant = p.tenant)) AS next_available_at,
+    -- the pending jobs whose time has not come, counted up to models.MAX_SCHEDULED_COUNT
+    (SELECT count(*) FROM (
+        SELECT 1 FROM qftrio_jobs AS j
+        WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at > $1
+        LIMIT 10000) AS s) AS scheduled
 FROM pairs AS p
 LEFT JOIN counts AS c ON c.tenant = p.tenant AND c.queue = p.queue
 LEFT JOIN paused AS x ON x.tenant = p.tenant AND x.queue = p.queue

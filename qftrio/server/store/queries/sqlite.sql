@@ -179,6 +179,12 @@ WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at <= ? ORDE
 SELECT scheduled_at FROM jobs INDEXED BY jobs_pending_by_tenant
 WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at > ? ORDER BY scheduled_at LIMIT 1;
 
+-- name: queue_scheduled
+-- The pending jobs whose time has not come, counted up to ?4 (models.MAX_SCHEDULED_COUNT).
+SELECT count(*) FROM (
+    SELECT 1 FROM jobs INDEXED BY jobs_pending_by_tenant
+    WHERE tenant = ?1 AND queue = ?2 AND status = 'pending' AND scheduled_at > ?3 LIMIT ?4);
+
 -- name: queue_next_lease
 -- Walks the queue's running jobs, whose number the workers bound.
 SELECT min(locked_until) FROM jobs INDEXED BY jobs_leased WHERE queue = ? AND status = 'running' AND tenant = ?;
