@@ -185,3 +185,16 @@ async def test_stats_count_the_jobs_whose_time_has_not_come(storage: Store) -> N
     (stats,) = await storage.queues_stats(tenant="t1", now=T0 + 102)
     assert stats.scheduled == 1
     assert ready in token
+
+
+async def test_the_jobs_whose_time_has_not_come_next_first(storage: Store) -> None:
+    def at(delay: float, queue: str = "q", tenant: str = "t1") -> NewJob:
+        return NewJob(tenant=tenant, queue=queue, kind="k", payload={}, scheduled_at=T0 + delay)
+
+    ids = [i.id for i in await storage.jobs_insert([at(0), at(300), at(100), at(200, "r"), at(50, tenant="t2")], now=T0)]
+    got = await storage.jobs_scheduled(tenant="t1", now=T0)
+    assert [job.id for job in got] == [ids[2], ids[3], ids[1]]
+    assert [job.id for job in await storage.jobs_scheduled(tenant="t1", now=T0, queue="q", limit=1)] == [ids[2]]
+    assert [job.id for job in await storage.jobs_scheduled(tenant="t1", now=T0, limit=2)] == [ids[2], ids[3]]
+    assert [job.id for job in await storage.jobs_scheduled(tenant="t1", now=T0 + 150)] == [ids[3], ids[1]]
+    assert await storage.jobs_scheduled(tenant="t1", now=T0, queue="none") == []

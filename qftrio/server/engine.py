@@ -469,6 +469,11 @@ class Engine:
         failed = sum(1 for job in jobs if job.updated_at >= since)
         return failed, failed >= limit
 
+    async def jobs_scheduled(self, tenant: str, *, queue: str | None = None, limit: int = 100) -> list[Job]:
+        """The tenant's pending jobs whose time has not come (delayed,
+        waiting for a retry, snoozed), next to run first, at most *limit*."""
+        return await self.store.jobs_scheduled(tenant=tenant, now=self.clock(), queue=queue, limit=limit)
+
     async def workers(self, tenant: str) -> list[WorkerInfo]:
         """The worker ids holding the tenant's running jobs, most jobs first:
         how many, on which queues, last seen (their latest claim or

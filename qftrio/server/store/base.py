@@ -550,6 +550,13 @@ class Store(abc.ABC):
         server holds locked at that moment may be left for a later batch."""
 
     @abc.abstractmethod
+    async def jobs_scheduled(self, *, tenant: str, now: float, queue: str | None = None, limit: int = 100) -> list[Job]:
+        """The tenant's pending jobs whose time has not come (``scheduled_at
+        > now``: delayed, waiting for a retry, snoozed), of *queue* when
+        given, next to run first (by ``scheduled_at``), at most *limit*.
+        Costs O(queues x limit) index entries, whatever the table holds."""
+
+    @abc.abstractmethod
     async def workers(self, *, tenant: str) -> list[WorkerInfo]:
         """The worker ids holding the tenant's running jobs, most jobs first
         (then by id): how many, on which queues, the latest claim or

@@ -788,6 +788,11 @@ class PostgresStore(Store):
 
         return await self._db.run(bulk)
 
+    async def jobs_scheduled(
+        self, *, tenant: str, now: float, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        return [_job(row) for row in await self._db.fetch(Q["jobs_scheduled"], tenant, now, queue, limit)]
+
     async def workers(self, *, tenant: str) -> list[WorkerInfo]:
         rows = await self._db.fetch(Q["workers"], tenant)
         return workers_of((row["worker_id"], row["queue"], row["n"], row["seen"]) for row in rows)

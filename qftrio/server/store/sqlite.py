@@ -659,6 +659,19 @@ class SqliteStore(Store):
 
         return await self._run(bulk)
 
+    async def jobs_scheduled(
+        self, *, tenant: str, now: float, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        def scheduled(conn: sqlite3.Connection) -> list[Job]:
+            where, args = _where({"queue": queue})
+            queues = [q for (q,) in conn.execute(Q["pending_queues"].format(where=where), (tenant, *args))]
+            rows = [
+                row for q in queues for row in conn.execute(Q["queue_scheduled_jobs"], (tenant, q, now, limit))
+            ]
+            return [_row_to_job(row) for row in heapq.nsmallest(limit, rows, key=lambda row: (row[9], row[0]))]
+
+        return await self._run(scheduled)
+
     async def workers(self, *, tenant: str) -> list[WorkerInfo]:
         return await self._run(lambda conn: workers_of(conn.execute(Q["workers"], (tenant,)).fetchall()))
 

@@ -549,6 +549,25 @@ LEFT JOIN counts AS c ON c.tenant = p.tenant AND c.queue = p.queue
 LEFT JOIN paused AS x ON x.tenant = p.tenant AND x.queue = p.queue
 ORDER BY p.queue COLLATE "C", p.tenant COLLATE "C";
 
+-- name: jobs_scheduled
+-- The tenant's jobs whose time has not come, next to run first: the queues
+-- holding pending jobs from the ledger, one range of
+-- qftrio_jobs_pending_tenant_idx each ($3: one queue, or all).
+WITH queues AS (
+    SELECT queue FROM qftrio_job_counts
+    WHERE tenant = $1 AND status = 'pending' AND ($3::text IS NULL OR queue = $3)
+    GROUP BY queue HAVING sum(n) > 0
+)
+SELECT j.* FROM queues AS q CROSS JOIN LATERAL (
+    SELECT {job_columns}
+    FROM qftrio_jobs
+    WHERE tenant = $1 AND queue = q.queue AND status = 'pending' AND scheduled_at > $2
+    ORDER BY scheduled_at
+    LIMIT $4
+) AS j
+ORDER BY j.scheduled_at, j.id
+LIMIT $4;
+
 -- name: counts_fold
 -- Sums the ledger rows of each combination that has several into one (the
 -- others are left alone, so an idle ledger is not rewritten). Rows another

@@ -185,6 +185,16 @@ SELECT count(*) FROM (
     SELECT 1 FROM jobs INDEXED BY jobs_pending_by_tenant
     WHERE tenant = ?1 AND queue = ?2 AND status = 'pending' AND scheduled_at > ?3 LIMIT ?4);
 
+-- name: pending_queues
+-- The queues holding a tenant's pending jobs ("{where}": one queue).
+SELECT DISTINCT queue FROM job_counts WHERE tenant = ? AND status = 'pending' AND n > 0 {where};
+
+-- name: queue_scheduled_jobs
+-- A queue's jobs whose time has not come, next to run first.
+SELECT {job_columns}
+FROM jobs INDEXED BY jobs_pending_by_tenant
+WHERE tenant = ?1 AND queue = ?2 AND status = 'pending' AND scheduled_at > ?3 ORDER BY scheduled_at LIMIT ?4;
+
 -- name: queue_next_lease
 -- Walks the queue's running jobs, whose number the workers bound.
 SELECT min(locked_until) FROM jobs INDEXED BY jobs_leased WHERE queue = ? AND status = 'running' AND tenant = ?;
