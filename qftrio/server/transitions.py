@@ -8,20 +8,23 @@ functions, so a rule changes in one place; ``tests/test_transitions.py`` holds
 the rules, and the store conformance suite checks that each backend executes
 them.
 
-Reports (complete / fail / heartbeat) of a job that exists:
+Reports (complete / fail / snooze / heartbeat) of a job that exists:
 
-=====================  =================  ==========================  ================
-row state              complete(token)    fail(token)                 heartbeat(token)
-=====================  =================  ==========================  ================
-token not current      CONFLICT           CONFLICT                    CONFLICT
-running                OK (completed)     OK (pending or failed)      OK, extended
-completed              OK (replay)        CONFLICT                    OK, status only
-pending (after fail)   CONFLICT           OK (replay)                 OK, status only
-failed                 CONFLICT           OK (replay)                 OK, status only
-cancelled              CONFLICT           CONFLICT                    OK, status only
-=====================  =================  ==========================  ================
+=====================  ===============  ======================  ==============  ================
+row state              complete(token)  fail(token)             snooze(token)   heartbeat(token)
+=====================  ===============  ======================  ==============  ================
+token not current      CONFLICT         CONFLICT                CONFLICT        CONFLICT
+running                OK (completed)   OK (pending or failed)  OK (pending)    OK, extended
+completed              OK (replay)      CONFLICT                CONFLICT        OK, status only
+pending (after fail)   CONFLICT         OK (replay)             OK (replay)     OK, status only
+failed                 CONFLICT         OK (replay)             CONFLICT        OK, status only
+cancelled              CONFLICT         CONFLICT                CONFLICT        OK, status only
+=====================  ===============  ======================  ==============  ================
 
-The table is :func:`complete`, :func:`fail` and :func:`heartbeat`.
+The table is :func:`complete`, :func:`fail`, :func:`snooze` and
+:func:`heartbeat`. A heartbeat never extends a lease past the attempt's
+deadline (``timeout_secs``); when the deadline passes, the janitor ends the
+attempt (:func:`reap`, :func:`timed_out`).
 
 Lease tokens (docs/protocol.md, "Worker protocol"): a claim gives the job a
 fresh token. It stays on the row after complete, fail and cancel, so that
