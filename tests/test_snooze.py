@@ -198,3 +198,25 @@ async def test_the_jobs_whose_time_has_not_come_next_first(storage: Store) -> No
     assert [job.id for job in await storage.jobs_scheduled(tenant="t1", now=T0, limit=2)] == [ids[2], ids[3]]
     assert [job.id for job in await storage.jobs_scheduled(tenant="t1", now=T0 + 150)] == [ids[3], ids[1]]
     assert await storage.jobs_scheduled(tenant="t1", now=T0, queue="none") == []
+
+
+async def test_the_clients_snooze_retry_in_and_job_policies(server) -> None:
+    from qftrio import Client, Conflict
+
+    async with Client(server.url, server.tenants["acme"], timeout=5) as tenant, Client(
+        server.url, server.worker_token, timeout=5
+    ) as worker:
+        job = await tenant.enqueue("k", queue="by-client", timeout_secs=60, backoff={"initial_secs": 2, "jitter": 0})
+        # the backoff as stored: every field, those left out the server's defaults
+        full = {"initial_secs": 2.0, "factor": 2.0, "max_secs": 3600.0, "jitter": 0.0}
+        assert (job.timeout_secs, job.backoff) == (60, full)
+        (lease,) = await worker.lease("by-client")
+        await worker.job_snooze(job.id, lease.lease_token, 0)
+        snoozed = await tenant.job_get(job.id)
+        assert (snoozed.status, snoozed.max_attempts, snoozed.backoff) == ("pending", 6, full)
+        (lease,) = await worker.lease("by-client")
+        await worker.fail(job.id, lease.lease_token, "busy", retry_in_secs=45)
+        failed = await tenant.job_get(job.id)
+        assert failed.scheduled_at == pytest.approx(failed.updated_at + 45)
+        with pytest.raises(Conflict):
+            await worker.job_snooze(job.id, "00000000-0000-4000-8000-000000000000", 1)
