@@ -19,10 +19,16 @@ _MAX_EXPONENT = 1023
 
 
 def backoff(
-    failures: int, *, base: float, cap: float, jitter: float = 0.5, rand: Callable[[], float] = random.random
+    failures: int,
+    *,
+    base: float,
+    cap: float,
+    jitter: float = 0.5,
+    factor: float = 2.0,
+    rand: Callable[[], float] = random.random,
 ) -> float:
     """Seconds to wait after *failures* failures in a row (1 for the first):
-    ``min(cap, base * 2**(failures - 1))``, scaled by a random factor in
+    ``min(cap, base * factor**(failures - 1))``, scaled by a random factor in
     ``[1 - jitter, 1]`` so that many clients do not retry in lockstep.
 
     Args:
@@ -30,7 +36,12 @@ def backoff(
         base: the wait after the first failure, before jitter.
         cap: the longest wait, before jitter.
         jitter: how much of the wait may be taken off at random (0 to 1).
+        factor: how much longer each wait is than the one before (1 or more).
         rand: a source of numbers in ``[0, 1)``.
     """
-    raw = min(cap, base * 2.0 ** min(max(0, failures - 1), _MAX_EXPONENT))
+    exponent = min(max(0, failures - 1), _MAX_EXPONENT)
+    try:
+        raw = min(cap, base * factor**exponent)
+    except OverflowError:  # a factor above 2 reaches the cap long before
+        raw = cap
     return raw * (1.0 - jitter * rand())

@@ -158,7 +158,7 @@ def _client_call(args: argparse.Namespace, call: Callable[[Any], Awaitable[Any]]
 def _enqueue(args: argparse.Namespace) -> int:
     payload = _read_payload(args.payload) if args.payload else {}
     config: dict[str, Any] = {"queue": args.queue}
-    for key in ("priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key"):
+    for key in ("priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key", "timeout_secs"):
         value = getattr(args, key)
         if value is not None:
             config[key] = value
@@ -545,6 +545,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay-secs", type=_non_negative)
     p.add_argument("--scheduled-at", help="RFC 3339 time")
     p.add_argument("--idempotency-key")
+    p.add_argument(
+        "--timeout-secs", type=_positive_int, metavar="SECS",
+        help="each attempt ends this long after its claim, whatever the worker does (at most 7 days)",
+    )  # fmt: skip
     _add_client_options(p)
     p.set_defaults(func=_enqueue)
 

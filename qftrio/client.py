@@ -43,6 +43,8 @@ from .models import (
     BulkRequest,
     CompleteItem,
     FailItem,
+    JobConfig,
+    SnoozeItem,
     HeartbeatItem,
     HeartbeatReply,
     EnqueueBatchRequest,
@@ -206,7 +208,14 @@ def _config(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-_CONFIG_KEYS = frozenset({"queue", "priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key"})
+_CONFIG_KEYS = frozenset(JobConfig.model_fields)
+
+
+def _fail_body(item: FailItem) -> dict[str, Any]:
+    body: dict[str, Any] = {"lease_token": item.lease_token, "error": item.error, "retryable": item.retryable}
+    if item.retry_in_secs is not None:
+        body["retry_in_secs"] = item.retry_in_secs
+    return body
 
 
 def _job_body(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -495,14 +504,28 @@ class _Api(Generic[X]):
         )
 
     @_method
-    def fail(job_id: str, lease_token: str, error: str, retryable: bool = True) -> Call[None]:
+    def fail(
+        job_id: str, lease_token: str, error: str, retryable: bool = True, *, retry_in_secs: float | None = None
+    ) -> Call[None]:
         """Record a failure: retried later if *retryable* and attempts are
-        left, else dead-lettered."""
+        left (after *retry_in_secs* when given, else after the job's
+        backoff), else dead-lettered."""
         return Call(
             "POST",
             f"/api/v1/jobs/{_segment(job_id)}/fail",
             None,
-            json_body={"lease_token": lease_token, "error": error, "retryable": retryable},
+            json_body=_fail_body(FailItem(job_id, lease_token, error, retryable, retry_in_secs)),
+        )
+
+    @_method
+    def job_snooze(job_id: str, lease_token: str, delay_secs: float) -> Call[None]:
+        """Put a running job back to pending for *delay_secs* (0 to 30
+        days) without using up its attempt."""
+        return Call(
+            "POST",
+            f"/api/v1/jobs/{_segment(job_id)}/snooze",
+            None,
+            json_body={"lease_token": lease_token, "delay_secs": delay_secs},
         )
 
     @_method
@@ -525,13 +548,16 @@ class _Api(Generic[X]):
     @_method
     def fail_many(items: Sequence[FailItem]) -> Call[list[ReportReply]]:
         """Fail many jobs in one call (at most 1000)."""
-        body = {
-            "items": [
-                {"id": i.job_id, "lease_token": i.lease_token, "error": i.error, "retryable": i.retryable}
-                for i in items
-            ]
-        }
+        body = {"items": [{"id": i.job_id, **_fail_body(i)} for i in items]}
         return Call("POST", "/api/v1/leases/fail", _report_replies, json_body=body)
+
+    @_method
+    def snooze_many(items: Sequence[SnoozeItem]) -> Call[list[ReportReply]]:
+        """Snooze many jobs in one call (at most 1000)."""
+        body = {
+            "items": [{"id": i.job_id, "lease_token": i.lease_token, "delay_secs": i.delay_secs} for i in items]
+        }
+        return Call("POST", "/api/v1/leases/snooze", _report_replies, json_body=body)
 
     # -- application API ---------------------------------------------------
 
@@ -546,9 +572,14 @@ class _Api(Generic[X]):
         delay_secs: float | None = None,
         scheduled_at: float | _dt.datetime | None = None,
         idempotency_key: str | None = None,
+        timeout_secs: int | None = None,
+        backoff: Mapping[str, float] | None = None,
     ) -> Call[Job]:
         """Enqueue one job. *scheduled_at* is epoch seconds or an aware
-        datetime. A repeated *idempotency_key* returns the first job."""
+        datetime. A repeated *idempotency_key* returns the first job.
+        *timeout_secs* ends each attempt that long after its claim; *backoff*
+        (``{initial_secs, factor, max_secs, jitter}``) replaces the
+        server's retry backoff for this job."""
         body = _job_body(
             {
                 "kind": kind,
@@ -559,6 +590,8 @@ class _Api(Generic[X]):
                 "delay_secs": delay_secs,
                 "scheduled_at": scheduled_at,
                 "idempotency_key": idempotency_key,
+                "timeout_secs": timeout_secs,
+                "backoff": None if backoff is None else dict(backoff),
             }
         )
         return Call("POST", "/api/v1/jobs", Job.from_wire, json_body=_build(EnqueueRequest, **body))

@@ -15,7 +15,11 @@
     ├── TransportError           the server could not be reached at all
     ├── UnexpectedAnswer         the server answered, but not as qftrio does
     ├── ConfigError              a setting that cannot work
-    └── PermanentError           raised by a handler: fail the job, do not retry
+    ├── PermanentError           raised by a handler: fail the job, do not retry
+    ├── Snooze                   raised by a handler: run the job again later, the
+    │                            attempt not used up
+    └── RetryIn                  raised by a handler: fail the attempt, retried after
+                                 the delay it gives instead of the backoff
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ __all__ = [
     "TransportError",
     "ConfigError",
     "PermanentError",
+    "Snooze",
+    "RetryIn",
     "error_for_status",
     "is_transient",
 ]
@@ -145,6 +151,29 @@ class ConfigError(QftrioError):
 
 class PermanentError(QftrioError):
     """Raise from a handler to fail the job without retrying it."""
+
+
+class Snooze(QftrioError):
+    """Raise from a handler to put its job back to pending for *seconds*
+    (0 to 30 days) without using up the attempt: "not now". The server
+    raises the job's ``max_attempts`` by one, so a job snoozed any number of
+    times is never dead-lettered for it."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"snoozed for {seconds:g} s")
+        self.seconds = seconds
+
+
+class RetryIn(QftrioError):
+    """Raise from a handler to fail the attempt with *error* and have it
+    retried in *seconds* (0 to 30 days) instead of after the job's backoff:
+    an upstream's ``Retry-After``, say. The last attempt is dead-lettered
+    all the same."""
+
+    def __init__(self, seconds: float, error: str = "retry requested") -> None:
+        super().__init__(error)
+        self.seconds = seconds
+        self.error = error
 
 
 _BY_STATUS: dict[int, type[ApiError]] = {

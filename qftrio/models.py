@@ -93,6 +93,20 @@ MAX_ANSWER_BYTES = 8 << 20
 #: fewer, and at most ``MAX_QUEUES_PAGE``.
 QUEUES_PAGE = 100
 MAX_QUEUES_PAGE = 1000
+#: A job's timeout, at most (``config.timeout_secs``).
+MAX_TIMEOUT_SECS = 7 * 86400
+#: Queue stats count the scheduled jobs of a queue up to this many, so that
+#: their cost does not grow with the jobs kept.
+MAX_SCHEDULED_COUNT = 10_000
+#: A snooze's delay and a fail's ``retry_in_secs``, at most.
+MAX_DELAY_SECS = 30 * 86400
+
+
+def timeout_error(timeout_secs: int | None) -> str:
+    """The error of an attempt that ran past its job's ``timeout_secs``: the
+    server's (its janitor ends the attempt) and the worker runtime's (it
+    cancels the handler then), alike."""
+    return f"timed out after {timeout_secs} s"
 
 
 def valid_name(name: str) -> bool:
@@ -222,6 +236,9 @@ class Job:
     workflow_id: str | None = None
     step: str | None = None
     context: dict[str, Any] | None = None
+    #: The job's own policies, as enqueued (docs/protocol.md, "Enqueue").
+    timeout_secs: int | None = None
+    backoff: dict[str, Any] | None = None
 
     if typing.TYPE_CHECKING:  # generated below, by _WireForm
 
@@ -348,11 +365,14 @@ class QueueStats:
     next_available_at: float | None
     #: Paused for this tenant: leases hand out none of its jobs of the queue.
     paused: bool = False
+    #: Of the pending jobs, those whose time has not come (a delay, a retry's
+    #: backoff, a snooze), counted up to :data:`MAX_SCHEDULED_COUNT`.
+    scheduled: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "queue": self.queue,
-            "counts": {s.value: self.counts.get(s.value, 0) for s in Status},
+            "counts": {**{s.value: self.counts.get(s.value, 0) for s in Status}, "scheduled": self.scheduled},
             "oldest_ready_at": format_time(self.oldest_ready_at),
             "next_available_at": format_time(self.next_available_at),
             "paused": self.paused,
@@ -366,6 +386,7 @@ class QueueStats:
             oldest_ready_at=parse_time(data.get("oldest_ready_at")),
             next_available_at=parse_time(data.get("next_available_at")),
             paused=bool(data.get("paused", False)),
+            scheduled=int(data["counts"].get("scheduled", 0)),
         )
 
 
@@ -541,6 +562,15 @@ class FailItem:
     lease_token: str
     error: str
     retryable: bool = True
+    #: The retry's delay instead of the backoff (an upstream's Retry-After).
+    retry_in_secs: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnoozeItem:
+    job_id: str
+    lease_token: str
+    delay_secs: float
 
 
 class Outcome(enum.Enum):
@@ -695,6 +725,18 @@ class _Fields(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class BackoffConfig(_Body):
+    """A job's retry delays (``config.backoff``): the *n*-th failed attempt
+    waits ``min(max_secs, initial_secs * factor**(n-1))``, less a random
+    part of up to ``jitter`` of it. Each field left out is the server's
+    default's."""
+
+    initial_secs: Annotated[float, Field(gt=0, le=MAX_DELAY_SECS), BeforeValidator(_json_number)] = 1.0
+    factor: Annotated[float, Field(ge=1, le=100), BeforeValidator(_json_number)] = 2.0
+    max_secs: Annotated[float, Field(gt=0, le=MAX_DELAY_SECS), BeforeValidator(_json_number)] = 3600.0
+    jitter: Annotated[float, Field(ge=0, le=1), BeforeValidator(_json_number)] = 0.5
+
+
 class JobConfig(_Body):
     queue: Name = "default"
     priority: Int = Field(0, ge=-(2**31), le=2**31 - 1)
@@ -705,6 +747,8 @@ class JobConfig(_Body):
     delay_secs: Annotated[float, Field(ge=0, le=10 * 365 * 86400), BeforeValidator(_json_number)] | None = None
     scheduled_at: TimeInput | None = None
     idempotency_key: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | None = None
+    timeout_secs: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECS), BeforeValidator(_json_number)] | None = None
+    backoff: BackoffConfig | None = None
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobConfig:
@@ -744,10 +788,20 @@ class CompleteRequest(_Body):
     result: JsonObject = Field(default_factory=dict)
 
 
+#: A delay of a report: seconds, 0 to 30 days.
+Delay = Annotated[float, Field(ge=0, le=MAX_DELAY_SECS), BeforeValidator(_json_number)]
+
+
 class FailRequest(_Body):
     lease_token: Token
     error: Annotated[Text, StringConstraints(max_length=MAX_ERROR)]
     retryable: bool = Field(True, strict=True)
+    retry_in_secs: Delay | None = None
+
+
+class SnoozeRequest(_Body):
+    lease_token: Token
+    delay_secs: Delay
 
 
 HeartbeatStatus = Literal["running", "pending", "completed", "failed", "cancelled"]
@@ -765,6 +819,10 @@ class FailManyItem(FailRequest):
     id: JobId
 
 
+class SnoozeManyItem(SnoozeRequest):
+    id: JobId
+
+
 class HeartbeatManyRequest(_Body):
     items: list[HeartbeatManyItem] = Field(max_length=MAX_BATCH)
 
@@ -775,6 +833,10 @@ class CompleteManyRequest(_Body):
 
 class FailManyRequest(_Body):
     items: list[FailManyItem] = Field(max_length=MAX_BATCH)
+
+
+class SnoozeManyRequest(_Body):
+    items: list[SnoozeManyItem] = Field(max_length=MAX_BATCH)
 
 
 class WorkflowStepRequest(_Body):
@@ -946,11 +1008,15 @@ class ReportResultsAnswer(_Answer):
 
 
 class CountsAnswer(_Answer):
+    """Jobs by status; ``scheduled`` counts the pending ones whose time has
+    not come (up to 10,000: 10,000 means that many or more)."""
+
     pending: int
     running: int
     completed: int
     failed: int
     cancelled: int
+    scheduled: int
 
 
 class QueueStatsAnswer(_Answer):

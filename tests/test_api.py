@@ -196,7 +196,7 @@ async def test_queues_and_stats(http, server) -> None:
     queues = (await http.get("/api/v1/queues", headers=server.headers())).json()["queues"]
     assert [q["queue"] for q in queues] == ["a", "b"]
     a, b = queues
-    assert a["counts"] == {"pending": 1, "running": 0, "completed": 0, "failed": 0, "cancelled": 0}
+    assert a["counts"] == {"pending": 1, "running": 0, "completed": 0, "failed": 0, "cancelled": 0, "scheduled": 0}
     assert a["oldest_ready_at"] is not None and a["next_available_at"] is None
     assert b["oldest_ready_at"] is None and b["next_available_at"] is not None
     empty = (await http.get("/api/v1/queues/nothing/stats", headers=server.headers())).json()

@@ -74,11 +74,17 @@ async def test_enqueue_get_list_cancel_retry_stats(server, capsys: pytest.Captur
     for argv, says in (
         (["--scheduled-at", "soon"], "scheduled_at: must be an RFC 3339 time"),
         (["--delay-secs", "1", "--scheduled-at", "2030-01-01T00:00:00Z"], "give delay_secs or scheduled_at, not both"),
+        (["--timeout-secs", str(8 * 86400)], "timeout_secs: must be at most 604800"),
     ):
         assert await run_cli("enqueue", "k", *argv, *opts) == 2
         assert capsys.readouterr().err.startswith(f"qftrio: invalid argument: {says}")
     assert await run_cli("jobs", "list", "--url", server.url, "--token", "wrong") == 1
     assert "401" in capsys.readouterr().err
+    assert await run_cli("enqueue", "k", "--timeout-secs", "30", *opts) == 0
+    assert json.loads(capsys.readouterr().out)["timeout_secs"] == 30
+    with pytest.raises(SystemExit) as exited:
+        await run_cli("enqueue", "k", "--timeout-secs", "0", *opts)
+    assert exited.value.code == 2 and "--timeout-secs: must be at least 1" in capsys.readouterr().err
 
 
 async def test_enqueue_reads_the_payload_from_a_file_or_stdin(
@@ -161,7 +167,7 @@ async def test_operations_commands_answer_json_when_piped(server, capsys: pytest
     assert json.loads(capsys.readouterr().out) == {"count": 1}
     assert await run_cli("stats", *opts) == 0
     (stats,) = json.loads(capsys.readouterr().out)["queues"]
-    assert stats["counts"] == {"pending": 2, "running": 0, "completed": 0, "failed": 0, "cancelled": 0}
+    assert stats["counts"] == {"pending": 2, "running": 0, "completed": 0, "failed": 0, "cancelled": 0, "scheduled": 0}
     assert await run_cli("jobs", "retry", "--all", *opts) == 0  # no failed or cancelled job left
     assert json.loads(capsys.readouterr().out) == {"count": 0}
 

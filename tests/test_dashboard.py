@@ -441,7 +441,7 @@ async def test_the_queues_page_sums_up_pending_running_failed_in_the_last_hour_a
     await server.engine.lease("q", worker_id="w1", lease_secs=600)
     server.clock.advance(125)
     await dead_letters(server.engine, 2, queue="d")
-    expected = {"pending": "2", "running": "1", "failed_last_hour": "2", "oldest_ready": "2m 05s ago"}
+    expected = {"pending": "2", "scheduled": "0", "running": "1", "failed_last_hour": "2", "oldest_ready": "2m 05s ago"}
     async with signed_in(server) as client:
         page = (await client.get("/dashboard/")).text
         live = (await client.get("/dashboard/queues.json")).json()
@@ -453,6 +453,22 @@ async def test_the_queues_page_sums_up_pending_running_failed_in_the_last_hour_a
     assert "Completed jobs per second, all queues, between refreshes 2 seconds apart" in page
     # Past the page it counts among, "at least".
     assert await server.engine.jobs_failed_since("acme", server.engine.clock() - 3600, limit=2) == (2, True)
+
+
+async def test_the_scheduled_page_lists_jobs_whose_time_has_not_come_next_first(server: RunningServer) -> None:
+    await enqueue(server.engine, 1)  # ready now: not listed
+    later, soon = await enqueue(server.engine, 1, delay_secs=300), await enqueue(server.engine, 1, delay_secs=100)
+    other = await enqueue(server.engine, 1, queue="other", delay_secs=200)
+    async with signed_in(server) as client:
+        page = (await client.get("/dashboard/scheduled")).text
+        summary = dict(re.findall(r'data-summary="(\w+)">(?:<a[^>]*>)?([^<]*)<', (await client.get("/dashboard/")).text))
+        one_queue = (await client.get("/dashboard/scheduled?queue=other")).text
+        bad = await client.get("/dashboard/scheduled?queue=no%20spaces")
+    assert re.findall(r"/dashboard/jobs/([0-9a-f-]{36})\"", page) == [*soon, *other, *later]
+    assert "in 1m 40s" in page
+    assert summary["pending"] == "4" and summary["scheduled"] == "3"
+    assert re.findall(r"/dashboard/jobs/([0-9a-f-]{36})\"", one_queue) == other
+    assert bad.status_code == 422
 
 
 async def test_error_pages_are_headed_in_words(server: RunningServer) -> None:

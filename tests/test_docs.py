@@ -214,7 +214,7 @@ qftrio serve --dev | tee log; qftrio dashboard
 
 | `qftrio queues pause\\|resume QUEUE` | (`--url`, `--force`) |
 
-`POST /api/v1/jobs/{id}/snooze`, `GET /api/v1/jobs`, `QUEUEFLOW_COLOUR`, `qftrio_jobs_snoozed_total`
+`POST /api/v1/jobs/{id}/pause`, `GET /api/v1/jobs`, `QUEUEFLOW_COLOUR`, `qftrio_jobs_snoozed_total`
 """
     openapi = (await http.get("/openapi.json")).json()
     exposition = (await http.get("/metrics")).text
@@ -223,6 +223,6 @@ qftrio serve --dev | tee log; qftrio dashboard
         "qftrio dashboard: no such command",
         "--force of qftrio queues pause|resume",
     ]
-    assert missing_routes(routes_named(doc), openapi, set()) == ["POST /api/v1/jobs/{}/snooze"]
+    assert missing_routes(routes_named(doc), openapi, set()) == ["POST /api/v1/jobs/{}/pause"]
     assert missing_env_vars(env_vars_named(doc)) == ["QUEUEFLOW_COLOUR"]
     assert missing_metrics(metrics_named(doc), exposition) == ["qftrio_jobs_snoozed_total"]

@@ -309,6 +309,8 @@ class Run:
         (stats,) = await self.engine.queues_stats(TENANT, QUEUE)
         for status in Status:
             assert stats.counts.get(status.value, 0) == sum(1 for m in self.jobs.values() if m.status is status)
+        now = self.clock.now
+        assert stats.scheduled == sum(1 for m in self.jobs.values() if m.status is Status.PENDING and m.scheduled_at > now)
 
     async def drain(self) -> None:
         """Let workers run every job to its end: time passes beyond every

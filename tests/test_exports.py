@@ -9,7 +9,7 @@ import qftrio
 
 DOCUMENTED = [
     "Registry", "Job", "Lease", "QueueStats", "WorkerInfo", "Status", "Workflow", "WorkflowStatus", "HttpTransport", "Worker", "WorkerEvent", "open_worker", "Client", "SyncClient",
-    "QftrioError", "ApiError", "PermanentError", "TransportError", "NotFound", "Conflict", "Unauthorized",
+    "QftrioError", "ApiError", "PermanentError", "Snooze", "RetryIn", "TransportError", "NotFound", "Conflict", "Unauthorized",
     "Forbidden", "InvalidInput", "BadRequest", "PayloadTooLarge", "Unavailable", "UnexpectedAnswer", "ConfigError",
 ]  # fmt: skip
 

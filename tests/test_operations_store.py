@@ -62,7 +62,16 @@ async def full_counts(storage: Store) -> dict[tuple[str, str], dict[str, int]]:
 
 async def stats_counts(storage: Store, now: float) -> dict[tuple[str, str], dict[str, int]]:
     out = {}
+    scheduled = {
+        (tenant, queue): n
+        for tenant, queue, n in await rows(
+            storage,
+            "SELECT tenant, queue, count(*) FROM {jobs} WHERE status = 'pending' AND scheduled_at > " + repr(now)
+            + " GROUP BY tenant, queue",
+        )
+    }
     for tenant, stats in await storage.queues_overview(now=now):
+        assert stats.scheduled == scheduled.get((tenant, stats.queue), 0)
         if any(stats.counts.values()):
             out[(tenant, stats.queue)] = stats.counts
     for tenant in ("t1", "t2"):

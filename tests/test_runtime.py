@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import trio
 
+import qftrio
 import qftrio.worker.runtime as runtime_mod
 from qftrio import errors
-from qftrio.models import CompleteItem, EnqueueRequest, FailItem, HeartbeatItem, Job, JobConfig, Lease, Status
+from qftrio.models import CompleteItem, EnqueueRequest, FailItem, HeartbeatItem, Job, JobConfig, Lease, SnoozeItem, Status
 from qftrio.server.engine import Engine
 from qftrio.server.inprocess import EngineTransport
 from qftrio.server.store.sqlite import open_sqlite_store
@@ -60,11 +61,15 @@ class Faults(Transport):
     # -- the server's side, for the tests --------------------------------------
 
     async def add(
-        self, kind: str = "echo", payload: dict[str, Any] | None = None, *, max_attempts: int = 5, priority: int = 0
+        self, kind: str = "echo", payload: dict[str, Any] | None = None, *, max_attempts: int = 5, priority: int = 0,
+        **config: Any,
     ) -> str:
         """Enqueue a job on queue ``q``; jobs enqueued at one instant are
         leased in an order only *priority* sets."""
-        spec = EnqueueRequest(kind=kind, payload=payload or {}, config=JobConfig(queue="q", max_attempts=max_attempts, priority=priority))
+        spec = EnqueueRequest(
+            kind=kind, payload=payload or {},
+            config=JobConfig(queue="q", max_attempts=max_attempts, priority=priority, **config),
+        )  # fmt: skip
         (inserted,) = await self.engine.enqueue(TENANT, [spec])
         return inserted.job.id
 
@@ -167,6 +172,9 @@ class Faults(Transport):
 
     async def fail(self, items: Sequence[FailItem]) -> list[ReportReply]:
         return await self._through("fail", items, lambda: self._inner.fail(items))  # type: ignore[no-any-return]
+
+    async def snooze(self, items: Sequence[SnoozeItem]) -> list[ReportReply]:
+        return await self._through("snooze", items, lambda: self._inner.snooze(items))  # type: ignore[no-any-return]
 
 
 def _names(items: Sequence[Any], job_id: str) -> bool:
@@ -490,6 +498,70 @@ async def test_handler_timeout_fails_retryably(server: Faults, autojump_clock: A
     assert cancelled.is_set()
     assert server.fails(job_id)[0].retryable is True
     assert "timed out after 3 s" in (await server.job(job_id)).errors[0].error
+
+
+async def test_a_jobs_timeout_cancels_its_handler_and_fails_it_with_the_servers_text(
+    server: Faults, autojump_clock: Any
+) -> None:
+    reg = Registry()
+    cancelled = trio.Event()
+
+    @reg.handler("hang", timeout=100)  # the job's own timeout comes first
+    async def hang(job: Job) -> dict[str, Any]:
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    job_id = await server.add("hang", timeout_secs=4)
+    async with open_worker(server, "q", reg, lease_secs=10, wait_secs=5):
+        await server.wait_for(lambda: _first_error(server, job_id))
+        assert trio.current_time() - server.times("lease")[0] < 5
+    assert cancelled.is_set()
+    (fail,) = server.fails(job_id)[:1]
+    assert (fail.error, fail.retryable) == ("timed out after 4 s", True)
+    assert (await server.job(job_id)).errors[0].error == "timed out after 4 s"
+
+
+async def test_snooze_puts_the_job_back_without_using_the_attempt(server: Faults, autojump_clock: Any) -> None:
+    reg = Registry()
+    runs: list[float] = []
+
+    @reg.handler("later")
+    async def later(job: Job) -> dict[str, Any]:
+        runs.append(trio.current_time())
+        if len(runs) < 3:
+            raise qftrio.Snooze(30)
+        return {"runs": len(runs)}
+
+    job_id = await server.add("later", max_attempts=1)
+    rec_events: list[WorkerEvent] = []
+    async with open_worker(server, "q", reg, lease_secs=10, wait_secs=5, on_event=rec_events.append):
+        await server.wait_status(Status.COMPLETED, job_id)
+    job = await server.job(job_id)
+    assert job.result == {"runs": 3} and job.attempt == 3 and job.max_attempts == 3 and job.errors == ()
+    assert runs[1] - runs[0] >= 30 and runs[2] - runs[1] >= 30
+    assert [e.delay for e in rec_events if e.type == "snoozed"] == [30, 30]
+
+
+async def test_retry_in_fails_with_the_delay_asked_for(server: Faults, autojump_clock: Any) -> None:
+    reg = Registry()
+    runs: list[float] = []
+
+    @reg.handler("upstream")
+    async def upstream(job: Job) -> dict[str, Any]:
+        runs.append(trio.current_time())
+        if len(runs) == 1:
+            raise qftrio.RetryIn(120, "upstream said 429, Retry-After: 120")
+        return {}
+
+    job_id = await server.add("upstream", backoff={"initial_secs": 1, "jitter": 0})
+    async with open_worker(server, "q", reg, lease_secs=10, wait_secs=5):
+        await server.wait_status(Status.COMPLETED, job_id)
+    (fail,) = server.fails(job_id)
+    assert (fail.error, fail.retry_in_secs) == ("upstream said 429, Retry-After: 120", 120)
+    assert runs[1] - runs[0] >= 120
+    assert (await server.job(job_id)).errors[0].error == "upstream said 429, Retry-After: 120"
 
 
 async def test_result_that_is_not_an_object_fails(server: Faults, autojump_clock: Any) -> None:

@@ -19,8 +19,9 @@ FIELDS = [field.name for field in dataclasses.fields(Job)]
 #: for the lease of a claim and the idempotency of an insert).
 PG_EXTRA = {"lease_token", "idempotency_key"}
 
-# A job row's column list: from its "id, tenant, queue" up to its last column.
-_JOB_LIST = re.compile(r"(?:SELECT|RETURNING)\s+((?:j\.)?id,\s*(?:j\.)?tenant,\s*(?:j\.)?queue,[^;]*?(?:j\.)?context)\b")
+# A job row's column list: from its "id, tenant, queue" up to its last column
+# (a list without "context" is some other row's).
+_JOB_LIST = re.compile(r"(?:SELECT|RETURNING)\s+((?:j\.)?id,\s*(?:j\.)?tenant,\s*(?:j\.)?queue(?:,\s*(?:j\.)?\w+)*)")
 
 
 def job_lists(backend: str) -> dict[str, list[str]]:
@@ -29,7 +30,9 @@ def job_lists(backend: str) -> dict[str, list[str]]:
     for name, statement in sql.load(backend).items():
         text = re.sub(r"--[^\n]*", "", statement)
         for match in _JOB_LIST.finditer(text):
-            found[name] = [column.strip().removeprefix("j.") for column in match[1].split(",")]
+            columns = [column.strip().removeprefix("j.") for column in match[1].split(",")]
+            if "context" in columns:
+                found[name] = columns
     return found
 
 
@@ -82,3 +85,9 @@ def test_no_sqlite_statement_joins_two_arrays() -> None:
     # times more per job; parallel arrays are read with json_extract by index
     for name, statement in sql.load("sqlite").items():
         assert not re.search(r"JOIN\s+json_each", statement), f"queries/sqlite.sql {name} joins on json_each"
+
+
+def test_both_stores_count_scheduled_jobs_up_to_the_same_cap() -> None:
+    from qftrio.models import MAX_SCHEDULED_COUNT
+
+    assert f"LIMIT {MAX_SCHEDULED_COUNT})" in sql.load("postgres")["queues_stats"]

@@ -129,7 +129,7 @@ def expired(job_id: str, *, attempt: int = 1, max_attempts: int = 1, at: float =
 
 
 def test_reap_returns_jobs_with_attempts_left_and_dead_letters_the_rest() -> None:
-    decided, failing = transitions.reap([expired("a", attempt=1, max_attempts=2), expired("b")])
+    decided, failing = transitions.reap([expired("a", attempt=1, max_attempts=2), expired("b")], retry_at=ALWAYS_RETRY, now=T0)
     assert [(d.job_id, d.status, d.error) for d in decided] == [
         ("a", Status.PENDING, LEASE_EXPIRED),
         ("b", Status.FAILED, LEASE_EXPIRED),
@@ -144,7 +144,7 @@ def test_reap_fails_a_workflow_at_the_step_whose_lease_ran_out_first() -> None:
         expired("retryable", attempt=1, max_attempts=3, at=T0, workflow="w", position=2),
         expired("other", workflow="v", position=5),
     ]
-    decided, failing = transitions.reap(jobs)
+    decided, failing = transitions.reap(jobs, retry_at=ALWAYS_RETRY, now=T0)
     assert failing == {"w": "first", "v": "other"}
     assert [(d.job_id, d.status) for d in decided] == [
         ("late", Status.CANCELLED),
@@ -156,7 +156,9 @@ def test_reap_fails_a_workflow_at_the_step_whose_lease_ran_out_first() -> None:
 
 
 def test_reap_breaks_ties_by_the_steps_order() -> None:
-    decided, failing = transitions.reap([expired("second", workflow="w", position=1), expired("first", workflow="w", position=0)])
+    decided, failing = transitions.reap(
+        [expired("second", workflow="w", position=1), expired("first", workflow="w", position=0)], retry_at=ALWAYS_RETRY, now=T0
+    )
     assert failing == {"w": "first"}
     assert [d.status for d in decided] == [Status.CANCELLED, Status.FAILED]
 
@@ -168,3 +170,60 @@ def test_advance_enqueues_the_unblocked_steps_in_workflow_order() -> None:
     assert transitions.advance(WorkflowStatus.RUNNING, steps_completed=5, steps_total=5, unblocked=[]).completed
     stopped = transitions.advance(WorkflowStatus.FAILED, steps_completed=5, steps_total=5, unblocked=unblocked)
     assert (stopped.ready, stopped.completed) == ((), False)
+
+
+def test_heartbeat_never_extends_past_the_deadline() -> None:
+    capped = transitions.heartbeat(S.RUNNING, True, extend_secs=60, now=T0, deadline=T0 + 10)
+    assert capped.locked_until == T0 + 10
+    assert transitions.heartbeat(S.RUNNING, True, extend_secs=5, now=T0, deadline=T0 + 10).locked_until == T0 + 5
+
+
+@pytest.mark.parametrize(
+    ("status", "current", "expected"),
+    [
+        (None, False, (NOT_FOUND, None, False)),
+        (S.RUNNING, False, (CONFLICT, None, False)),
+        (S.RUNNING, True, (OK, S.PENDING, True)),
+        (S.PENDING, True, (OK, S.PENDING, False)),  # a replay
+        (S.COMPLETED, True, (CONFLICT, None, False)),
+        (S.FAILED, True, (CONFLICT, None, False)),
+        (S.CANCELLED, True, (CONFLICT, None, False)),
+    ],
+)
+def test_snooze(status, current, expected) -> None:
+    result = transitions.snooze(status, current, queue="q")
+    assert (result.outcome, result.status, result.applied) == expected
+
+
+def test_retry_in_replaces_the_delay_not_the_decision() -> None:
+    kw = {"queue": "q", "max_attempts": 2, "retry_at": ALWAYS_RETRY, "now": T0, "retry_in_secs": 300}
+    assert transitions.fail(S.RUNNING, True, attempt=1, **kw).retry_at == T0 + 300
+    assert transitions.fail(S.RUNNING, True, attempt=2, **kw).retry_at is None
+    assert transitions.fail(S.RUNNING, True, attempt=1, retryable=False, **kw).retry_at is None
+    assert transitions.fail(S.RUNNING, True, attempt=1, **{**kw, "retry_in_secs": 0}).retry_at == T0
+
+
+def test_a_jobs_own_backoff() -> None:
+    own = {"initial_secs": 3, "factor": 3, "max_secs": 20, "jitter": 0}
+    kw = {"queue": "q", "max_attempts": 9, "retry_at": RetryPolicy().retry_at, "now": T0, "backoff": own}
+    delays = [transitions.fail(S.RUNNING, True, attempt=n, **kw).retry_at - T0 for n in (1, 2, 3, 4)]
+    assert delays == [3, 9, 20, 20]
+
+
+def test_a_timed_out_job_fails_as_a_fail_would() -> None:
+    def timed(job_id: str, attempt: int, **kw):
+        return transitions.Expired(
+            job_id=job_id, queue="q", attempt=attempt, max_attempts=2, locked_until=T0, deadline=T0, timeout_secs=7, **kw
+        )
+
+    lost = expired("lost", attempt=1, max_attempts=2)
+    decided, _ = transitions.reap([timed("again", 1), timed("dead", 2), lost], retry_at=ALWAYS_RETRY, now=T0 + 1)
+    assert [(d.job_id, d.status, d.error, d.retry_at) for d in decided] == [
+        ("again", S.PENDING, "timed out after 7 s", T0 + 11),
+        ("dead", S.FAILED, "timed out after 7 s", None),
+        ("lost", S.PENDING, LEASE_EXPIRED, None),
+    ]
+    assert transitions.timed_out(T0, T0) and not transitions.timed_out(T0 - 1, T0) and not transitions.timed_out(T0, None)
+    # a workflow step that timed out on its last attempt fails its workflow
+    _, failing = transitions.reap([timed("step", 2, workflow_id="w", step="s")], retry_at=ALWAYS_RETRY, now=T0)
+    assert failing == {"w": "step"}

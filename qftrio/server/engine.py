@@ -29,11 +29,9 @@ Each state transition is one store call, so one transaction.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import functools
 import json
 import logging
-import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -42,7 +40,6 @@ import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
 from .. import errors
-from .._backoff import backoff
 from .._batching import Batcher
 from ..models import (
     MAX_ANSWER_BYTES,
@@ -74,6 +71,8 @@ from .store.base import (
     NewJob,
     Outcome,
     ReportResult,
+    RetryPolicy,
+    SnoozeItem,
     Store,
 )
 from .workflows import new_workflow
@@ -81,28 +80,6 @@ from .workflows import new_workflow
 __all__ = ["Engine", "RetryPolicy", "Waker"]
 
 log = logging.getLogger("qftrio.engine")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class RetryPolicy:
-    """Exponential backoff with full jitter on the upper half, capped.
-
-    The *n*-th failed attempt waits ``min(cap, base * 2**(n-1))`` seconds,
-    scaled by a random factor in ``[1 - jitter, 1]``. Defaults: 1 s, 2 s, 4 s,
-    ... up to one hour.
-    """
-
-    base_secs: float = 1.0
-    cap_secs: float = 3600.0
-    jitter: float = 0.5
-
-    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        return backoff(attempt, base=self.base_secs, cap=self.cap_secs, jitter=self.jitter, rand=rand)
-
-    def retry_at(self, attempt: int, max_attempts: int, retryable: bool, now: float) -> float | None:
-        if not retryable or attempt >= max_attempts:
-            return None
-        return now + self.delay(attempt)
 
 
 class Parked:
@@ -242,6 +219,9 @@ class Engine:
         self._fails: Batcher[FailItem, ReportResult] = Batcher(
             lambda items: self.store.jobs_fail(items, now=self.clock(), retry_at=self.policy.retry_at)
         )
+        self._snoozes: Batcher[SnoozeItem, ReportResult] = Batcher(
+            lambda items: self.store.jobs_snooze(items, now=self.clock())
+        )
         self._claims: dict[tuple[str, float, str | None], Batcher[int, list[Lease]]] = {}
 
     # -- lifecycle ---------------------------------------------------------
@@ -335,6 +315,8 @@ class Engine:
                     max_attempts=cfg.max_attempts,
                     scheduled_at=scheduled_at,
                     idempotency_key=cfg.idempotency_key,
+                    timeout_secs=cfg.timeout_secs,
+                    backoff=None if cfg.backoff is None else cfg.backoff.model_dump(),
                 )
             )
         # Jobs due now go straight to the long-polls parked on their queue:
@@ -527,6 +509,11 @@ class Engine:
         failed = sum(1 for job in page.items if job.updated_at >= since)
         return failed, failed == len(page.items) and (failed >= limit or page.next is not None)
 
+    async def jobs_scheduled(self, tenant: str, *, queue: str | None = None, limit: int = 100) -> list[Job]:
+        """The tenant's pending jobs whose time has not come (delayed,
+        waiting for a retry, snoozed), next to run first, at most *limit*."""
+        return await self.store.jobs_scheduled(tenant=tenant, now=self.clock(), queue=queue, limit=limit)
+
     async def workers(self, tenant: str) -> list[WorkerInfo]:
         """The worker ids holding the tenant's running jobs, most jobs first:
         how many, on which queues, last seen (their latest claim or
@@ -674,9 +661,19 @@ class Engine:
         await self._count_conflicts(items, results)
         return results
 
+    async def snooze(self, items: Sequence[SnoozeItem]) -> list[ReportResult]:
+        """Put running jobs back to pending for a while without using up
+        their attempt (:func:`~qftrio.server.transitions.snooze`)."""
+        results = await self._snoozes(items)
+        for queue in {r.queue for r in results if r.applied and r.queue is not None}:
+            # parked long-polls recompute their wait
+            self.waker.notify(queue)
+        await self._count_conflicts(items, results)
+        return results
+
     async def _count_conflicts(
         self,
-        items: Sequence[HeartbeatItem | CompleteItem | FailItem],
+        items: Sequence[HeartbeatItem | CompleteItem | FailItem | SnoozeItem],
         results: Sequence[HeartbeatResult | ReportResult],
     ) -> None:
         """Count the stale-token refusals by their jobs' queue and kind. A
@@ -692,9 +689,9 @@ class Engine:
     # -- janitor -----------------------------------------------------------
 
     async def reap_expired(self) -> int:
-        reaped = await self.store.jobs_reap_expired(now=self.clock())
+        reaped = await self.store.jobs_reap_expired(now=self.clock(), retry_at=self.policy.retry_at)
         for r in reaped:
-            # a lost lease is a failed attempt, retried or dead-lettered
+            # a lost lease or a timeout is a failed attempt, retried or dead-lettered
             self.metrics.of(self.metrics.failed, r.queue, r.kind).inc()
             if r.status is Status.FAILED:
                 self.metrics.of(self.metrics.dead_lettered, r.queue, r.kind).inc()

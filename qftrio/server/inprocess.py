@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from .. import errors
-from ..models import CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, Lease, ReportReply, refuse_nul
+from ..models import CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, Lease, ReportReply, SnoozeItem, refuse_nul
 from ..worker.transport import Transport
 from .engine import Engine
 
@@ -73,4 +73,8 @@ class EngineTransport(Transport):
         for item in items:
             refuse_nul(item.error, "error")
         results = await self._call("fail", self.engine.fail(items))
+        return [ReportReply(job_id=i.job_id, outcome=r.outcome) for i, r in zip(items, results, strict=True)]
+
+    async def snooze(self, items: Sequence[SnoozeItem]) -> list[ReportReply]:
+        results = await self._call("snooze", self.engine.snooze(items))
         return [ReportReply(job_id=i.job_id, outcome=r.outcome) for i, r in zip(items, results, strict=True)]

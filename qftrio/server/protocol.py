@@ -1,9 +1,9 @@
 """The hot routes, and the ASGI front that serves them.
 
 Enqueue (single and batch), lease, heartbeat, complete and fail (single and
-batch) are nearly every request a busy server answers. Through Quart, a small
+batch; snooze, rarer, sits with them) are nearly every request a busy server answers. Through Quart, a small
 request costs several times what the HTTP server alone spends on it (see
-docs/performance.md), so :class:`ProtocolFront` answers these nine routes
+docs/performance.md), so :class:`ProtocolFront` answers these routes
 straight from ASGI, in the same :class:`~qftrio.server.envelope.Envelope` as
 every other route, and hands the rest to the Quart app. It also answers
 ``405`` (with ``Allow``) for every declared path.
@@ -40,6 +40,9 @@ from ..models import (
     LeasesAnswer,
     Outcome,
     ReportResultsAnswer,
+    SnoozeItem,
+    SnoozeManyRequest,
+    SnoozeRequest,
     format_time,
 )
 from .auth import Credentials
@@ -122,7 +125,16 @@ async def complete(engine: Engine, call: Call) -> Reply:
 async def fail(engine: Engine, call: Call) -> Reply:
     """Fail a job: retried after a backoff while attempts are left, else dead-lettered."""
     body: FailRequest = call.body
-    (result,) = await engine.fail([FailItem(call.path["job_id"], body.lease_token, body.error, body.retryable)])
+    (result,) = await engine.fail(
+        [FailItem(call.path["job_id"], body.lease_token, body.error, body.retryable, body.retry_in_secs)]
+    )
+    return _report_reply(result)
+
+
+async def snooze(engine: Engine, call: Call) -> Reply:
+    """Put a job back to pending for ``delay_secs``, its attempt not used up."""
+    body: SnoozeRequest = call.body
+    (result,) = await engine.snooze([SnoozeItem(call.path["job_id"], body.lease_token, body.delay_secs)])
     return _report_reply(result)
 
 
@@ -153,7 +165,14 @@ async def complete_many(engine: Engine, call: Call) -> Reply:
 async def fail_many(engine: Engine, call: Call) -> Reply:
     """Fail many jobs."""
     items = call.body.items
-    results = await engine.fail([FailItem(i.id, i.lease_token, i.error, i.retryable) for i in items])
+    results = await engine.fail([FailItem(i.id, i.lease_token, i.error, i.retryable, i.retry_in_secs) for i in items])
+    return 200, {"results": [{"id": i.id, "code": r.outcome.code()} for i, r in zip(items, results)]}
+
+
+async def snooze_many(engine: Engine, call: Call) -> Reply:
+    """Snooze many jobs."""
+    items = call.body.items
+    results = await engine.snooze([SnoozeItem(i.id, i.lease_token, i.delay_secs) for i in items])
     return 200, {"results": [{"id": i.id, "code": r.outcome.code()} for i, r in zip(items, results)]}
 
 
@@ -180,9 +199,11 @@ ROUTES: list[Route] = [
     _hot("/api/v1/jobs/<job_id>/heartbeat", heartbeat, "worker", HeartbeatRequest, {200: HeartbeatAnswer}, (404, 409)),
     _hot("/api/v1/jobs/<job_id>/complete", complete, "worker", CompleteRequest, {204: None}, (404, 409)),
     _hot("/api/v1/jobs/<job_id>/fail", fail, "worker", FailRequest, {204: None}, (404, 409)),
+    _hot("/api/v1/jobs/<job_id>/snooze", snooze, "worker", SnoozeRequest, {204: None}, (404, 409)),
     _hot("/api/v1/leases/heartbeat", heartbeat_many, "worker", HeartbeatManyRequest, {200: ReportResultsAnswer}),
     _hot("/api/v1/leases/complete", complete_many, "worker", CompleteManyRequest, {200: ReportResultsAnswer}),
     _hot("/api/v1/leases/fail", fail_many, "worker", FailManyRequest, {200: ReportResultsAnswer}),
+    _hot("/api/v1/leases/snooze", snooze_many, "worker", SnoozeManyRequest, {200: ReportResultsAnswer}),
 ]
 
 

@@ -8,20 +8,23 @@ functions, so a rule changes in one place; ``tests/test_transitions.py`` holds
 the rules, and the store conformance suite checks that each backend executes
 them.
 
-Reports (complete / fail / heartbeat) of a job that exists:
+Reports (complete / fail / snooze / heartbeat) of a job that exists:
 
-=====================  =================  ==========================  ================
-row state              complete(token)    fail(token)                 heartbeat(token)
-=====================  =================  ==========================  ================
-token not current      CONFLICT           CONFLICT                    CONFLICT
-running                OK (completed)     OK (pending or failed)      OK, extended
-completed              OK (replay)        CONFLICT                    OK, status only
-pending (after fail)   CONFLICT           OK (replay)                 OK, status only
-failed                 CONFLICT           OK (replay)                 OK, status only
-cancelled              CONFLICT           CONFLICT                    OK, status only
-=====================  =================  ==========================  ================
+=====================  ===============  ======================  ==============  ================
+row state              complete(token)  fail(token)             snooze(token)   heartbeat(token)
+=====================  ===============  ======================  ==============  ================
+token not current      CONFLICT         CONFLICT                CONFLICT        CONFLICT
+running                OK (completed)   OK (pending or failed)  OK (pending)    OK, extended
+completed              OK (replay)      CONFLICT                CONFLICT        OK, status only
+pending (after fail)   CONFLICT         OK (replay)             OK (replay)     OK, status only
+failed                 CONFLICT         OK (replay)             CONFLICT        OK, status only
+cancelled              CONFLICT         CONFLICT                CONFLICT        OK, status only
+=====================  ===============  ======================  ==============  ================
 
-The table is :func:`complete`, :func:`fail` and :func:`heartbeat`.
+The table is :func:`complete`, :func:`fail`, :func:`snooze` and
+:func:`heartbeat`. A heartbeat never extends a lease past the attempt's
+deadline (``timeout_secs``); when the deadline passes, the janitor ends the
+attempt (:func:`reap`, :func:`timed_out`).
 
 Lease tokens (docs/protocol.md, "Worker protocol"): a claim gives the job a
 fresh token. It stays on the row after complete, fail and cancel, so that
@@ -37,10 +40,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .. import errors
-from ..models import HeartbeatItem, Status, WorkflowStatus
+from ..models import HeartbeatItem, Status, WorkflowStatus, timeout_error
 from .store.base import LEASE_EXPIRED, HeartbeatResult, Outcome, ReportResult, RetryAt
 
 
@@ -58,6 +61,9 @@ __all__ = [
     "complete",
     "fail",
     "Failed",
+    "snooze",
+    "timed_out",
+    "timeout_error",
     "heartbeat",
     "one_per_lease",
     "answers",
@@ -92,17 +98,22 @@ _CONFLICT_BEAT = HeartbeatResult(outcome=Outcome.CONFLICT)
 # -- reports ----------------------------------------------------------------
 
 
-def heartbeat(status: Status | None, current: bool, *, extend_secs: float, now: float) -> HeartbeatResult:
+def heartbeat(
+    status: Status | None, current: bool, *, extend_secs: float, now: float, deadline: float | None = None
+) -> HeartbeatResult:
     """The answer to a heartbeat of a job in *status* (None: unknown job),
     *current* telling whether its token is the job's current one. A result
     with ``locked_until`` set is a lease to extend to that time (and
-    ``updated_at`` to *now*), if the job is still running under that token."""
+    ``updated_at`` to *now*), if the job is still running under that token:
+    never past the attempt's *deadline* (``timeout_secs`` after its claim;
+    PostgreSQL's heartbeat statements cap it the same way, ``least``)."""
     if status is None:
         return _NOT_FOUND_BEAT
     if not current:
         return _CONFLICT_BEAT
     if status is Status.RUNNING:
-        return HeartbeatResult(outcome=Outcome.OK, status=Status.RUNNING, locked_until=now + extend_secs)
+        until = now + extend_secs if deadline is None else min(now + extend_secs, deadline)
+        return HeartbeatResult(outcome=Outcome.OK, status=Status.RUNNING, locked_until=until)
     return HeartbeatResult(outcome=Outcome.OK, status=status)
 
 
@@ -162,14 +173,21 @@ def complete(status: Status | None, current: bool, *, queue: str | None = None) 
     """The answer to a completion. ``applied`` set: complete the job (result
     stored, ``locked_until`` cleared), if it is still running under that
     token."""
+    return _report(status, current, queue, after=Status.COMPLETED)
+
+
+def _report(status: Status | None, current: bool, queue: str | None, *, after: Status) -> ReportResult:
+    """A report that moves a running job to *after*: applied when running
+    under the token, a replay when the job is in *after* already, else
+    refused."""
     if status is None:
         return _NOT_FOUND_REPORT
     if not current:
         return _CONFLICT_REPORT
     if status is Status.RUNNING:
-        return ReportResult(outcome=Outcome.OK, queue=queue, status=Status.COMPLETED, applied=True)
-    if status is Status.COMPLETED:
-        return ReportResult(outcome=Outcome.OK, queue=queue, status=Status.COMPLETED)
+        return ReportResult(outcome=Outcome.OK, queue=queue, status=after, applied=True)
+    if status is after:
+        return ReportResult(outcome=Outcome.OK, queue=queue, status=after)
     return _CONFLICT_REPORT
 
 
@@ -194,20 +212,36 @@ def fail(
     retryable: bool = True,
     retry_at: RetryAt,
     now: float,
+    backoff: dict[str, Any] | None = None,
+    retry_in_secs: float | None = None,
 ) -> Failed:
     """The answer to a fail: a retry when the engine's *retry_at* gives a
-    time, else a dead letter."""
+    time (by the job's own *backoff*, if it has one), else a dead letter.
+    A worker's *retry_in_secs* replaces the backoff's delay, never the
+    decision to retry."""
     if status is None:
         return Failed(result=_NOT_FOUND_REPORT)
     if not current:
         return Failed(result=_CONFLICT_REPORT)
     if status is Status.RUNNING:
-        when = retry_at(attempt, max_attempts, retryable, now)
+        when = retry_at(attempt, max_attempts, retryable, now, backoff)
+        if when is not None and retry_in_secs is not None:
+            when = now + retry_in_secs
         after = Status.FAILED if when is None else Status.PENDING
         return Failed(result=ReportResult(outcome=Outcome.OK, queue=queue, status=after, applied=True), retry_at=when)
     if status in (Status.PENDING, Status.FAILED):
         return Failed(result=ReportResult(outcome=Outcome.OK, queue=queue, status=status))
     return Failed(result=_CONFLICT_REPORT)
+
+
+def snooze(status: Status | None, current: bool, *, queue: str | None = None) -> ReportResult:
+    """The answer to a snooze. ``applied`` set: the job goes back to pending
+    at the delay asked for, ``max_attempts`` raised by one so that the
+    attempt is not used up (as Oban does: ``attempt`` still counts claims),
+    ``locked_until`` cleared, the token kept, if it is still running under
+    that token. Same answers as :func:`fail`: a replay (pending, current
+    token) is OK; a completed, failed or cancelled job is a conflict."""
+    return _report(status, current, queue, after=Status.PENDING)
 
 
 # -- the application's changes ------------------------------------------------
@@ -312,6 +346,10 @@ class Expired:
     step: str | None = None
     #: The step's place in its workflow (creation order), for ties.
     position: int = 0
+    #: The attempt's deadline and the job's own policies (``config``).
+    deadline: float | None = None
+    timeout_secs: int | None = None
+    backoff: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -324,6 +362,17 @@ class Reap:
     queue: str
     status: Status  # PENDING, FAILED, or CANCELLED (a sibling of the failed step)
     error: str
+    #: When a timed-out job runs again (None: ``scheduled_at`` unchanged).
+    retry_at: float | None = None
+
+
+def timed_out(locked_until: float, deadline: float | None) -> bool:
+    """Whether a running job whose lease ran out timed out: its lease ran
+    to its deadline (a heartbeat never extends it further). One whose lease
+    ran out before that lost its lease. A claim never takes a timed-out
+    job (the janitor fails it) and each store's claim statements ask the
+    same (``locked_until < deadline``)."""
+    return deadline is not None and locked_until >= deadline
 
 
 def sibling_cancelled(step: str) -> str:
@@ -332,9 +381,12 @@ def sibling_cancelled(step: str) -> str:
     return f"{LEASE_EXPIRED}; cancelled with its workflow, which failed at step {step!r}"
 
 
-def reap(expired: Sequence[Expired]) -> tuple[list[Reap], dict[str, str]]:
+def reap(expired: Sequence[Expired], *, retry_at: RetryAt, now: float) -> tuple[list[Reap], dict[str, str]]:
     """One janitor round over the *expired* jobs: each goes back to pending
-    with attempts left, else is dead-lettered with ``lease expired``.
+    with attempts left, else is dead-lettered with ``lease expired``. A job
+    that :func:`timed_out` fails with :func:`timeout_error` instead, as a
+    fail would: retried at the time *retry_at* gives (its backoff), else
+    dead-lettered.
 
     A workflow with a dead-lettered step fails. When several of its steps
     expire in one round, the one whose lease ran out first (ties: the
@@ -345,9 +397,14 @@ def reap(expired: Sequence[Expired]) -> tuple[list[Reap], dict[str, str]]:
     Returns the decisions in the order of *expired*, and the workflows to
     fail, ``{workflow id: failed step's job id}``.
     """
+    retries: dict[str, float | None] = {}
+    for job in expired:
+        if timed_out(job.locked_until, job.deadline):
+            retries[job.job_id] = retry_at(job.attempt, job.max_attempts, True, now, job.backoff)
     failed_step: dict[str, Expired] = {}
     for job in expired:
-        if job.workflow_id is not None and job.attempt >= job.max_attempts:
+        exhausted = retries[job.job_id] is None if job.job_id in retries else job.attempt >= job.max_attempts
+        if job.workflow_id is not None and exhausted:
             first = failed_step.get(job.workflow_id)
             if first is None or (job.locked_until, job.position) < (first.locked_until, first.position):
                 failed_step[job.workflow_id] = job
@@ -356,6 +413,14 @@ def reap(expired: Sequence[Expired]) -> tuple[list[Reap], dict[str, str]]:
         first = failed_step.get(job.workflow_id) if job.workflow_id is not None else None
         if first is not None and first is not job:
             out.append(Reap(job_id=job.job_id, queue=job.queue, status=Status.CANCELLED, error=sibling_cancelled(first.step or "")))
+        elif job.job_id in retries:
+            when = retries[job.job_id]
+            out.append(
+                Reap(
+                    job_id=job.job_id, queue=job.queue, status=Status.FAILED if when is None else Status.PENDING,
+                    error=timeout_error(job.timeout_secs), retry_at=when,
+                )  # fmt: skip
+            )
         elif job.attempt < job.max_attempts:
             out.append(Reap(job_id=job.job_id, queue=job.queue, status=Status.PENDING, error=LEASE_EXPIRED))
         else:

@@ -86,6 +86,8 @@ from ..models import (
     Job,
     Lease,
     Outcome,
+    SnoozeItem,
+    timeout_error,
     valid_name,
 )
 from .registry import Handler, Registry
@@ -104,12 +106,13 @@ __all__ = [
 
 log = logging.getLogger("qftrio.worker")
 
-EventType = Literal["claimed", "completed", "failed", "lost", "unreported", "waiting", "stopping"]
+EventType = Literal["claimed", "completed", "failed", "snoozed", "lost", "unreported", "waiting", "stopping"]
 
 _LEVELS = {
     "claimed": logging.INFO,
     "completed": logging.INFO,
     "failed": logging.WARNING,
+    "snoozed": logging.INFO,
     "lost": logging.WARNING,
     "unreported": logging.WARNING,
     "waiting": logging.WARNING,
@@ -155,7 +158,9 @@ class WorkerEvent:
 
     Attributes:
         type: ``claimed`` (a job was leased), ``completed``, ``failed`` (the
-            fail report landed; *retryable* says which kind), ``lost`` (the
+            fail report landed; *retryable* says which kind), ``snoozed``
+            (the handler raised :class:`~qftrio.Snooze`; *delay* says for
+            how long), ``lost`` (the
             server took the job back: cancelled, lease lost; nothing was or
             will be reported), ``unreported`` (the report could not land
             before the lease ran out), ``waiting`` (a lease call failed; the
@@ -167,7 +172,9 @@ class WorkerEvent:
             attempts are left).
         final: for ``failed``, whether the job is dead-lettered now: not
             retryable, or its last attempt.
-        delay: for ``waiting``, seconds until the next lease call.
+        delay: for ``waiting``, seconds until the next lease call; for
+            ``snoozed`` and a ``failed`` of :class:`~qftrio.RetryIn`, until
+            the job runs again.
     """
 
     type: EventType
@@ -194,7 +201,7 @@ class WorkerEvent:
             else:
                 parts.append("retryable")
         if self.delay is not None:
-            parts.append(f"retrying in {self.delay:.1f} s")
+            parts.append(f"{'retrying' if self.type == 'waiting' else 'runs again'} in {self.delay:.1f} s")
         if self.error:
             parts.append(f"- {self.error}")
         return " ".join(parts)
@@ -218,10 +225,13 @@ class _Outcome:
     result: dict[str, Any] | None = None
     error: str | None = None
     retryable: bool = True
+    #: The handler asked for the job to run again in this many seconds:
+    #: a snooze (no error), or a failure's retry (``RetryIn``).
+    again_in: float | None = None
 
     @property
     def ok(self) -> bool:
-        return self.error is None
+        return self.error is None and self.again_in is None
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -231,6 +241,9 @@ class _Held:
     lease: Lease
     deadline: float  # Trio time at which our lease ends, by our own reckoning
     next_beat: float  # Trio time at which its next renewal falls due
+    #: Trio time of the job's own deadline (``timeout_secs`` after its
+    #: claim, by our reckoning), at which its handler is cancelled.
+    timeout_at: float = math.inf
     #: The job's cancel scope: its handler runs in it, and the heartbeat
     #: scheduler cancels it when the job is lost or its lease about to end.
     scope: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
@@ -238,7 +251,7 @@ class _Held:
     in_call: bool = False  # a renewal of it is in flight
     failures: int = 0  # renewals, then reports, failed in a row
     outcome: _Outcome | None = None  # what its handler came to
-    report: CompleteItem | FailItem | None = None  # the report of it to send
+    report: CompleteItem | FailItem | SnoozeItem | None = None  # the report of it to send
     lane: int | None = None  # the lane it was given (kept after it left it)
     lane_ready: trio.Event | None = None  # made only when the job must wait for a lane
     lost: str | None = None  # why the server took it back: nothing is reported
@@ -471,6 +484,7 @@ class Worker:
         # those that failed and go again later (a heap by retry time).
         self._to_complete: list[_Held] = []
         self._to_fail: list[_Held] = []
+        self._to_snooze: list[_Held] = []
         self._retries: list[tuple[float, int, _Held]] = []
         self._retry_seq = 0
         self._report_wake: trio.Event | None = None  # set up by the reporter when it waits
@@ -738,10 +752,15 @@ class Worker:
         # before anything came, so not when we asked; just before it
         # answered, allowing CLAIM_SLACK for the answer's way back (never
         # before we asked).
-        deadline = max(sent_at, trio.current_time() - CLAIM_SLACK) + self.lease_secs
+        claimed = max(sent_at, trio.current_time() - CLAIM_SLACK)
+        deadline = claimed + self.lease_secs
         next_beat = deadline - self.heartbeat_secs
         for lease in leases:
-            held = _Held(lease=lease, deadline=deadline, next_beat=next_beat)
+            timeout = lease.job.timeout_secs
+            held = _Held(
+                lease=lease, deadline=deadline, next_beat=next_beat,
+                timeout_at=math.inf if timeout is None else claimed + timeout,
+            )  # fmt: skip
             self._held[lease.lease_token] = held
             self._lanes.enqueue(held)
             self._job_event("claimed", held)
@@ -889,15 +908,17 @@ class Worker:
                     error=f"no handler for kind {job.kind!r} on this worker (it handles: {known})",
                     retryable=False,
                 )
-            return await self._call(handler, job)
+            return await self._call(handler, job, held.timeout_at)
         finally:
             # Free the lane for the next job now: the report need not hold it.
             self._lanes.leave(held)
             self._notify_changed()
 
-    async def _call(self, handler: Handler, job: Job) -> _Outcome:
-        timeout = handler.timeout if handler.timeout is not None else math.inf
-        with trio.move_on_after(timeout) if handler.timeout is not None else _NO_TIMEOUT as timer:
+    async def _call(self, handler: Handler, job: Job, timeout_at: float = math.inf) -> _Outcome:
+        # The handler's own timeout, or the job's deadline, whichever comes first.
+        handler_at = trio.current_time() + handler.timeout if handler.timeout is not None else math.inf
+        ends = min(handler_at, timeout_at)
+        with trio.move_on_at(ends) if ends < math.inf else _NO_TIMEOUT as timer:
             try:
                 if handler.is_async:
                     if self._async_started is not None:
@@ -909,6 +930,10 @@ class Worker:
                     result = await trio.to_thread.run_sync(handler.fn, job, abandon_on_cancel=True)
             except errors.PermanentError as exc:
                 return _Outcome(error=str(exc) or "PermanentError", retryable=False)
+            except errors.Snooze as exc:
+                return _Outcome(again_in=exc.seconds)
+            except errors.RetryIn as exc:
+                return _Outcome(error=exc.error or "RetryIn", again_in=exc.seconds)
             except BaseExceptionGroup as group:
                 if group.subgroup(trio.Cancelled) is not None:
                     raise  # we are being cancelled; the scopes above sort it out
@@ -919,7 +944,9 @@ class Worker:
                 log.debug("handler of job %s raised", job.id, exc_info=True)
                 return _Outcome(error=_describe(exc), retryable=True)
         if timer is not None and timer.cancelled_caught:
-            return _Outcome(error=f"handler timed out after {timeout:g} s", retryable=True)
+            if timeout_at < handler_at:
+                return _Outcome(error=timeout_error(job.timeout_secs), retryable=True)
+            return _Outcome(error=f"handler timed out after {handler.timeout:g} s", retryable=True)
         if result is None:
             result = {}
         if not isinstance(result, dict):
@@ -944,10 +971,13 @@ class Worker:
         job, token = held.job, held.lease.lease_token
         if outcome.ok:
             held.report = CompleteItem(job.id, token, outcome.result or {})
-            queue = self._to_complete
+        elif outcome.error is None:
+            assert outcome.again_in is not None
+            held.report = SnoozeItem(job.id, token, outcome.again_in)
         else:
-            held.report = FailItem(job.id, token, truncate_error(outcome.error or "failed"), outcome.retryable)
-            queue = self._to_fail
+            error = truncate_error(outcome.error)
+            held.report = FailItem(job.id, token, error, outcome.retryable, outcome.again_in)
+        queue = self._queue_of(held)
         if trio.current_time() >= held.deadline:
             self._give_up(held)
             return
@@ -955,6 +985,12 @@ class Worker:
         if len(queue) >= MAX_BATCH and self._report_linger is not None:
             self._report_linger.cancel()  # a full batch need not linger
         self._wake_reporter()
+
+    def _queue_of(self, held: _Held) -> list[_Held]:
+        """The reports waiting to go that *held*'s report goes with."""
+        if isinstance(held.report, CompleteItem):
+            return self._to_complete
+        return self._to_fail if isinstance(held.report, FailItem) else self._to_snooze
 
     def _wake_reporter(self) -> None:
         # The reporter waits on an Event only when it has nothing to send:
@@ -975,7 +1011,7 @@ class Worker:
             if now >= held.deadline:
                 self._give_up(held)
             else:
-                (self._to_complete if isinstance(held.report, CompleteItem) else self._to_fail).append(held)
+                self._queue_of(held).append(held)
 
     async def _report_loop(self) -> None:
         """Send the reports of finished jobs: those made within the
@@ -989,19 +1025,19 @@ class Worker:
         async with trio.open_nursery() as calls:
             while True:
                 self._take_due_retries()
-                if not (self._to_complete or self._to_fail):
+                if not (self._to_complete or self._to_fail or self._to_snooze):
                     self._report_wake = wake = trio.Event()
                     with trio.move_on_at(self._retries[0][0] if self._retries else math.inf):
                         await wake.wait()
                     self._report_wake = None
                     continue
-                if max(len(self._to_complete), len(self._to_fail)) < MAX_BATCH:
+                if max(len(self._to_complete), len(self._to_fail), len(self._to_snooze)) < MAX_BATCH:
                     # Let the reports of jobs finishing about now join in.
                     with trio.move_on_after(self.transport.coalesce_secs) as self._report_linger:
                         await trio.sleep_forever()
                     self._report_linger = None
                 # While it waits for a turn in flight, a batch keeps growing.
-                for queue in (self._to_complete, self._to_fail):
+                for queue in (self._to_complete, self._to_fail, self._to_snooze):
                     while queue:
                         await turns.acquire()
                         batch = queue[:MAX_BATCH]
@@ -1015,13 +1051,15 @@ class Worker:
             turns.release()
 
     async def _send_batch(self, batch: list[_Held]) -> None:
-        """One report call for *batch* (all completions or all failures)."""
+        """One report call for *batch* (all completions, failures or snoozes)."""
         items = [held.report for held in batch]
         try:
             if isinstance(items[0], CompleteItem):
                 replies = await self.transport.complete(items)  # type: ignore[arg-type]
-            else:
+            elif isinstance(items[0], FailItem):
                 replies = await self.transport.fail(items)  # type: ignore[arg-type]
+            else:
+                replies = await self.transport.snooze(items)  # type: ignore[arg-type]
         except errors.QftrioError as exc:
             if _is_fatal(exc):
                 self._die(exc)
@@ -1039,8 +1077,12 @@ class Worker:
             if reply.outcome is Outcome.OK:
                 if outcome.ok:
                     self._job_event("completed", held)
+                elif outcome.error is None:
+                    self._job_event("snoozed", held, delay=outcome.again_in)
                 else:
-                    self._job_event("failed", held, error=outcome.error, retryable=outcome.retryable)
+                    self._job_event(
+                        "failed", held, error=outcome.error, retryable=outcome.retryable, delay=outcome.again_in
+                    )
             else:
                 if reply.outcome is Outcome.CONFLICT:
                     held.lost = "lease lost (409): the report was refused"
@@ -1057,8 +1099,8 @@ class Worker:
         for held in batch:
             held.last_error = error
             if _is_refusal(exc):
-                if isinstance(held.report, FailItem):
-                    self._give_up(held)  # the server refuses this fail; nothing else to say
+                if not isinstance(held.report, CompleteItem):
+                    self._give_up(held)  # the server refuses this fail or snooze; nothing else to say
                 else:
                     # The server refuses this result (a smaller body cap than
                     # ours, say): fail the job, saying why, rather than run it again.

@@ -25,7 +25,7 @@ from typing import TypeVar
 
 from .._json import dumps
 from ..client import Client
-from ..models import CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, Lease, Outcome, ReportReply
+from ..models import CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, Lease, Outcome, ReportReply, SnoozeItem
 
 __all__ = [
     "Transport",
@@ -33,6 +33,7 @@ __all__ = [
     "HeartbeatItem",
     "CompleteItem",
     "FailItem",
+    "SnoozeItem",
     "HeartbeatReply",
     "ReportReply",
     "Outcome",
@@ -82,6 +83,11 @@ class Transport(abc.ABC):
     async def fail(self, items: Sequence[FailItem]) -> list[ReportReply]:
         """Record failures; one reply per item, in order."""
 
+    @abc.abstractmethod
+    async def snooze(self, items: Sequence[SnoozeItem]) -> list[ReportReply]:
+        """Put jobs back to pending for a while, their attempts not used up;
+        one reply per item, in order."""
+
 
 class HttpTransport(Transport):
     """The protocol over HTTP, through a :class:`~qftrio.client.Client`
@@ -112,6 +118,9 @@ class HttpTransport(Transport):
 
     async def fail(self, items: Sequence[FailItem]) -> list[ReportReply]:
         return await self._split(self.client.fail_many, items, lambda i: len(i.error.encode()))
+
+    async def snooze(self, items: Sequence[SnoozeItem]) -> list[ReportReply]:
+        return await self._split(self.client.snooze_many, items, lambda i: 0)
 
     async def _split(
         self,

@@ -484,15 +484,17 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
         return rows
 
     async def summary(tenant: str, stats: list[QueueStats]) -> dict[str, str]:
-        """The queues page's summary row: jobs pending and running in the
-        queues of the page, dead letters of the last hour, the oldest ready
-        job's wait."""
+        """The queues page's summary row: jobs pending (and of them,
+        scheduled) and running in the queues of the page, dead letters of the
+        last hour, the oldest ready job's wait."""
         now = engine.clock()
         failed, more = await engine.jobs_failed_since(tenant, now - FAILED_WINDOW_SECS, limit=PAGE)
         ready = [s.oldest_ready_at for s in stats if s.oldest_ready_at is not None]
         return {
             "pending": str(sum(s.counts.get(Status.PENDING.value, 0) for s in stats)),
             "running": str(sum(s.counts.get(Status.RUNNING.value, 0) for s in stats)),
+            # of the pending, those whose time has not come; counted up to a cap per queue
+            "scheduled": str(sum(s.scheduled for s in stats)),
             "failed_last_hour": f"{failed}+" if more else str(failed),
             "oldest_ready": _age(min(ready, default=None), now),
         }
@@ -590,6 +592,13 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
     @view
     async def dead(tenant: str) -> Response:
         return await jobs_page(tenant, "dashboard/dead.html", Status.FAILED, "dead")
+
+    @bp.get("/scheduled")
+    @view
+    async def scheduled(tenant: str) -> Response:
+        queue = _name("queue", request.args.get("queue"))
+        jobs = await engine.jobs_scheduled(tenant, queue=queue, limit=PAGE)
+        return await page("dashboard/scheduled.html", jobs=jobs, filters={"queue": queue}, limit=PAGE)
 
     @bp.get("/jobs/bulk")
     @view

@@ -62,6 +62,7 @@ import abc
 import dataclasses
 import functools
 import os
+import random
 import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -69,6 +70,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import trio
 
+from ..._backoff import backoff as _backoff
 from ...models import (
     CompleteItem,
     FailItem,
@@ -77,6 +79,7 @@ from ...models import (
     Lease,
     Outcome,
     QueueStats,
+    SnoozeItem,
     Status,
     WorkerInfo,
     Workflow,
@@ -96,9 +99,11 @@ __all__ = [
     "HeartbeatResult",
     "CompleteItem",
     "FailItem",
+    "SnoozeItem",
     "ReportResult",
     "Reaped",
     "RetryAt",
+    "RetryPolicy",
     "BulkAction",
     "BulkFilter",
     "BulkBatch",
@@ -113,9 +118,46 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: ``retry_at(attempt, max_attempts, retryable, now)``: when a failed attempt
-#: runs again, or ``None`` to dead-letter the job. Supplied by the engine.
-RetryAt = Callable[[int, int, bool, float], "float | None"]
+#: ``retry_at(attempt, max_attempts, retryable, now, backoff)``: when a failed
+#: attempt runs again, or ``None`` to dead-letter the job; *backoff* is the
+#: job's own (``config.backoff``), or None. Supplied by the engine.
+RetryAt = Callable[[int, int, bool, float, "dict[str, Any] | None"], "float | None"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """The server's retry backoff: exponential with jitter, capped.
+
+    The *n*-th failed attempt waits ``min(cap, base * 2**(n-1))`` seconds,
+    scaled by a random factor in ``[1 - jitter, 1]``. Defaults: 1 s, 2 s, 4 s,
+    ... up to one hour. A job's own ``backoff`` (``{initial_secs, factor,
+    max_secs, jitter}``) replaces it for that job's retries.
+    """
+
+    base_secs: float = 1.0
+    cap_secs: float = 3600.0
+    jitter: float = 0.5
+
+    def delay(
+        self, attempt: int, backoff: dict[str, Any] | None = None, rand: Callable[[], float] = random.random
+    ) -> float:
+        if backoff is None:
+            return _backoff(attempt, base=self.base_secs, cap=self.cap_secs, jitter=self.jitter, rand=rand)
+        return _backoff(
+            attempt,
+            base=backoff.get("initial_secs", self.base_secs),
+            cap=backoff.get("max_secs", self.cap_secs),
+            jitter=backoff.get("jitter", self.jitter),
+            factor=backoff.get("factor", 2.0),
+            rand=rand,
+        )
+
+    def retry_at(
+        self, attempt: int, max_attempts: int, retryable: bool, now: float, backoff: dict[str, Any] | None = None
+    ) -> float | None:
+        if not retryable or attempt >= max_attempts:
+            return None
+        return now + self.delay(attempt, backoff)
 
 #: ``run_listener``'s "wake every queue" (never a valid queue name).
 ALL_QUEUES = "*"
@@ -139,6 +181,8 @@ class NewJob:
     workflow_id: str | None = None
     step: str | None = None
     context: dict[str, Any] | None = None
+    timeout_secs: int | None = None
+    backoff: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -191,6 +235,8 @@ class Inserted:
             workflow_id=new.workflow_id,
             step=new.step,
             context=new.context,
+            timeout_secs=new.timeout_secs,
+            backoff=new.backoff,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -211,6 +257,8 @@ class Inserted:
         wire["workflow_id"] = new.workflow_id
         wire["step"] = new.step
         wire["context"] = new.context
+        wire["timeout_secs"] = new.timeout_secs
+        wire["backoff"] = new.backoff
         wire["errors"] = []  # the template's own list is shared
         return wire
 
@@ -541,6 +589,13 @@ class Store(abc.ABC):
         server holds locked at that moment may be left for a later batch."""
 
     @abc.abstractmethod
+    async def jobs_scheduled(self, *, tenant: str, now: float, queue: str | None = None, limit: int = 100) -> list[Job]:
+        """The tenant's pending jobs whose time has not come (``scheduled_at
+        > now``: delayed, waiting for a retry, snoozed), of *queue* when
+        given, next to run first (by ``scheduled_at``), at most *limit*.
+        Costs O(queues x limit) index entries, whatever the table holds."""
+
+    @abc.abstractmethod
     async def workers(self, *, tenant: str) -> list[WorkerInfo]:
         """The worker ids holding the tenant's running jobs, most jobs first
         (then by id): how many, on which queues, the latest claim or
@@ -588,13 +643,25 @@ class Store(abc.ABC):
         puts the job back to pending scheduled then; None makes it failed."""
 
     @abc.abstractmethod
-    async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
+    async def jobs_snooze(self, items: Sequence[SnoozeItem], *, now: float) -> list[ReportResult]:
+        """One result per item, in order, as
+        :func:`~qftrio.server.transitions.snooze` decides: a job running
+        under the token goes back to pending at ``now + delay_secs``, its
+        ``max_attempts`` raised by one (the attempt is not used up),
+        ``locked_until`` cleared; its token stays (a replay answers OK)."""
+
+    @abc.abstractmethod
+    async def jobs_reap_expired(
+        self, *, now: float, limit: int = 1000, retry_at: RetryAt = RetryPolicy().retry_at
+    ) -> list[Reaped]:
         """Running jobs with ``locked_until < now``, first expired first, as
         :func:`~qftrio.server.transitions.reap` decides: back to pending when
         attempts are left, else failed with error ``lease expired``; a
-        sibling of a workflow's failed step cancelled. The lease token and
-        ``locked_until`` are cleared either way, ``worker_id`` stays. Returns
-        the pending and failed ones."""
+        sibling of a workflow's failed step cancelled. A job whose lease ran
+        to its deadline (``timeout_secs``) timed out instead: failed with
+        ``timed out after N s``, retried when *retry_at* gives a time. The
+        lease token and ``locked_until`` are cleared either way,
+        ``worker_id`` stays. Returns the pending and failed ones."""
 
     @abc.abstractmethod
     async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:

@@ -34,7 +34,7 @@ from collections.abc import Generator, Sequence
 from typing import Any, TypeVar
 
 from ... import errors
-from ...models import STATUS_OF, FailItem, Job, Status, StepStatus, Workflow, WorkflowStatus, WorkflowStep
+from ...models import STATUS_OF, FailItem, Job, SnoozeItem, Status, StepStatus, Workflow, WorkflowStatus, WorkflowStep
 from .. import transitions
 from .base import (
     WORKFLOW_QUEUE,
@@ -370,16 +370,50 @@ def build_workflows(rows: Sequence[Sequence[Any]], *, jobs: bool) -> Plan[list[W
 # -- many jobs ------------------------------------------------------------------
 
 
+def _lock_reported(unique: Sequence[FailItem] | Sequence[SnoozeItem]) -> Plan[dict[str, Sequence[Any]]]:
+    """Lock the rows of a report batch (their workflows first, then the jobs
+    in id order, so two batches never deadlock) and answer ``fail_lock``'s
+    row of each job that exists, by id."""
+    ids = [item.job_id for item in unique if issued(item.job_id)]
+    if not ids:
+        return {}
+    yield _run("lock_workflows_of_jobs", ids)
+    return {row[0]: row for row in (yield _rows("fail_lock", ids, json=(9,)))}
+
+
+def jobs_snooze(items: Sequence[SnoozeItem], now: float) -> Plan[list[ReportResult]]:
+    """``Store.jobs_snooze``: the batch's rows locked as for a fail, each
+    item decided by :func:`transitions.snooze`, the decisions written in one
+    statement."""
+    unique, slot = transitions.one_per_lease(items)
+    found = yield from _lock_reported(unique)
+    out: list[ReportResult] = []
+    writes = []
+    for item in unique:
+        row = found.get(item.job_id)
+        result = transitions.snooze(
+            None if row is None else STATUS_OF[row[1]],
+            row is not None and row[2] == item.lease_token,
+            queue=None if row is None else row[3],
+        )
+        if result.applied:
+            writes.append((item.job_id, item.lease_token, now + item.delay_secs))
+        out.append(result)
+    if writes:
+        changed = yield _rows("snooze", *map(list, zip(*writes)), now)
+        if len(changed) != len(writes):
+            raise RuntimeError("jobs_snooze: a locked row changed under its lock")
+        yield from notify({queue for (queue,) in changed})
+    return transitions.answers(out, slot)
+
+
 def jobs_fail(items: Sequence[FailItem], now: float, retry_at: RetryAt) -> Plan[list[ReportResult]]:
     """``Store.jobs_fail``: the batch's rows locked (their workflows first,
     then the jobs in id order, so two batches never deadlock), each item
     decided by :func:`transitions.fail`, the decisions written in one
     statement, and the workflows of dead-lettered steps failed."""
     unique, slot = transitions.one_per_lease(items)
-    ids = [item.job_id for item in unique if issued(item.job_id)]
-    if ids:
-        yield _run("lock_workflows_of_jobs", ids)
-    found = {row[0]: row for row in (yield _rows("fail_lock", ids))} if ids else {}
+    found = yield from _lock_reported(unique)
     out: list[ReportResult] = []
     writes = []
     # Workflows a dead-lettered step fails, in batch order. A later item of
@@ -400,6 +434,8 @@ def jobs_fail(items: Sequence[FailItem], now: float, retry_at: RetryAt) -> Plan[
             retryable=item.retryable,
             retry_at=retry_at,
             now=now,
+            backoff=None if row is None else row[9],
+            retry_in_secs=item.retry_in_secs,
         )
         result = decided.result
         if result.applied:
@@ -502,27 +538,30 @@ def _bulk_retry(rows: Sequence[Sequence[Any]], now: float) -> Plan[set[str]]:
     return ready
 
 
-def reap_expired(now: float, limit: int) -> Plan[list[Reaped]]:
+def reap_expired(now: float, limit: int, retry_at: RetryAt) -> Plan[list[Reaped]]:
     """``Store.jobs_reap_expired``: the running jobs whose lease ran out, as
     :func:`transitions.reap` decides, their workflows locked first (skipping
     those busy elsewhere: their steps wait for the next round)."""
     workflows = [workflow_id for (workflow_id,) in (yield _rows("reap_lock_workflows", now))]
-    found = yield _rows("expired", now, limit, workflows)
+    found = yield _rows("expired", now, limit, workflows, json=(11,))
     kinds = {}
     expired = []
-    for job_id, queue, kind, attempt, max_attempts, locked_until, workflow_id, step, position in found:
+    for job_id, queue, kind, attempt, max_attempts, locked_until, workflow_id, step, position, *policy in found:
+        deadline, timeout_secs, backoff = policy
         kinds[job_id] = kind
         expired.append(
             transitions.Expired(
                 job_id=job_id, queue=queue, attempt=attempt, max_attempts=max_attempts, locked_until=locked_until,
-                workflow_id=workflow_id, step=step, position=position,
+                workflow_id=workflow_id, step=step, position=position, deadline=deadline, timeout_secs=timeout_secs,
+                backoff=backoff,
             )  # fmt: skip
         )
-    decided, failing = transitions.reap(expired)
+    decided, failing = transitions.reap(expired, retry_at=retry_at, now=now)
     if decided:
         yield _run(
-            "reap", [d.job_id for d in decided], [d.status.value for d in decided], [d.error for d in decided], now
-        )
+            "reap", [d.job_id for d in decided], [d.status.value for d in decided], [d.error for d in decided], now,
+            [d.retry_at for d in decided],
+        )  # fmt: skip
     yield from notify({d.queue for d in decided if d.status is Status.PENDING})
     for workflow_id in failing:
         yield from end_workflow(workflow_id, WorkflowStatus.FAILED, now)

@@ -92,6 +92,8 @@ from .base import (
     Reaped,
     ReportResult,
     RetryAt,
+    RetryPolicy,
+    SnoozeItem,
     Store,
     issued,
     new_ids,
@@ -167,6 +169,8 @@ def _job(row: asyncpg.Record) -> Job:
         workflow_id=None if workflow_id is None else str(workflow_id),
         step=row["step"],
         context=row["context"],
+        timeout_secs=row["timeout_secs"],
+        backoff=row["backoff"],
     )
 
 
@@ -187,7 +191,8 @@ def _insert_batch(ids: Sequence[str], jobs: Sequence[NewJob]) -> str:
                 [
                     job_id, new.tenant, new.queue, new.kind, _json_fragment(new.payload), new.priority,
                     new.max_attempts, new.scheduled_at, new.idempotency_key, new.workflow_id, new.step,
-                    None if new.context is None else _json_fragment(new.context),
+                    None if new.context is None else _json_fragment(new.context), new.timeout_secs,
+                    None if new.backoff is None else _json_fragment(new.backoff),
                 ]  # fmt: skip
                 for job_id, new in zip(ids, jobs)
             ]
@@ -416,6 +421,7 @@ def _stats_row(row: asyncpg.Record) -> QueueStats:
         counts={s.value: int(counts.get(s.value, 0)) for s in Status},
         oldest_ready_at=row["oldest_ready_at"],
         next_available_at=row["next_available_at"],
+        scheduled=row["scheduled"],
         paused=row["paused"],
     )
 
@@ -624,6 +630,8 @@ class PostgresStore(Store):
             float(claim.lease_secs),
             claim.worker_id,
             CHANNEL,
+            [j.timeout_secs for j in jobs],
+            [j.backoff for j in jobs],
         )
         inserted = [Inserted(job_id, new, now) for job_id, new in zip(ids, jobs)]
         if rows and rows[0]["older_found"]:
@@ -793,6 +801,11 @@ class PostgresStore(Store):
 
         return await self._db.run(bulk)
 
+    async def jobs_scheduled(
+        self, *, tenant: str, now: float, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        return [_job(row) for row in await self._db.fetch(Q["jobs_scheduled"], tenant, now, queue, limit)]
+
     async def workers(self, *, tenant: str) -> list[WorkerInfo]:
         rows = await self._db.fetch(Q["workers"], tenant)
         return workers_of((row["worker_id"], row["queue"], row["n"], row["seen"]) for row in rows)
@@ -929,8 +942,13 @@ class PostgresStore(Store):
             return []
         return await _run_plan(self._db, lambda: changes.jobs_fail(items, now, retry_at))
 
-    async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
-        return await _run_plan(self._db, lambda: changes.reap_expired(now, limit))
+    async def jobs_snooze(self, items: Sequence[SnoozeItem], *, now: float) -> list[ReportResult]:
+        return await _run_plan(self._db, lambda: changes.jobs_snooze(items, now))
+
+    async def jobs_reap_expired(
+        self, *, now: float, limit: int = 1000, retry_at: RetryAt = RetryPolicy().retry_at
+    ) -> list[Reaped]:
+        return await _run_plan(self._db, lambda: changes.reap_expired(now, limit, retry_at))
 
     async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
         return await _run_plan(self._db, lambda: changes.prune(before, limit))

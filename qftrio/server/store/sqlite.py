@@ -37,6 +37,7 @@ import trio
 
 from ... import _json, errors
 from ...models import (
+    MAX_SCHEDULED_COUNT,
     STATUS_OF,
     ErrorEntry,
     Job,
@@ -67,6 +68,8 @@ from .base import (
     Reaped,
     ReportResult,
     RetryAt,
+    RetryPolicy,
+    SnoozeItem,
     Store,
     new_ids,
     new_tokens,
@@ -96,7 +99,8 @@ def _dumps(value: Any) -> str | None:
 def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     (
         id_, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-        updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context,
+        updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context, timeout_secs,
+        backoff,
     ) = row  # fmt: skip
     return Job(
         id=id_,
@@ -121,6 +125,8 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         workflow_id=workflow_id,
         step=step,
         context=_loads(context),
+        timeout_secs=timeout_secs,
+        backoff=_loads(backoff),
     )
 
 
@@ -137,6 +143,7 @@ class _Row:
     step: str | None
     kind: str
     claimed_at: float | None
+    deadline: float | None
 
     def applied(self, result: ReportResult) -> ReportResult:
         """*result* (applied to this job) with what the metrics need."""
@@ -149,10 +156,8 @@ def _report_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, _Row
     unique = list(dict.fromkeys(ids))
     for start in range(0, len(unique), 500):
         chunk = unique[start : start + 500]
-        for id_, status, token, queue, attempt, max_attempts, workflow_id, step, kind, claimed_at in conn.execute(
-            Q["reports_of"].format(marks=_marks(len(chunk))), chunk
-        ):
-            out[id_] = _Row(STATUS_OF[status], token, queue, attempt, max_attempts, workflow_id, step, kind, claimed_at)
+        for id_, status, token, *rest in conn.execute(Q["reports_of"].format(marks=_marks(len(chunk))), chunk):
+            out[id_] = _Row(STATUS_OF[status], token, *rest)
     return out
 
 
@@ -178,6 +183,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
             (
                 job_id, new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority, new.max_attempts,
                 new.scheduled_at, now, now, new.idempotency_key, new.workflow_id, new.step, _dumps(new.context),
+                new.timeout_secs, _dumps(new.backoff),
             )  # fmt: skip
         )
         out.append(Inserted(job_id, new, now))
@@ -219,7 +225,7 @@ def _claim(
     rows = conn.execute(
         Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
         (
-            now + lease_secs, worker_id, now, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
+            now + lease_secs, now + lease_secs, now, now, worker_id, now, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
             transitions.LOST_ATTEMPT, transitions.LOST_ATTEMPT, now, *ids,
         ),  # fmt: skip
     ).fetchall()
@@ -384,6 +390,7 @@ def _stats(
     for t, q in pairs:
         oldest = conn.execute(Q["queue_oldest_ready"], (t, q, now)).fetchone()
         scheduled = conn.execute(Q["queue_next_scheduled"], (t, q, now)).fetchone()
+        (waiting,) = conn.execute(Q["queue_scheduled"], (t, q, now, MAX_SCHEDULED_COUNT)).fetchone()
         (lease,) = conn.execute(Q["queue_next_lease"], (q, t)).fetchone()
         nexts = [x for x in (scheduled[0] if scheduled else None, lease) if x is not None]
         found = counts.get((t, q), {})
@@ -396,6 +403,7 @@ def _stats(
                     oldest_ready_at=oldest[0] if oldest else None,
                     next_available_at=min(nexts) if nexts else None,
                     paused=(t, q) in paused,
+                    scheduled=waiting,
                 ),
             )
         )
@@ -656,6 +664,19 @@ class SqliteStore(Store):
 
         return await self._run(bulk)
 
+    async def jobs_scheduled(
+        self, *, tenant: str, now: float, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        def scheduled(conn: sqlite3.Connection) -> list[Job]:
+            where, args = _where({"queue": queue})
+            queues = [q for (q,) in conn.execute(Q["pending_queues"].format(where=where), (tenant, *args))]
+            rows = [
+                row for q in queues for row in conn.execute(Q["queue_scheduled_jobs"], (tenant, q, now, limit))
+            ]
+            return [_row_to_job(row) for row in heapq.nsmallest(limit, rows, key=lambda row: (row[9], row[0]))]
+
+        return await self._run(scheduled)
+
     async def workers(self, *, tenant: str) -> list[WorkerInfo]:
         return await self._run(lambda conn: workers_of(conn.execute(Q["workers"], (tenant,)).fetchall()))
 
@@ -686,8 +707,10 @@ class SqliteStore(Store):
             updates = []
             out = []
             for item in unique:
-                _, status, current = _state(rows, item.job_id, item.lease_token)
-                result = transitions.heartbeat(status, current, extend_secs=item.extend_secs, now=now)
+                row, status, current = _state(rows, item.job_id, item.lease_token)
+                result = transitions.heartbeat(
+                    status, current, extend_secs=item.extend_secs, now=now, deadline=row.deadline if row else None
+                )
                 if result.locked_until is not None:
                     updates.append((result.locked_until, now, item.job_id, item.lease_token))
                 out.append(result)
@@ -725,8 +748,13 @@ class SqliteStore(Store):
     async def jobs_fail(self, items: Sequence[FailItem], *, now: float, retry_at: RetryAt) -> list[ReportResult]:
         return await self._run(lambda conn: _drive(conn, changes.jobs_fail(items, now, retry_at)))
 
-    async def jobs_reap_expired(self, *, now: float, limit: int = 1000) -> list[Reaped]:
-        return await self._run(lambda conn: _drive(conn, changes.reap_expired(now, limit)))
+    async def jobs_snooze(self, items: Sequence[SnoozeItem], *, now: float) -> list[ReportResult]:
+        return await self._run(lambda conn: _drive(conn, changes.jobs_snooze(items, now)))
+
+    async def jobs_reap_expired(
+        self, *, now: float, limit: int = 1000, retry_at: RetryAt = RetryPolicy().retry_at
+    ) -> list[Reaped]:
+        return await self._run(lambda conn: _drive(conn, changes.reap_expired(now, limit, retry_at)))
 
     async def jobs_prune(self, *, before: float, limit: int = 10000) -> int:
         return await self._run(lambda conn: _drive(conn, changes.prune(before, limit)))

@@ -17,6 +17,8 @@ import type {
   CompleteItem,
   EnqueueRequest,
   FailItem,
+  FailRequest,
+  SnoozeItem,
   Health,
   HeartbeatAnswer,
   HeartbeatItem,
@@ -211,9 +213,25 @@ export class Client {
   }
 
   /** Record a failure: retried later when *retryable* and attempts are
-   * left, else dead-lettered. */
-  async fail(jobId: string, leaseToken: string, error: string, retryable = true, options: CallOptions = {}): Promise<void> {
-    await this.#call("fail", { job_id: jobId }, { lease_token: leaseToken, error, retryable }, undefined, options);
+   * left (after `retryInSecs` when given, else after the job's backoff),
+   * else dead-lettered. */
+  async fail(
+    jobId: string,
+    leaseToken: string,
+    error: string,
+    retryable = true,
+    options: CallOptions & { retryInSecs?: number } = {},
+  ): Promise<void> {
+    const { retryInSecs, ...call } = options;
+    const body: FailRequest = { lease_token: leaseToken, error, retryable };
+    if (retryInSecs !== undefined) body.retry_in_secs = retryInSecs;
+    await this.#call("fail", { job_id: jobId }, body, undefined, call);
+  }
+
+  /** Put a running job back to pending for *delaySecs* (0 to 30 days)
+   * without using up its attempt. */
+  async snooze(jobId: string, leaseToken: string, delaySecs: number, options: CallOptions = {}): Promise<void> {
+    await this.#call("snooze", { job_id: jobId }, { lease_token: leaseToken, delay_secs: delaySecs }, undefined, options);
   }
 
   /** Heartbeat many leases in one call (at most 1000); one result per item, in order. */
@@ -229,6 +247,11 @@ export class Client {
   /** Fail many jobs in one call (at most 1000). */
   async failMany(items: FailItem[], options: CallOptions = {}): Promise<ReportResult[]> {
     return field<ReportResult[]>(await this.#call("failMany", {}, { items }, undefined, options), "results", "failMany");
+  }
+
+  /** Snooze many jobs in one call (at most 1000). */
+  async snoozeMany(items: SnoozeItem[], options: CallOptions = {}): Promise<ReportResult[]> {
+    return field<ReportResult[]>(await this.#call("snoozeMany", {}, { items }, undefined, options), "results", "snoozeMany");
   }
 
   // -- the application API ----------------------------------------------------

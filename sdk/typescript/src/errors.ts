@@ -6,7 +6,9 @@
  *     ├── TransportError    no answer: connection refused or broken, timeout
  *     ├── UnexpectedAnswer  an answer that is not qftrio's (another service at the URL)
  *     ├── ConfigError       an argument that can never work (a bad URL, lanes 0, ...)
- *     └── PermanentError    thrown by a handler: fail the job without retry
+ *     ├── PermanentError    thrown by a handler: fail the job without retry
+ *     ├── Snooze            thrown by a handler: run the job again later, the attempt not used up
+ *     └── RetryIn           thrown by a handler: fail, retried after the delay given
  */
 
 export class QftrioError extends Error {
@@ -48,4 +50,27 @@ export class ConfigError extends QftrioError {
  * at once) and the error's message. */
 export class PermanentError extends QftrioError {
   override name = "PermanentError";
+}
+
+/** Thrown by a handler: the job goes back to pending for `seconds` (0 to 30
+ * days) without using up its attempt (the server raises its
+ * `max_attempts` by one), so it can be snoozed any number of times. */
+export class Snooze extends QftrioError {
+  override name = "Snooze";
+  constructor(readonly seconds: number) {
+    super(`snoozed for ${seconds} s`);
+  }
+}
+
+/** Thrown by a handler: the attempt fails with the error's message and is
+ * retried in `seconds` (0 to 30 days) instead of after the job's backoff (an
+ * upstream's `Retry-After`, say); the last attempt is dead-lettered all the same. */
+export class RetryIn extends QftrioError {
+  override name = "RetryIn";
+  constructor(
+    readonly seconds: number,
+    message = "retry requested",
+  ) {
+    super(message);
+  }
 }

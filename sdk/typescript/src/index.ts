@@ -1,5 +1,14 @@
 export { Client, type CallOptions, type ClientOptions } from "./client.js";
-export { ApiError, ConfigError, PermanentError, QftrioError, TransportError, UnexpectedAnswer } from "./errors.js";
+export {
+  ApiError,
+  ConfigError,
+  PermanentError,
+  QftrioError,
+  RetryIn,
+  Snooze,
+  TransportError,
+  UnexpectedAnswer,
+} from "./errors.js";
 export { ROUTES, type Route, type RouteName } from "./routes.js";
 export type * from "./types.js";
 export {

@@ -25,6 +25,8 @@ export const ROUTES = {
   heartbeatMany: { method: "POST", path: "/api/v1/leases/heartbeat", request: "HeartbeatManyRequest", answer: "ReportResultsAnswer" },
   completeMany: { method: "POST", path: "/api/v1/leases/complete", request: "CompleteManyRequest", answer: "ReportResultsAnswer" },
   failMany: { method: "POST", path: "/api/v1/leases/fail", request: "FailManyRequest", answer: "ReportResultsAnswer" },
+  snooze: { method: "POST", path: "/api/v1/jobs/{job_id}/snooze", request: "SnoozeRequest", answer: null },
+  snoozeMany: { method: "POST", path: "/api/v1/leases/snooze", request: "SnoozeManyRequest", answer: "ReportResultsAnswer" },
   // The application API (tenant token).
   enqueue: { method: "POST", path: "/api/v1/jobs", request: "EnqueueRequest", answer: "JobAnswer" },
   enqueueMany: { method: "POST", path: "/api/v1/jobs/batch", request: "EnqueueBatchRequest", answer: "JobsAnswer" },

@@ -50,6 +50,21 @@ export interface Job {
   workflow_id: string | null;
   step: string | null;
   context: JsonObject | null;
+  /** Each attempt ends this long after its claim (`config.timeout_secs`). */
+  timeout_secs: number | null;
+  /** The job's own retry backoff (`config.backoff`). */
+  backoff: JsonObject | null;
+}
+
+/** A job's retry delays: the n-th failed attempt waits
+ * `min(max_secs, initial_secs * factor ** (n - 1))`, less up to `jitter` of
+ * it at random. A field left out is the server's default's.
+ * @wire BackoffConfig */
+export interface Backoff {
+  initial_secs?: number;
+  factor?: number;
+  max_secs?: number;
+  jitter?: number;
 }
 
 /** A claimed job and the token that proves the claim.
@@ -99,6 +114,14 @@ export interface FailRequest {
   lease_token: string;
   error: string;
   retryable?: boolean;
+  /** The retry's delay instead of the backoff (0 to 30 days). */
+  retry_in_secs?: number | null;
+}
+
+/** @wire SnoozeRequest */
+export interface SnoozeRequest {
+  lease_token: string;
+  delay_secs: number;
 }
 
 /** @wire HeartbeatManyItem */
@@ -121,6 +144,14 @@ export interface FailItem {
   lease_token: string;
   error: string;
   retryable?: boolean;
+  retry_in_secs?: number | null;
+}
+
+/** @wire SnoozeManyItem */
+export interface SnoozeItem {
+  id: string;
+  lease_token: string;
+  delay_secs: number;
 }
 
 /** @wire HeartbeatManyRequest */
@@ -136,6 +167,11 @@ export interface CompleteManyRequest {
 /** @wire FailManyRequest */
 export interface FailManyRequest {
   items: FailItem[];
+}
+
+/** @wire SnoozeManyRequest */
+export interface SnoozeManyRequest {
+  items: SnoozeItem[];
 }
 
 /** One item's answer in a batch report: `code` is what the single route
@@ -165,6 +201,9 @@ export interface JobConfig {
   delay_secs?: number | null;
   scheduled_at?: string | null;
   idempotency_key?: string | null;
+  /** Each attempt ends this long after its claim (1 s to 7 days). */
+  timeout_secs?: number | null;
+  backoff?: Backoff | null;
 }
 
 /** @wire EnqueueRequest */
@@ -200,13 +239,16 @@ export interface JobsFilter {
   cursor?: string;
 }
 
-/** @wire CountsAnswer */
+/** Jobs by status; `scheduled` counts the pending ones whose time has not
+ * come (a delay, a retry's backoff, a snooze), up to 10,000.
+ * @wire CountsAnswer */
 export interface Counts {
   pending: number;
   running: number;
   completed: number;
   failed: number;
   cancelled: number;
+  scheduled: number;
 }
 
 /** @wire QueueStatsAnswer */

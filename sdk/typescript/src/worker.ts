@@ -32,8 +32,8 @@
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { Client, oneLine } from "./client.js";
-import { ApiError, ConfigError, PermanentError, QftrioError, UnexpectedAnswer } from "./errors.js";
-import type { CompleteItem, FailItem, Job, JsonObject, Lease } from "./types.js";
+import { ApiError, ConfigError, PermanentError, QftrioError, RetryIn, Snooze, UnexpectedAnswer } from "./errors.js";
+import type { CompleteItem, FailItem, Job, JsonObject, Lease, SnoozeItem } from "./types.js";
 
 /** What a handler gets besides the job. */
 export interface JobContext {
@@ -46,10 +46,19 @@ export interface JobContext {
 
 /** A job's handler: its answer (a JSON object, or nothing for `{}`)
  * completes the job; what it throws fails it, retryably unless it is a
- * `PermanentError`. */
+ * `PermanentError`. A `Snooze` puts the job back for a while without using
+ * up its attempt; a `RetryIn` fails it with a chosen delay. */
 export type Handler = (job: Job, ctx: JobContext) => Promise<JsonObject | void | null> | JsonObject | void | null;
 
-export type WorkerEventType = "claimed" | "completed" | "failed" | "lost" | "unreported" | "waiting" | "stopping";
+export type WorkerEventType =
+  | "claimed"
+  | "completed"
+  | "failed"
+  | "snoozed"
+  | "lost"
+  | "unreported"
+  | "waiting"
+  | "stopping";
 
 /** Something the worker did, for logs and dashboards. */
 export interface WorkerEvent {
@@ -63,7 +72,8 @@ export interface WorkerEvent {
   error?: string;
   /** For `failed`: whether the job will be retried (attempts permitting). */
   retryable?: boolean;
-  /** For `waiting`: seconds until the next lease call. */
+  /** For `waiting`: seconds until the next lease call; for `snoozed` and a
+   * `failed` of a `RetryIn`: until the job runs again. */
   delaySecs?: number;
 }
 
@@ -143,6 +153,16 @@ interface Outcome {
   result?: JsonObject;
   error?: string;
   retryable?: boolean;
+  /** Run the job again in this many seconds: a snooze (no error), or a
+   * failure's retry (`RetryIn`). */
+  againIn?: number;
+}
+
+type Report = "complete" | "fail" | "snooze";
+
+function reportOf(outcome: Outcome): Report {
+  if (outcome.error !== undefined) return "fail";
+  return outcome.againIn === undefined ? "complete" : "snooze";
 }
 
 /** One leased job, from claim to report. Times are `performance.now()` ms. */
@@ -251,6 +271,7 @@ class WorkerRun {
   reportTimer: ReturnType<typeof setTimeout> | null = null;
   toComplete: Held[] = [];
   toFail: Held[] = [];
+  toSnooze: Held[] = [];
   readonly handlersRunning = new Set<Promise<void>>();
 
   constructor(
@@ -327,6 +348,7 @@ class WorkerRun {
     this.held.clear();
     this.toComplete = [];
     this.toFail = [];
+    this.toSnooze = [];
     this.notify();
   }
 
@@ -457,6 +479,8 @@ class WorkerRun {
       result = await this.handlers[job.kind]!(job, { signal: held.controller.signal, lane: held.lane });
     } catch (error) {
       if (error instanceof PermanentError) return { error: error.message || "PermanentError", retryable: false };
+      if (error instanceof Snooze) return { againIn: error.seconds };
+      if (error instanceof RetryIn) return { error: error.message || "RetryIn", retryable: true, againIn: error.seconds };
       return { error: describe(error), retryable: true };
     }
     if (result === undefined || result === null) return { result: {} };
@@ -574,7 +598,7 @@ class WorkerRun {
   queueReport(held: Held, outcome: Outcome): void {
     held.outcome = outcome;
     if (performance.now() >= held.deadline) return this.giveUp(held);
-    (outcome.error === undefined ? this.toComplete : this.toFail).push(held);
+    ({ complete: this.toComplete, fail: this.toFail, snooze: this.toSnooze })[reportOf(outcome)].push(held);
     // Reports of jobs finishing about now go in the same call.
     this.reportTimer ??= setTimeout(() => this.flushReports(), COALESCE_MS);
   }
@@ -586,27 +610,34 @@ class WorkerRun {
 
   flushReports(): void {
     this.reportTimer = null;
-    for (const queue of [this.toComplete, this.toFail]) {
+    for (const queue of [this.toComplete, this.toFail, this.toSnooze]) {
       const batch = queue.splice(0);
       for (let i = 0; i < batch.length; i += MAX_BATCH) void this.sendReports(batch.slice(i, i + MAX_BATCH));
     }
   }
 
-  /** One report call for *batch* (all completions or all failures). */
+  /** One report call for *batch* (all completions, failures or snoozes). */
   async sendReports(batch: Held[]): Promise<void> {
-    const ok = batch[0]!.outcome!.error === undefined;
+    const report = reportOf(batch[0]!.outcome!);
     let replies;
     try {
-      if (ok) {
+      if (report === "complete") {
         const items: CompleteItem[] = batch.map((h) => ({ id: h.job.id, lease_token: h.token, result: h.outcome!.result! }));
         replies = await this.client.completeMany(items);
+      } else if (report === "snooze") {
+        const items: SnoozeItem[] = batch.map((h) => ({ id: h.job.id, lease_token: h.token, delay_secs: h.outcome!.againIn! }));
+        replies = await this.client.snoozeMany(items);
       } else {
-        const items: FailItem[] = batch.map((h) => ({
-          id: h.job.id,
-          lease_token: h.token,
-          error: truncateError(h.outcome!.error!),
-          retryable: h.outcome!.retryable ?? true,
-        }));
+        const items: FailItem[] = batch.map((h) => {
+          const item: FailItem = {
+            id: h.job.id,
+            lease_token: h.token,
+            error: truncateError(h.outcome!.error!),
+            retryable: h.outcome!.retryable ?? true,
+          };
+          if (h.outcome!.againIn !== undefined) item.retry_in_secs = h.outcome!.againIn;
+          return item;
+        });
         replies = await this.client.failMany(items);
       }
     } catch (error) {
@@ -623,8 +654,11 @@ class WorkerRun {
     batch.forEach((held, i) => {
       const code = replies[i]?.code;
       if (code === 204) {
-        const { error, retryable } = held.outcome!;
-        this.jobEvent(ok ? "completed" : "failed", held, ok ? {} : { error, retryable: retryable ?? true });
+        const { error, retryable, againIn } = held.outcome!;
+        const delay = againIn === undefined ? {} : { delaySecs: againIn };
+        if (report === "complete") this.jobEvent("completed", held);
+        else if (report === "snooze") this.jobEvent("snoozed", held, delay);
+        else this.jobEvent("failed", held, { error, retryable: retryable ?? true, ...delay });
       } else {
         held.lost = code === 409 ? "lease lost (409): the report was refused" : `report answered ${code}`;
         this.jobEvent("lost", held, { error: held.lost });
@@ -640,7 +674,7 @@ class WorkerRun {
     for (const held of batch) {
       held.lastError = text;
       if (isRefusal(error)) {
-        if (held.outcome!.error !== undefined) this.giveUp(held); // the server refuses this fail
+        if (reportOf(held.outcome!) !== "complete") this.giveUp(held); // the server refuses this fail or snooze
         // The server refuses this result (a smaller body cap, say): fail
         // the job, saying why, rather than run it again.
         else this.queueReport(held, { error: `the server refused the result: ${text}`, retryable: false });

@@ -10,6 +10,8 @@ import {
   Client,
   ConfigError,
   PermanentError,
+  RetryIn,
+  Snooze,
   TransportError,
   runWorker,
   type Handler,
@@ -84,6 +86,31 @@ test("a result completes a job; a throw is retried; PermanentError and unknown k
   await worker.stop();
   const failed = worker.events.filter((e) => e.type === "failed").map((e) => [e.kind, e.retryable]);
   assert.deepEqual(failed.sort(), [["flaky", true], ["nope", false], ["perm", false]]);
+});
+
+test("Snooze runs the job again without using its attempt; RetryIn fails it with the delay given", async () => {
+  const [later, upstream] = await client.enqueueMany([
+    { kind: "later", config: { queue: "snoozing", max_attempts: 1 } },
+    { kind: "upstream", config: { queue: "snoozing", max_attempts: 2 } },
+  ]);
+  const worker = start("snoozing", {
+    later: (job) => {
+      if (job.attempt < 3) throw new Snooze(0);
+      return { attempt: job.attempt };
+    },
+    upstream: (job) => {
+      if (job.attempt === 1) throw new RetryIn(0, "upstream said 429");
+      return {};
+    },
+  });
+  const snoozed = await waitForJob(client, later!.id);
+  assert.deepEqual([snoozed.status, snoozed.attempt, snoozed.max_attempts, snoozed.errors], ["completed", 3, 3, []]);
+  const retried = await waitForJob(client, upstream!.id);
+  assert.deepEqual([retried.status, retried.errors[0]!.error], ["completed", "upstream said 429"]);
+  await worker.stop();
+  assert.deepEqual(worker.events.filter((e) => e.type === "snoozed").map((e) => e.delaySecs), [0, 0]);
+  const failed = worker.events.find((e) => e.type === "failed");
+  assert.deepEqual([failed?.error, failed?.delaySecs], ["upstream said 429", 0]);
 });
 
 test("a result the server refuses fails the job without retry, saying why", async () => {

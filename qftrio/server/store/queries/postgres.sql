@@ -6,7 +6,7 @@
 -- by name, and the lease token and idempotency key (tests/test_store_sql.py).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context
+    context, timeout_secs, backoff
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -60,7 +60,9 @@ INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2);
 -- name: claim
 -- Candidates are picked with FOR UPDATE SKIP LOCKED, so concurrent claimers
 -- never wait on each other and never take the same row. An expired lease
--- (c.status = 'running') records its lost attempt as "lease expired".
+-- (c.status = 'running') records its lost attempt as "lease expired"; one
+-- that ran to its deadline timed out, and is the janitor's (transitions.timed_out).
+-- A job with timeout_secs gets its deadline, which its lease never runs past.
 -- Tenants that paused the queue are left out. Of "ready" and "ready_paused"
 -- only one runs (a one-time filter on whether anyone paused the queue):
 -- the usual one walks qftrio_jobs_claim_idx in lease order for just the
@@ -84,6 +86,7 @@ WITH ready AS (
 ), expired AS (
     SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
     WHERE queue = $1 AND status = 'running' AND locked_until < $2 AND attempt < max_attempts
+      AND (deadline IS NULL OR locked_until < deadline)
       AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))
     ORDER BY priority DESC, scheduled_at, created_at
     LIMIT $3
@@ -98,7 +101,8 @@ WITH ready AS (
 UPDATE qftrio_jobs AS j SET
     status = 'running',
     attempt = j.attempt + 1,
-    locked_until = $2 + $4::float8,
+    locked_until = least($2 + $4::float8, $2 + j.timeout_secs),
+    deadline = $2 + j.timeout_secs,
     lease_token = gen_random_uuid(),
     worker_id = $5,
     updated_at = $2,
@@ -111,7 +115,7 @@ FROM chosen AS c
 WHERE j.id = c.id
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
-    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context;
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.timeout_secs, j.backoff;
 
 -- name: insert_handing_over
 -- Insert a parked long-poll's queue's new jobs, those it takes (the due
@@ -124,23 +128,27 @@ WITH older AS (
     ) OR EXISTS (
         SELECT 1 FROM qftrio_jobs
         WHERE queue = $3 AND status = 'running' AND locked_until < $4 AND attempt < max_attempts
+          AND (deadline IS NULL OR locked_until < deadline)
     ) AS found
 ), input AS (
     SELECT u.*, u.scheduled_at <= $4 AS due,
         row_number() OVER (PARTITION BY u.scheduled_at <= $4 ORDER BY u.priority DESC, u.scheduled_at, u.ord) AS rank
-    FROM unnest($1::uuid[], $2::text[], $5::text[], $6::jsonb[], $7::int[], $8::int[], $9::float8[])
-        WITH ORDINALITY AS u(id, tenant, kind, payload, priority, max_attempts, scheduled_at, ord)
+    FROM unnest($1::uuid[], $2::text[], $5::text[], $6::jsonb[], $7::int[], $8::int[], $9::float8[], $14::int[],
+                $15::jsonb[])
+        WITH ORDINALITY AS u(id, tenant, kind, payload, priority, max_attempts, scheduled_at, timeout_secs, backoff, ord)
 ), chosen AS (
     SELECT i.*, (i.due AND i.rank <= $10 AND NOT o.found
                  AND i.tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $3))) AS hand
     FROM input AS i CROSS JOIN older AS o
 ), inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts, scheduled_at,
+        timeout_secs, backoff, deadline,
         status, attempt, locked_until, lease_token, worker_id, claimed_at, created_at, updated_at)
     SELECT c.id, c.tenant, $3, c.kind, c.payload, c.priority, c.max_attempts, c.scheduled_at,
+        c.timeout_secs, c.backoff, CASE WHEN c.hand THEN $4 + c.timeout_secs END,
         CASE WHEN c.hand THEN 'running' ELSE 'pending' END,
         CASE WHEN c.hand THEN 1 ELSE 0 END,
-        CASE WHEN c.hand THEN $4 + $11::float8 END,
+        CASE WHEN c.hand THEN least($4 + $11::float8, $4 + c.timeout_secs) END,
         CASE WHEN c.hand THEN gen_random_uuid() END,
         CASE WHEN c.hand THEN $12::text END,
         CASE WHEN c.hand THEN $4 END,
@@ -158,10 +166,11 @@ SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notif
 -- when it commits): no round trip of its own.
 WITH inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
-        scheduled_at, idempotency_key, workflow_id, step, context,
+        scheduled_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff,
         status, attempt, created_at, updated_at)
     SELECT (j->>0)::uuid, j->>1, j->>2, j->>3, j->4, (j->>5)::int, (j->>6)::int,
         (j->>7)::float8, j->>8, (j->>9)::uuid, j->>10, CASE WHEN j->>11 IS NOT NULL THEN j->11 END,
+        (j->>12)::int, CASE WHEN j->>13 IS NOT NULL THEN j->13 END,
         'pending', 0, $2::float8, $2::float8
     FROM jsonb_array_elements($1::text::jsonb) AS j
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -244,6 +253,7 @@ SELECT least(
        AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))),
     (SELECT min(locked_until) FROM qftrio_jobs
      WHERE queue = $1 AND status = 'running' AND attempt < max_attempts
+       AND (deadline IS NULL OR locked_until < deadline)
        AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))));
 
 -- name: heartbeat
@@ -260,7 +270,8 @@ WITH items AS (
         SELECT ctid AS row, status, lease_token FROM qftrio_jobs WHERE id = i.id OFFSET 0
     ) AS j ON true
 ), extended AS (
-    UPDATE qftrio_jobs AS j SET locked_until = $4 + c.extend, updated_at = $4
+    -- Never past the attempt's deadline (transitions.heartbeat).
+    UPDATE qftrio_jobs AS j SET locked_until = least($4 + c.extend, j.deadline), updated_at = $4
     FROM items AS c
     WHERE j.ctid = ANY(ARRAY(SELECT row FROM items WHERE current))
       AND j.ctid = c.row AND j.status = c.status AND j.lease_token = c.token
@@ -286,7 +297,7 @@ WITH items AS (
     FOR UPDATE
 ), extended AS (
     -- The locked versions, by their addresses (as in complete).
-    UPDATE qftrio_jobs AS j SET locked_until = $4 + i.extend, updated_at = $4
+    UPDATE qftrio_jobs AS j SET locked_until = least($4 + i.extend, j.deadline), updated_at = $4
     FROM items AS i JOIN locked AS l ON l.id = i.id
     WHERE l.running AND l.lease_token = i.token
       AND j.ctid = ANY(ARRAY(SELECT row FROM locked)) AND j.ctid = l.row
@@ -367,8 +378,22 @@ LEFT JOIN completed AS c ON c.id = i.id
 ORDER BY i.ord;
 
 -- name: fail_lock
-SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at FROM qftrio_jobs
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff FROM qftrio_jobs
 WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE;
+
+-- name: snooze
+-- The guarded write of transitions.snooze, for the whole batch (its rows
+-- locked by fail_lock): ids, tokens and the times the jobs are due again.
+-- The token stays.
+UPDATE qftrio_jobs AS j SET
+    status = 'pending',
+    scheduled_at = u.due,
+    max_attempts = j.max_attempts + 1,
+    locked_until = NULL,
+    updated_at = $4
+FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) AS u(id, token, due)
+WHERE j.id = u.id AND j.status = 'running' AND j.lease_token = u.token
+RETURNING j.queue;
 
 -- name: fail
 -- The guarded write of transitions.fail, for the whole batch (its rows
@@ -409,7 +434,7 @@ FOR UPDATE SKIP LOCKED;
 -- The janitor's round, first expired first, skipping rows another server is
 -- working on.
 SELECT j.id, j.queue, j.kind, j.attempt, j.max_attempts, j.locked_until, j.workflow_id, j.step,
-    coalesce(s.position, 0) AS position
+    coalesce(s.position, 0) AS position, j.deadline, j.timeout_secs, j.backoff
 FROM qftrio_jobs AS j
 LEFT JOIN qftrio_workflow_steps AS s ON s.workflow_id = j.workflow_id AND s.name = j.step
 WHERE j.status = 'running' AND j.locked_until < $1
@@ -420,7 +445,7 @@ FOR UPDATE OF j SKIP LOCKED;
 
 -- name: reap
 -- The janitor takes the jobs back as transitions.reap decided: their tokens
--- go stale, their worker_id stays.
+-- go stale, their worker_id stays; a timed-out job retried is due at $5's time.
 UPDATE qftrio_jobs AS j SET
     status = u.status,
     locked_until = NULL,
@@ -428,8 +453,9 @@ UPDATE qftrio_jobs AS j SET
     error = u.error,
     errors = j.errors || jsonb_build_array(
         jsonb_build_object('attempt', j.attempt, 'error', u.error, 'at', $4::float8)),
+    scheduled_at = coalesce(u.retry_at, j.scheduled_at),
     updated_at = $4
-FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(id, status, error)
+FROM unnest($1::uuid[], $2::text[], $3::text[], $5::float8[]) AS u(id, status, error, retry_at)
 WHERE j.id = u.id AND j.status = 'running' AND j.locked_until < $4;
 
 -- name: prune_jobs
@@ -502,7 +528,12 @@ SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' OR
          WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at > $1
          ORDER BY j.scheduled_at LIMIT 1),
         (SELECT min(j.locked_until) FROM qftrio_jobs AS j
-         WHERE j.queue = p.queue AND j.status = 'running' AND j.tenant = p.tenant)) AS next_available_at
+         WHERE j.queue = p.queue AND j.status = 'running' AND j.tenant = p.tenant)) AS next_available_at,
+    -- the pending jobs whose time has not come, counted up to models.MAX_SCHEDULED_COUNT
+    (SELECT count(*) FROM (
+        SELECT 1 FROM qftrio_jobs AS j
+        WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at > $1
+        LIMIT 10000) AS s) AS scheduled
 
 -- name: queues_stats
 -- The queues with jobs (counts from the ledger) or paused, of every tenant
@@ -562,6 +593,25 @@ SELECT p.queue,
     {queue_times}
 FROM (SELECT $2::text AS tenant, queue FROM names) AS p
 ORDER BY p.queue;
+
+-- name: jobs_scheduled
+-- The tenant's jobs whose time has not come, next to run first: the queues
+-- holding pending jobs from the ledger, one range of
+-- qftrio_jobs_pending_tenant_idx each ($3: one queue, or all).
+WITH queues AS (
+    SELECT queue FROM qftrio_job_counts
+    WHERE tenant = $1 AND status = 'pending' AND ($3::text IS NULL OR queue = $3)
+    GROUP BY queue HAVING sum(n) > 0
+)
+SELECT j.* FROM queues AS q CROSS JOIN LATERAL (
+    SELECT {job_columns}
+    FROM qftrio_jobs
+    WHERE tenant = $1 AND queue = q.queue AND status = 'pending' AND scheduled_at > $2
+    ORDER BY scheduled_at
+    LIMIT $4
+) AS j
+ORDER BY j.scheduled_at, j.id
+LIMIT $4;
 
 -- name: counts_fold
 -- Sums the ledger rows of each combination that has several into one (the

@@ -8,7 +8,7 @@
 -- A job's columns, in the order of the fields of qftrio.models.Job, which
 -- sqlite._row_to_job reads them in (tests/test_store_sql.py checks it).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context, timeout_secs, backoff
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -32,12 +32,12 @@ FROM jobs WHERE tenant = ? AND idempotency_key = ?;
 
 -- name: job_insert
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
-    created_at, updated_at, idempotency_key, workflow_id, step, context)
-VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?);
+    created_at, updated_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff)
+VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: reports_of
 -- What a report batch decides on: each job's state and current token.
-SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, step, kind, claimed_at
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, step, kind, claimed_at, deadline
 FROM jobs WHERE id IN ({marks});
 
 -- name: paused_tenants
@@ -51,15 +51,21 @@ WHERE queue = ? AND status = 'pending' AND scheduled_at <= ? {paused}
 ORDER BY priority DESC, scheduled_at, created_at LIMIT ?;
 
 -- name: claim_expired
+-- A job whose lease ran to its deadline timed out: the janitor fails it
+-- (transitions.timed_out), no claim takes it.
 SELECT id, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_leased
-WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts {paused}
+WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts
+    AND (deadline IS NULL OR locked_until < deadline) {paused}
 ORDER BY locked_until LIMIT ?;
 
 -- name: claim
 -- One statement for the whole batch; "{tokens}" is one "WHEN ? THEN ?" per
 -- job. SET expressions see the row as it was, so status = 'running' marks
--- the expired leases, whose lost attempt goes into the error history.
-UPDATE jobs SET status = 'running', attempt = attempt + 1, locked_until = ?,
+-- the expired leases, whose lost attempt goes into the error history. A job
+-- with timeout_secs gets its deadline, which its lease never runs past.
+UPDATE jobs SET status = 'running', attempt = attempt + 1,
+    locked_until = CASE WHEN timeout_secs IS NULL THEN ? ELSE min(?, ? + timeout_secs) END,
+    deadline = ? + timeout_secs,
     worker_id = ?, updated_at = ?, claimed_at = ?,
     lease_token = CASE id {tokens} END,
     error = CASE WHEN status = 'running' THEN ? ELSE error END,
@@ -77,7 +83,8 @@ WHERE queue = ? AND status = 'pending' AND scheduled_at > created_at AND schedul
 -- name: next_lease
 -- A lease counts even if it already ran out: its job is claimable now.
 SELECT min(locked_until) FROM jobs INDEXED BY jobs_leased
-WHERE queue = ? AND status = 'running' AND attempt < max_attempts {paused};
+WHERE queue = ? AND status = 'running' AND attempt < max_attempts
+    AND (deadline IS NULL OR locked_until < deadline) {paused};
 
 -- name: heartbeat
 -- The guarded write of a heartbeat: only a running job under the token.
@@ -90,8 +97,19 @@ WHERE id = ? AND status = 'running' AND lease_token = ?;
 
 -- name: fail_lock
 -- What a fail batch decides on (changes.jobs_fail).
-SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at FROM jobs
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff FROM jobs
 WHERE id IN (SELECT value FROM json_each(?1));
+
+-- name: snooze
+-- The guarded write of transitions.snooze, for the whole batch: ids, tokens
+-- and the times the jobs are due again, item by item. The token stays.
+UPDATE jobs SET status = 'pending', scheduled_at = u.due, max_attempts = max_attempts + 1, locked_until = NULL,
+    updated_at = ?4
+FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS token,
+          json_extract(?3, '$[' || i.key || ']') AS due
+      FROM json_each(?1) AS i) AS u
+WHERE jobs.id = u.id AND jobs.status = 'running' AND jobs.lease_token = u.token
+RETURNING jobs.queue;
 
 -- name: fail
 -- The guarded write of transitions.fail, for the whole batch: ids, tokens,
@@ -111,19 +129,20 @@ RETURNING jobs.id, jobs.queue, jobs.status;
 
 -- name: expired
 -- The janitor's round: running jobs whose lease ran out, first expired first.
-SELECT j.id, j.queue, j.kind, j.attempt, j.max_attempts, j.locked_until, j.workflow_id, j.step, coalesce(s.position, 0)
+SELECT j.id, j.queue, j.kind, j.attempt, j.max_attempts, j.locked_until, j.workflow_id, j.step, coalesce(s.position, 0),
+    j.deadline, j.timeout_secs, j.backoff
 FROM jobs AS j LEFT JOIN workflow_steps AS s ON s.workflow_id = j.workflow_id AND s.name = j.step
 WHERE j.status = 'running' AND j.locked_until < ?1
 ORDER BY j.locked_until LIMIT ?2;
 
 -- name: reap
 -- The janitor takes the jobs back as transitions.reap decided: their tokens
--- go stale, their worker_id stays.
+-- go stale, their worker_id stays; a timed-out job retried is due at ?5's time.
 UPDATE jobs SET status = u.status, locked_until = NULL, lease_token = NULL, error = u.error,
     errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', u.error, 'at', ?4)),
-    updated_at = ?4
+    scheduled_at = coalesce(u.retry_at, jobs.scheduled_at), updated_at = ?4
 FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS status,
-          json_extract(?3, '$[' || i.key || ']') AS error
+          json_extract(?3, '$[' || i.key || ']') AS error, json_extract(?5, '$[' || i.key || ']') AS retry_at
       FROM json_each(?1) AS i) AS u
 WHERE jobs.id = u.id AND jobs.status = 'running' AND jobs.locked_until < ?4;
 
@@ -183,6 +202,22 @@ WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at <= ? ORDE
 -- name: queue_next_scheduled
 SELECT scheduled_at FROM jobs INDEXED BY jobs_pending_by_tenant
 WHERE tenant = ? AND queue = ? AND status = 'pending' AND scheduled_at > ? ORDER BY scheduled_at LIMIT 1;
+
+-- name: queue_scheduled
+-- The pending jobs whose time has not come, counted up to ?4 (models.MAX_SCHEDULED_COUNT).
+SELECT count(*) FROM (
+    SELECT 1 FROM jobs INDEXED BY jobs_pending_by_tenant
+    WHERE tenant = ?1 AND queue = ?2 AND status = 'pending' AND scheduled_at > ?3 LIMIT ?4);
+
+-- name: pending_queues
+-- The queues holding a tenant's pending jobs ("{where}": one queue).
+SELECT DISTINCT queue FROM job_counts WHERE tenant = ? AND status = 'pending' AND n > 0 {where};
+
+-- name: queue_scheduled_jobs
+-- A queue's jobs whose time has not come, next to run first.
+SELECT {job_columns}
+FROM jobs INDEXED BY jobs_pending_by_tenant
+WHERE tenant = ?1 AND queue = ?2 AND status = 'pending' AND scheduled_at > ?3 ORDER BY scheduled_at LIMIT ?4;
 
 -- name: queue_next_lease
 -- Walks the queue's running jobs, whose number the workers bound.
