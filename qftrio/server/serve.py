@@ -159,6 +159,8 @@ async def run_server(
         throttle=throttle,
     )
     engine.metrics.set_limits(max_queues=config.metrics_queues, max_kinds=config.metrics_kinds)
+    engine.session_idle_secs = config.session_idle_secs
+    engine.session_lifetime_secs = config.session_lifetime_secs
     async with trio.open_nursery() as background:
         await background.start(
             lambda task_status: engine.run_janitor(
