@@ -511,3 +511,15 @@ async def test_big_payloads_results_and_errors_are_cut_with_a_link_to_the_whole_
     async with signed_in(server, "globex-secret") as client:
         assert (await client.get(f"/dashboard/jobs/{done}/json")).status_code == 404
         assert (await client.get(f"/dashboard/workflows/{workflow.id}/json")).status_code == 404
+
+
+async def test_the_workers_page_shows_idle_workers_and_the_jobs_each_holds(server: RunningServer) -> None:
+    (held,) = await enqueue(server.engine, 1, queue="busy-q")
+    await enqueue(server.engine, 1, queue="idle-q", delay_secs=3600)
+    await server.engine.lease("busy-q", worker_id="worker-busy", lease_secs=3600)
+    assert await server.engine.lease("idle-q", worker_id="worker-idle") == []
+    async with signed_in(server) as client:
+        page = (await client.get("/dashboard/workers")).text
+    rows = re.findall(r'<tr>\s*<td class="mono">([^<]+)</td>\s*<td>(.*?)</td>', page, re.S)
+    assert [worker for worker, _ in rows] == ["worker-busy", "worker-idle"]
+    assert f"/dashboard/jobs/{held}" in rows[0][1] and rows[1][1].strip() == "idle"
