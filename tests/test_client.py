@@ -143,7 +143,7 @@ async def test_pause_resume_bulk_and_workers(tenant: Client, worker: Client) -> 
     (held,) = await worker.lease("ops", worker_id="w-ops")
     (seen,) = await tenant.workers()
     assert (seen.worker_id, seen.jobs, seen.queues) == ("w-ops", 1, ("ops",))
-    assert abs(seen.last_seen_at - held.job.updated_at) < 0.001
+    assert 0 <= seen.last_seen_at - held.job.updated_at < 1  # the claim, or the lease call just after it
 
     assert await tenant.jobs_bulk("cancel", queue="ops", kind="x") == 2  # the running one too
     assert await tenant.jobs_bulk("cancel", queue="ops") == 1

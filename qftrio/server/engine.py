@@ -708,10 +708,14 @@ class Engine:
         """
         started = trio.current_time()
         deadline = started + wait_secs
-        if worker_id is not None and self.sightings.due(worker_id, queue, self.clock()):
-            await self._sighted([(worker_id, queue)])
+        unseen = worker_id is not None
         while True:
             leases = await self._claim(queue, max_jobs, float(lease_secs), worker_id)
+            if unseen and worker_id is not None:
+                # Recorded after the first claim, so that it never delays one.
+                unseen = False
+                if self.sightings.due(worker_id, queue, self.clock()):
+                    await self._sighted([(worker_id, queue)])
             if leases:
                 self._count_leased(leases)
                 return leases
