@@ -97,6 +97,8 @@ def _serve(args: argparse.Namespace) -> int:
         trusted_proxies=tuple(args.trusted_proxy) if args.trusted_proxy else None,
         failed_credentials_burst=args.failed_credentials_burst,
         failed_credentials_refill_secs=args.failed_credentials_refill_secs,
+        session_idle_secs=args.session_idle_secs,
+        session_lifetime_secs=args.session_lifetime_secs,
     )
     settle_after_imports()
     trio.run(functools.partial(serve, config, shutdown_trigger=_wait_for_signal))
@@ -315,8 +317,11 @@ def _queues_table(stats: Sequence[Any], *, now: float, rates: dict[str, float | 
 
 
 def _workers_table(workers: Sequence[Any], *, now: float) -> str:
-    rows = [[w.worker_id, str(w.jobs), ",".join(w.queues), f"{_duration(now - w.last_seen_at)} ago"] for w in workers]
-    return _table(["WORKER", "JOBS", "QUEUES", "LAST SEEN"], rows, left=(0, 2)) if rows else "no workers hold jobs"
+    rows = [
+        [w.worker_id, str(w.jobs) if w.jobs else "idle", ",".join(w.queues), f"{_duration(now - w.last_seen_at)} ago"]
+        for w in workers
+    ]
+    return _table(["WORKER", "JOBS", "QUEUES", "LAST SEEN"], rows, left=(0, 2)) if rows else "no workers seen lately"
 
 
 def _show(wire: Any, table: Callable[[], str]) -> None:
@@ -509,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trusted-proxy", action="append", metavar="ADDR", help="a proxy whose X-Forwarded-For names the client (address or network; repeatable)")
     p.add_argument("--failed-credentials-burst", type=_positive_int, help="wrong credentials from one address before it gets 429 (default 20)")
     p.add_argument("--failed-credentials-refill-secs", type=_non_negative, help="one more wrong credential allowed every this many seconds (default 3)")
+    p.add_argument("--session-idle-secs", type=_positive_float, help="a dashboard session ends after this long without a request (default 8 hours)")
+    p.add_argument("--session-lifetime-secs", type=_positive_float, help="a dashboard session ends this long after sign-in (default 7 days)")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("worker", help="run a worker pool process")
@@ -621,7 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_options(p)
     p.set_defaults(func=_stats)
 
-    p = sub.add_parser("workers", help="the worker ids holding jobs: how many, on which queues, last seen")
+    p = sub.add_parser("workers", help="the workers seen in the last few minutes, idle ones included: jobs held, queues, last seen")
     _add_client_options(p)
     p.set_defaults(func=_workers)
 

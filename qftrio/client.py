@@ -704,7 +704,7 @@ class _Api(Generic[X]):
 
     @_method
     def workers() -> Call[list[WorkerInfo]]:
-        """The worker ids holding running jobs, most jobs first."""
+        """The workers seen lately on the tenant's queues, idle ones included, most jobs first."""
         return Call("GET", "/api/v1/workers", _workers)
 
     @_method

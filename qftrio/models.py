@@ -392,19 +392,23 @@ class QueueStats:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerInfo:
-    """A worker id holding running jobs of one tenant: how many, on which
-    queues (sorted), and when it was last seen (its latest claim or
-    heartbeat among them)."""
+    """A worker id a tenant sees: one holding its running jobs, or seen
+    leasing lately a queue that holds its jobs (docs/operations.md). How
+    many of the tenant's jobs it holds and their ids (``jobs == 0``: idle),
+    the queues it holds them on or leased (sorted), and when it was last
+    seen (its latest lease call, claim or heartbeat)."""
 
     worker_id: str
     jobs: int
     queues: tuple[str, ...]
     last_seen_at: float
+    job_ids: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "worker_id": self.worker_id,
             "jobs": self.jobs,
+            "job_ids": list(self.job_ids),
             "queues": list(self.queues),
             "last_seen_at": format_time(self.last_seen_at),
         }
@@ -414,6 +418,7 @@ class WorkerInfo:
         return cls(
             worker_id=data["worker_id"],
             jobs=int(data["jobs"]),
+            job_ids=tuple(data.get("job_ids", ())),
             queues=tuple(data["queues"]),
             last_seen_at=float(parse_time(data["last_seen_at"]) or 0.0),
         )
@@ -1046,12 +1051,15 @@ class CountAnswer(_Answer):
 class WorkerAnswer(_Answer):
     worker_id: str
     jobs: int
+    job_ids: list[str]
     queues: list[str]
     last_seen_at: Time
 
 
 class WorkersAnswer(_Answer):
-    """The worker ids holding the tenant's running jobs, most jobs first."""
+    """The workers seen in the last few minutes that hold the tenant's
+    running jobs or leased a queue holding its jobs, most jobs first, then
+    the latest seen first."""
 
     workers: list[WorkerAnswer]
 

@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -91,21 +92,23 @@ def server_config(**overrides: object) -> Config:
     return Config(**values)  # type: ignore[arg-type]
 
 
-async def serve_store(storage: Store, nursery: trio.Nursery) -> AsyncIterator[RunningServer]:
-    """A real server on *storage*, in *nursery*, until the iteration ends."""
+async def serve_store(storage: Store, nursery: trio.Nursery, **overrides: Any) -> AsyncIterator[RunningServer]:
+    """A real server on *storage*, in *nursery*, until the iteration ends
+    (*overrides*: settings of :func:`server_config`)."""
     clock = ServerClock()
     engine = Engine(storage, clock=clock, safety_poll_secs=1.0)
+    config = server_config(**overrides)
     stop = trio.Event()
     stopped = trio.Event()
 
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
         try:
-            await run_server(engine, server_config(), shutdown_trigger=stop.wait, task_status=task_status)
+            await run_server(engine, config, shutdown_trigger=stop.wait, task_status=task_status)
         finally:
             stopped.set()
 
     binds = await nursery.start(run)
-    yield RunningServer(url=binds[0], engine=engine, clock=clock)
+    yield RunningServer(url=binds[0], engine=engine, clock=clock, tenants=dict(config.tenants))
     stop.set()
     # The server is done before its store closes (its listener, on the
     # store's loop, closes first).

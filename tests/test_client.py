@@ -143,7 +143,7 @@ async def test_pause_resume_bulk_and_workers(tenant: Client, worker: Client) -> 
     (held,) = await worker.lease("ops", worker_id="w-ops")
     (seen,) = await tenant.workers()
     assert (seen.worker_id, seen.jobs, seen.queues) == ("w-ops", 1, ("ops",))
-    assert abs(seen.last_seen_at - held.job.updated_at) < 0.001
+    assert 0 <= seen.last_seen_at - held.job.updated_at < 1  # the claim, or the lease call just after it
 
     assert await tenant.jobs_bulk("cancel", queue="ops", kind="x") == 2  # the running one too
     assert await tenant.jobs_bulk("cancel", queue="ops") == 1
@@ -152,7 +152,7 @@ async def test_pause_resume_bulk_and_workers(tenant: Client, worker: Client) -> 
     assert await tenant.jobs_bulk("retry", status=Status.CANCELLED, created_after=early - 1, limit=1) == 1
     assert await tenant.jobs_bulk("delete", queue="ops") == 2
     assert sum((await tenant.queue_stats("ops")).counts.values()) == 1
-    assert await tenant.workers() == []
+    assert [(w.worker_id, w.jobs, w.job_ids) for w in await tenant.workers()] == [("w-ops", 0, ())]  # seen, idle
     with pytest.raises(errors.InvalidInput, match="status"):
         await tenant.jobs_bulk("retry", status="pending")  # the server's rule
     assert await tenant.jobs_bulk("cancel", all=True) == 1  # no filter: every pending or running job

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from qftrio.models import CompleteItem, EnqueueRequest, FailItem, JobConfig, QueueStats, Status, WorkflowCreateRequest
-from qftrio.server.dashboard import Throughput, csrf_token, timeline
+from qftrio.server.dashboard import Throughput, timeline
 from qftrio.server.engine import Engine
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import open_sqlite_store
@@ -298,19 +298,28 @@ async def test_sign_in_sets_an_http_only_strict_cookie_and_refuses_a_wrong_token
         assert "; Secure" in answer.headers["set-cookie"]
 
 
+async def page_csrf(client: httpx.AsyncClient) -> str:
+    """The CSRF token of the client's session, as its pages carry it."""
+    return form_csrf((await client.get("/dashboard/")).text)
+
+
 async def test_an_action_without_the_sessions_csrf_token_is_refused(server: RunningServer) -> None:
     (job_id,) = await enqueue(server.engine, 1)
     cancel = f"/dashboard/jobs/{job_id}/cancel"
-    async with signed_in(server) as client:
+    async with signed_in(server) as client, signed_in(server) as other_session:
+        csrf = await page_csrf(client)
         assert (await client.post(cancel)).status_code == 403
-        assert (await client.post(cancel, data={"csrf": csrf_token("globex-secret")})).status_code == 403
+        # the same tenant's other session has a CSRF token of its own
+        other = await page_csrf(other_session)
+        assert other != csrf
+        assert (await client.post(cancel, data={"csrf": other})).status_code == 403
         other_site = {"Origin": "https://evil.example"}
-        answer = await client.post(cancel, data={"csrf": csrf_token(ACME)}, headers=other_site)
+        answer = await client.post(cancel, data={"csrf": csrf}, headers=other_site)
         assert answer.status_code == 403
-        answer = await client.post(cancel, data={"csrf": csrf_token(ACME), "pad": "x" * 20_000})
+        answer = await client.post(cancel, data={"csrf": csrf, "pad": "x" * 20_000})
         assert answer.status_code == 413
         assert (await server.engine.job_get("acme", job_id)).status is Status.PENDING
-        answer = await client.post(cancel, data={"csrf": csrf_token(ACME)})
+        answer = await client.post(cancel, data={"csrf": csrf})
         assert answer.status_code == 303
     assert (await server.engine.job_get("acme", job_id)).status is Status.CANCELLED
 
@@ -321,7 +330,7 @@ async def test_a_tenant_sees_only_its_own_jobs(server: RunningServer) -> None:
         assert (await client.get(f"/dashboard/jobs/{job_id}")).status_code == 404
         assert job_id not in (await client.get("/dashboard/jobs")).text
         assert "secret-q" not in (await client.get("/dashboard/")).text
-        answer = await client.post(f"/dashboard/jobs/{job_id}/cancel", data={"csrf": csrf_token("globex-secret")})
+        answer = await client.post(f"/dashboard/jobs/{job_id}/cancel", data={"csrf": await page_csrf(client)})
         assert answer.status_code == 404
     assert (await server.engine.job_get("acme", job_id)).status is Status.PENDING
 
@@ -518,3 +527,15 @@ async def test_big_payloads_results_and_errors_are_cut_with_a_link_to_the_whole_
     async with signed_in(server, "globex-secret") as client:
         assert (await client.get(f"/dashboard/jobs/{done}/json")).status_code == 404
         assert (await client.get(f"/dashboard/workflows/{workflow.id}/json")).status_code == 404
+
+
+async def test_the_workers_page_shows_idle_workers_and_the_jobs_each_holds(server: RunningServer) -> None:
+    (held,) = await enqueue(server.engine, 1, queue="busy-q")
+    await enqueue(server.engine, 1, queue="idle-q", delay_secs=3600)
+    await server.engine.lease("busy-q", worker_id="worker-busy", lease_secs=3600)
+    assert await server.engine.lease("idle-q", worker_id="worker-idle") == []
+    async with signed_in(server) as client:
+        page = (await client.get("/dashboard/workers")).text
+    rows = re.findall(r'<tr>\s*<td class="mono">([^<]+)</td>\s*<td>(.*?)</td>', page, re.S)
+    assert [worker for worker, _ in rows] == ["worker-busy", "worker-idle"]
+    assert f"/dashboard/jobs/{held}" in rows[0][1] and rows[1][1].strip() == "idle"

@@ -195,7 +195,7 @@ async def test_bulk_actions_touch_exactly_the_matching_jobs_of_the_tenant(http, 
     assert len(await jobs_of(http, server, "acme")) == 5
 
 
-async def test_workers_are_the_holders_of_running_jobs(http, server) -> None:
+async def test_workers_are_the_holders_of_running_jobs_and_those_seen_idle(http, server) -> None:
     await enqueue(http, server, "acme", "a", "x", 3)
     await enqueue(http, server, "acme", "b", "x", 1)
     await enqueue(http, server, "globex", "c", "x", 1)
@@ -211,7 +211,9 @@ async def test_workers_are_the_holders_of_running_jobs(http, server) -> None:
     (theirs,) = (await http.get("/api/v1/workers", headers=server.headers("globex"))).json()["workers"]
     assert theirs["worker_id"] == "w-3"
     assert (await report(http, server, single["job"]["id"], "complete", lease_token=single["lease_token"])).status_code == 204
-    assert [w["worker_id"] for w in (await http.get("/api/v1/workers", headers=server.headers())).json()["workers"]] == ["w-1"]
+    # w-2 holds nothing now, and is listed as seen on queue a
+    after = (await http.get("/api/v1/workers", headers=server.headers())).json()["workers"]
+    assert [(w["worker_id"], w["jobs"], w["job_ids"], w["queues"]) for w in after][1] == ("w-2", 0, [], ["a"])
     assert (await http.get("/api/v1/workers?limit=1", headers=server.headers())).status_code == 422
 
 

@@ -323,19 +323,19 @@ async def test_workers_are_the_holders_of_running_jobs(storage: Store) -> None:
     await storage.jobs_claim("b", limit=1, lease_secs=30, worker_id="w1", now=T0 + 2)
     await storage.jobs_claim("a", limit=2, lease_secs=30, worker_id="w2", now=T0 + 3)
     await storage.jobs_heartbeat([HeartbeatItem(job_id=first[0].job.id, lease_token=first[0].lease_token, extend_secs=30)], now=T0 + 9)
-    found = {(w.worker_id, w.jobs, w.queues, w.last_seen_at) for w in await storage.workers(tenant="t1")}
+    found = {(w.worker_id, w.jobs, w.queues, w.last_seen_at) for w in await storage.workers(tenant="t1", seen_since=T0)}
     tenants = {lease.job.tenant for lease in first}
     assert tenants == {"t1"} or tenants == {"t1", "t2"}
-    by_id = {w.worker_id: w for w in await storage.workers(tenant="t1")}
+    by_id = {w.worker_id: w for w in await storage.workers(tenant="t1", seen_since=T0)}
     assert by_id["w1"].queues == ("a", "b") and by_id["w1"].last_seen_at == T0 + 9
     assert sum(w.jobs for w in by_id.values()) == 4 and len(found) == 2
     await storage.jobs_complete(
         [CompleteItem(job_id=lease.job.id, lease_token=lease.lease_token, result={}) for lease in first], now=T0 + 10
     )
-    left = await storage.workers(tenant="t1")
+    left = await storage.workers(tenant="t1", seen_since=T0)
     assert sum(w.jobs for w in left) == 4 - sum(1 for lease in first if lease.job.tenant == "t1")
     assert [w.jobs for w in left] == sorted((w.jobs for w in left), reverse=True)
-    assert await storage.workers(tenant="nobody") == []
+    assert await storage.workers(tenant="nobody", seen_since=T0) == []
 
 
 def sample(text: str, name: str, **labels: str) -> float:

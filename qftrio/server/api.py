@@ -170,7 +170,8 @@ async def jobs_bulk_delete(engine: Engine, call: Call) -> Reply:
 
 
 async def workers(engine: Engine, call: Call) -> Reply:
-    """The worker ids holding the tenant's running jobs: how many, on which queues, last seen."""
+    """The workers seen in the last few minutes that hold the tenant's running jobs or leased a
+    queue holding its jobs, idle ones included: the jobs each holds, its queues, when last seen."""
     return 200, {"workers": [w.to_wire() for w in await engine.workers(_tenant(call))]}
 
 

@@ -144,6 +144,14 @@ class Credentials:
             raise errors.Forbidden("worker routes take the worker token, not a tenant token")
         return principal
 
+    def tokens_of(self, tenant: str) -> list[bytes]:
+        """The tokens that act for *tenant* now: a dashboard session stays
+        valid only while the token it was signed in with is one of them."""
+        tokens = [token for name, token in self._tenants if name == tenant]
+        if self.dev and tenant == DEV_TENANT and self._worker is not None:
+            tokens.append(self._worker)
+        return tokens
+
     def tenant(self, authorization: str | None) -> str:
         """Authorise an application call; returns the tenant it acts for."""
         principal = self.identify(authorization)

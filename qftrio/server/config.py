@@ -84,6 +84,10 @@ class Config:
     #: answered 429; one more is allowed every ``failed_credentials_refill_secs``.
     failed_credentials_burst: int = 20
     failed_credentials_refill_secs: float = 3.0
+    #: A dashboard session ends after this long without a request, and this
+    #: long after sign-in whatever happens.
+    session_idle_secs: float = 8 * 3600.0
+    session_lifetime_secs: float = 7 * 86400.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> Config:
@@ -130,6 +134,8 @@ class Config:
                 raise errors.ConfigError(f"{flag} must be at least 1")
         if self.failed_credentials_burst < 1 or not 0 < self.failed_credentials_refill_secs < float("inf"):
             raise errors.ConfigError("--failed-credentials-burst and --failed-credentials-refill-secs must be positive")
+        if not 0 < self.session_idle_secs < float("inf") or not 0 < self.session_lifetime_secs < float("inf"):
+            raise errors.ConfigError("--session-idle-secs and --session-lifetime-secs must be positive")
         if self.max_connections_per_address < 1:
             raise errors.ConfigError("--max-connections-per-address must be at least 1")
         for proxy in self.trusted_proxies:

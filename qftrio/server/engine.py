@@ -16,7 +16,11 @@ transport calls the same methods. The engine owns
   janitor loop that reaps expired leases, compacts the counts and prunes old
   jobs;
 * operations: queue stats, pause and resume, bulk actions by filter, the
-  live workers;
+  live workers (those holding jobs, and those seen leasing lately: a
+  :class:`Sightings` cache keeps each server's writes of them rare and
+  bounded);
+* dashboard sessions: random ids kept in the store, with their expiry and
+  their CSRF secret; the janitor purges the expired ones;
 * workflows (docs/workflows.md): the graph is checked here
   (:mod:`qftrio.server.workflows`); advancing one
   (:func:`~qftrio.server.transitions.advance`) happens inside the store's job
@@ -29,9 +33,15 @@ Each state transition is one store call, so one transaction.
 from __future__ import annotations
 
 import base64
+import collections
+import dataclasses
 import functools
+import hashlib
+import hmac
 import json
 import logging
+import math
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -64,6 +74,7 @@ from .store.base import (
     BulkFilter,
     ClaimRequest,
     CompleteItem,
+    DashboardSession,
     FailItem,
     HeartbeatItem,
     HeartbeatResult,
@@ -77,7 +88,7 @@ from .store.base import (
 )
 from .workflows import new_workflow
 
-__all__ = ["Engine", "RetryPolicy", "Waker"]
+__all__ = ["Engine", "RetryPolicy", "Sightings", "Waker"]
 
 log = logging.getLogger("qftrio.engine")
 
@@ -146,6 +157,65 @@ class Waker:
                 parked.event.set()
 
 
+class Sightings:
+    """Which ``(worker_id, queue)`` lease callers this server wrote to the
+    store, and when: a pair is written again only once *every* seconds have
+    passed, so a worker's lease calls cost at most one write per few seconds.
+
+    Bounded: pairs not written for *window* seconds are forgotten (the
+    oldest writes first), and at most *capacity* pairs are kept. A new pair
+    arriving when that many were written within the window is not recorded
+    (nor written): a caller sending endless worker ids grows neither this
+    server's memory nor the table, and each server adds at most *capacity*
+    rows per window. The workers list then misses such pairs until room
+    frees up; :attr:`refused` counts them.
+    """
+
+    def __init__(self, *, every: float, window: float, capacity: int) -> None:
+        self.every = every
+        self.window = window
+        self.capacity = capacity
+        self.refused = 0
+        # Oldest write first, so expired pairs are found at the front.
+        self._written: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
+
+    def due(self, worker_id: str, queue: str, now: float) -> bool:
+        """Whether the pair is to be written now; if so, it counts as
+        written at *now*."""
+        key = (worker_id, queue)
+        last = self._written.get(key)
+        if last is not None and now - last < self.every:
+            return False
+        while self._written:
+            oldest, at = next(iter(self._written.items()))
+            if now - at < self.window:
+                break
+            del self._written[oldest]
+        if key not in self._written and len(self._written) >= self.capacity:
+            self.refused += 1
+            return False
+        self._written[key] = now
+        self._written.move_to_end(key)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._written)
+
+
+def session_key(session_id: str) -> str:
+    """What the store keys a dashboard session by: the SHA-256 of its id,
+    so that the database holds no id a browser could present."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+def token_mac(secret: str, token: str | bytes) -> str:
+    """The mark a session keeps of the token it was signed in with: an HMAC
+    under the session's own secret, so it matches only that token and is
+    worth nothing to anyone reading the database."""
+    raw = token if isinstance(token, bytes) else token.encode()
+    return hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
+
+
 def encode_cursor(key: tuple[float, str]) -> str:
     """The cursor of the page after the item of *key*, ``(created_at, id)``."""
     raw = json.dumps(list(key)).encode()
@@ -192,6 +262,24 @@ class Engine:
             so that no listing pins more memory than this, about.
     """
 
+    #: The workers list shows workers seen (lease calls, claims,
+    #: heartbeats) this recently.
+    WORKERS_SEEN_SECS = 300.0
+    #: A worker's lease calls on one queue are written at most this often.
+    SIGHTING_EVERY_SECS = 5.0
+    #: ``(worker_id, queue)`` pairs each server writes per window at most.
+    MAX_SIGHTINGS = 10_000
+    #: Workers one answer lists at most (those holding most jobs first).
+    MAX_WORKERS_LISTED = 1000
+    #: Sightings and expired sessions are purged this often.
+    PURGE_EVERY_SECS = 60.0
+    #: A dashboard session's id is this long (``secrets.token_urlsafe(32)``);
+    #: a longer cookie is not looked up.
+    MAX_SESSION_ID = 64
+    #: A session's idle end moves on at most this often (a write), so that
+    #: browsing costs a read per page, not a write.
+    SESSION_TOUCH_SECS = 60.0
+
     def __init__(
         self,
         store: Store,
@@ -200,14 +288,25 @@ class Engine:
         clock: Callable[[], float] = time.time,
         safety_poll_secs: float = 5.0,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
+        session_idle_secs: float = 8 * 3600.0,
+        session_lifetime_secs: float = 7 * 86400.0,
     ) -> None:
         self.store = store
         self.max_answer_bytes = max_answer_bytes
         self.policy = policy
         self.clock = clock
         self.safety_poll_secs = safety_poll_secs
+        #: A dashboard session ends after this long without a request, and
+        #: this long after sign-in whatever happens.
+        self.session_idle_secs = session_idle_secs
+        self.session_lifetime_secs = session_lifetime_secs
         self.waker = Waker()
         self.metrics = Metrics()
+        self.sightings = Sightings(
+            every=self.SIGHTING_EVERY_SECS, window=self.WORKERS_SEEN_SECS, capacity=self.MAX_SIGHTINGS
+        )
+        # Concurrent lease calls due to be written share one store call.
+        self._sighted: Batcher[tuple[str, str], None] = Batcher(self._write_sightings)
         self._closing = trio.Event()
         # Concurrent reports and claims share store calls (qftrio/_batching.py).
         self._heartbeats: Batcher[HeartbeatItem, HeartbeatResult] = Batcher(
@@ -515,10 +614,70 @@ class Engine:
         return await self.store.jobs_scheduled(tenant=tenant, now=self.clock(), queue=queue, limit=limit)
 
     async def workers(self, tenant: str) -> list[WorkerInfo]:
-        """The worker ids holding the tenant's running jobs, most jobs first:
-        how many, on which queues, last seen (their latest claim or
-        heartbeat). Costs O(running jobs)."""
-        return await self.store.workers(tenant=tenant)
+        """The workers the tenant sees (docs/operations.md): those holding
+        its running jobs, and those whose lease calls in the last
+        :attr:`WORKERS_SEEN_SECS` named a queue holding its jobs, idle ones
+        included; most jobs first, then the latest seen, at most
+        :attr:`MAX_WORKERS_LISTED`. Costs O(running jobs + sightings), both
+        bounded."""
+        seen_since = self.clock() - self.WORKERS_SEEN_SECS
+        workers = await self.store.workers(tenant=tenant, seen_since=seen_since)
+        return workers[: self.MAX_WORKERS_LISTED]
+
+    async def _write_sightings(self, pairs: list[tuple[str, str]]) -> list[None]:
+        await self.store.workers_seen(sorted(set(pairs)), now=self.clock())
+        return [None] * len(pairs)
+
+    # -- dashboard sessions --------------------------------------------------
+
+    async def session_create(self, tenant: str, token: str) -> tuple[str, DashboardSession]:
+        """A new dashboard session of *tenant*, signed in with *token*: its
+        random id (the cookie's value, kept nowhere else) and the session as
+        every server reads it from the store."""
+        session_id = secrets.token_urlsafe(32)
+        secret = secrets.token_urlsafe(32)
+        now = self.clock()
+        expires_at = now + self.session_lifetime_secs
+        session = DashboardSession(
+            tenant=tenant,
+            secret=secret,
+            token_mac=token_mac(secret, token),
+            created_at=now,
+            idle_until=min(now + self.session_idle_secs, expires_at),
+            expires_at=expires_at,
+        )
+        await self.store.session_create(session_key(session_id), session)
+        return session_id, session
+
+    async def session_get(
+        self, session_id: str, tokens_of: Callable[[str], Iterable[bytes]]
+    ) -> DashboardSession | None:
+        """The valid session of *session_id*, or None: unknown, signed out,
+        idle too long, past its lifetime, or signed in with a token that no
+        longer acts for its tenant (*tokens_of* answers those that do now;
+        such a session is deleted). Moves the idle end on, at most once
+        every :attr:`SESSION_TOUCH_SECS`."""
+        if not session_id or len(session_id) > self.MAX_SESSION_ID:
+            return None
+        key = session_key(session_id)
+        now = self.clock()
+        session = await self.store.session_get(key, now=now)
+        if session is None:
+            return None
+        mac = session.token_mac.encode()
+        if not any(hmac.compare_digest(token_mac(session.secret, t).encode(), mac) for t in tokens_of(session.tenant)):
+            await self.store.session_delete(key)
+            return None
+        idle_until = min(now + self.session_idle_secs, session.expires_at)
+        if idle_until - session.idle_until >= self.SESSION_TOUCH_SECS:
+            await self.store.session_touch(key, idle_until=idle_until)
+            session = dataclasses.replace(session, idle_until=idle_until)
+        return session
+
+    async def session_delete(self, session_id: str) -> None:
+        """Sign the session out (idempotent): its id is worth nothing from now on."""
+        if session_id and len(session_id) <= self.MAX_SESSION_ID:
+            await self.store.session_delete(session_key(session_id))
 
     # -- workflows -----------------------------------------------------------
 
@@ -577,8 +736,14 @@ class Engine:
         """
         started = trio.current_time()
         deadline = started + wait_secs
+        unseen = worker_id is not None
         while True:
             leases = await self._claim(queue, max_jobs, float(lease_secs), worker_id)
+            if unseen and worker_id is not None:
+                # Recorded after the first claim, so that it never delays one.
+                unseen = False
+                if self.sightings.due(worker_id, queue, self.clock()):
+                    await self._sighted([(worker_id, queue)])
             if leases:
                 self._count_leased(leases)
                 return leases
@@ -708,15 +873,22 @@ class Engine:
     ) -> None:
         """Reap expired leases and compact the store's counts every
         *interval_secs*; with *retention_secs*, also prune completed and
-        cancelled jobs older than that. Runs until cancelled; store errors are
+        cancelled jobs older than that; every :attr:`PURGE_EVERY_SECS`,
+        forget old worker sightings and expired dashboard sessions. Runs until cancelled; store errors are
         logged and retried next round."""
         task_status.started()
+        purged_at = -math.inf
         while True:
             try:
                 await self.reap_expired()
                 await self.store.counts_fold()
                 if retention_secs is not None:
                     await self.store.jobs_prune(before=self.clock() - retention_secs)
+                now = self.clock()
+                if now - purged_at >= self.PURGE_EVERY_SECS:
+                    await self.store.sightings_purge(before=now - self.WORKERS_SEEN_SECS)
+                    await self.store.sessions_purge(now=now)
+                    purged_at = now
             except errors.Unavailable as exc:
                 log.warning("janitor round failed: %s; retrying", exc)
             except Exception:

@@ -160,6 +160,8 @@ async def run_server(
     )
     engine.metrics.set_limits(max_queues=config.metrics_queues, max_kinds=config.metrics_kinds)
     engine.max_answer_bytes = config.max_answer_bytes
+    engine.session_idle_secs = config.session_idle_secs
+    engine.session_lifetime_secs = config.session_lifetime_secs
     async with trio.open_nursery() as background:
         await background.start(
             lambda task_status: engine.run_janitor(

@@ -5,14 +5,19 @@ limit each); the dashboard adds pages, not queries.
 
 Security:
 
-- The sign-in form takes a tenant token (the API's) and keeps it in an
-  HttpOnly, SameSite=Strict cookie, Secure when the request came over TLS.
-  Each request authenticates that token as the API does, so a tenant sees
-  only its own jobs, and revoking a token signs its sessions out.
+- The sign-in form takes a tenant token (the API's), checked as the API
+  checks it, and opens a session (:meth:`Engine.session_create`): a random
+  id kept in the database, so every server sees it, with its tenant, a
+  secret of its own, an idle end and an absolute end. The cookie holds the
+  id only (HttpOnly, SameSite=Strict, Secure when the request came over
+  TLS); the token is never in it. Sign-out deletes the session, and a
+  session whose token no longer acts for its tenant (the server restarted
+  with another token) is refused and deleted.
 - Every action is a POST carrying a CSRF token: an HMAC of the session's
-  token, so it is per session, needs no server-side state, and cannot be
-  computed by a page that cannot read the cookie. It is compared in
-  constant time. A POST whose ``Origin`` is another site is refused first.
+  own secret, so it is per session, dies with it, says nothing of the
+  token, and cannot be computed by a page that cannot read the session's
+  pages. It is compared in constant time. A POST whose ``Origin`` is
+  another site is refused first.
 - A bulk action (retry, cancel or delete all matching) acts only from its
   confirmation page, which shows how many jobs match; with no queue chosen
   it also needs the form's explicit ``every_queue`` choice.
@@ -34,7 +39,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from quart import Blueprint, Response, redirect, render_template, request, send_from_directory
+from quart import Blueprint, Response, g, redirect, render_template, request, send_from_directory
 from quart_schema import hide
 from werkzeug.exceptions import HTTPException
 
@@ -42,7 +47,7 @@ from ... import errors
 from ...models import MAX_JOB_ID, Job, QueueStats, Status, WorkflowStatus, format_time, valid_name
 from ..auth import Credentials
 from ..engine import Engine
-from ..store.base import BulkAction
+from ..store.base import BulkAction, DashboardSession
 from ..transitions import BULK_STATUSES, bulk_statuses
 
 __all__ = ["create_dashboard"]
@@ -70,6 +75,8 @@ ERROR_CHARS = 2000
 LIST_ERROR_CHARS = 200
 #: Failed attempts a job's page lists (the latest).
 ERRORS_SHOWN = 20
+#: Held jobs the workers page links per worker (the rest as a count).
+WORKER_IDS_SHOWN = 5
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -100,9 +107,9 @@ ERROR_TITLES = {
 }
 
 
-def csrf_token(token: str) -> str:
-    """The CSRF token of the session signed in with *token*."""
-    return hmac.new(token.encode(), b"qftrio-dashboard-csrf", hashlib.sha256).hexdigest()
+def csrf_token(session: DashboardSession) -> str:
+    """The CSRF token of *session*, derived from its own secret."""
+    return hmac.new(session.secret.encode(), b"qftrio-dashboard-csrf", hashlib.sha256).hexdigest()
 
 
 class Throughput:
@@ -332,22 +339,23 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
     )
     throughput = Throughput()
 
-    def signed_in() -> tuple[str, str] | None:
-        """The (tenant, token) of the request's session, if it has a valid one."""
-        token = request.cookies.get(COOKIE)
-        if not token:
-            return None
-        try:
-            return credentials.tenant(f"Bearer {token}"), token
-        except errors.ApiError:
-            return None
+    async def signed_in() -> DashboardSession | None:
+        """The request's valid session, if it has one (read once a request)."""
+        if "qftrio_session" not in g:
+            session_id = request.cookies.get(COOKIE, "")
+            g.qftrio_session = await engine.session_get(session_id, credentials.tokens_of) if session_id else None
+        session: DashboardSession | None = g.qftrio_session
+        return session
 
     async def page(template: str, status: int = 200, **context: Any) -> Response:
-        session = signed_in()
+        try:
+            session = await signed_in()
+        except errors.ApiError:  # the store is down: the error page shows no session
+            session = None
         body = await render_template(
             template,
-            tenant=session[0] if session else None,
-            csrf=csrf_token(session[1]) if session else "",
+            tenant=session.tenant if session else None,
+            csrf=csrf_token(session) if session else "",
             now=engine.clock(),
             age=_age,
             time=_time,
@@ -362,10 +370,10 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
         sign-in form; the view is called with the tenant."""
 
         async def wrapper(**params: str) -> Response:
-            session = signed_in()
+            session = await signed_in()
             if session is None:
                 return redirect(f"{PREFIX}/signin?{_query(next=request.full_path.rstrip('?'))}", 303)
-            return await fn(session[0], **params)
+            return await fn(session.tenant, **params)
 
         wrapper.__name__ = fn.__name__
         return wrapper
@@ -374,14 +382,14 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
         """A POST of a signed-in tenant carrying the session's CSRF token."""
 
         async def wrapper(**params: str) -> Response:
-            session = signed_in()
+            session = await signed_in()
             if session is None:
-                raise errors.Unauthorized("not signed in, or the session's token is no longer valid")
+                raise errors.Unauthorized("not signed in, or the session has ended: sign in again")
             form = await request.form
             given = form.get("csrf", "")
-            if not hmac.compare_digest(given.encode(), csrf_token(session[1]).encode()):
+            if not hmac.compare_digest(given.encode(), csrf_token(session).encode()):
                 raise errors.Forbidden("missing or wrong CSRF token: reload the page and try again")
-            return await fn(session[0], form, **params)
+            return await fn(session.tenant, form, **params)
 
         wrapper.__name__ = fn.__name__
         return wrapper
@@ -444,19 +452,22 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
         token = form.get("token", "").strip()
         target = _next(form.get("next"))
         try:
-            credentials.tenant(f"Bearer {token}")
+            tenant = credentials.tenant(f"Bearer {token}")
         except errors.ApiError as exc:  # 401, or 429 (the front adds Retry-After)
             return await page("dashboard/signin.html", exc.status_code, next=target, problem=exc.message)
+        # A session signed in over another one replaces it.
+        await engine.session_delete(request.cookies.get(COOKIE, ""))
+        session_id, _ = await engine.session_create(tenant, token)
         response = redirect(target, 303)
         response.set_cookie(
-            COOKIE, token, path=PREFIX, httponly=True, samesite="Strict", secure=_over_tls()
+            COOKIE, session_id, path=PREFIX, httponly=True, samesite="Strict", secure=_over_tls()
         )
         return response
-
 
     @bp.post("/signout")
     @action
     async def signout(tenant: str, form: Any) -> Response:
+        await engine.session_delete(request.cookies.get(COOKIE, ""))
         response = redirect(f"{PREFIX}/signin", 303)
         response.delete_cookie(
             COOKIE, path=PREFIX, httponly=True, samesite="Strict", secure=_over_tls()
@@ -705,7 +716,12 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
     @bp.get("/workers")
     @view
     async def workers(tenant: str) -> Response:
-        return await page("dashboard/workers.html", workers=await engine.workers(tenant))
+        return await page(
+            "dashboard/workers.html",
+            workers=await engine.workers(tenant),
+            seen_minutes=round(engine.WORKERS_SEEN_SECS / 60),
+            shown_ids=WORKER_IDS_SHOWN,
+        )
 
     @bp.get("/<path:unknown>")
     @view

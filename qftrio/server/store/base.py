@@ -108,6 +108,7 @@ __all__ = [
     "BulkFilter",
     "BulkBatch",
     "workers_of",
+    "DashboardSession",
     "bulk_changed",
     "NewStep",
     "NewWorkflow",
@@ -432,17 +433,43 @@ def bulk_changed(action: BulkAction, considered: int, after: dict[str, int]) -> 
 
 
 def workers_of(rows: Iterable[Sequence[Any]]) -> list[WorkerInfo]:
-    """:meth:`Store.workers` from rows ``(worker_id, queue, running jobs,
-    latest claim or heartbeat)``, one per worker and queue."""
-    held: dict[str, tuple[int, set[str], float]] = {}
-    for worker_id, queue, n, seen in rows:
-        jobs, queues, last = held.get(worker_id, (0, set(), seen))
+    """:meth:`Store.workers` from rows ``(worker_id, queue, job id, seen)``:
+    a running job with its latest claim or heartbeat, or a sighting (job id
+    None) with its time. Most jobs first, then the latest seen, then by id."""
+    held: dict[str, tuple[list[str], set[str], float]] = {}
+    for worker_id, queue, job_id, seen in rows:
+        jobs, queues, last = held.setdefault(worker_id, ([], set(), seen))
+        if job_id is not None:
+            jobs.append(str(job_id))
         queues.add(queue)
-        held[worker_id] = (jobs + n, queues, max(last, seen))
-    return [
-        WorkerInfo(worker_id=worker_id, jobs=jobs, queues=tuple(sorted(queues)), last_seen_at=last)
-        for worker_id, (jobs, queues, last) in sorted(held.items(), key=lambda item: (-item[1][0], item[0]))
+        held[worker_id] = (jobs, queues, max(last, seen))
+    infos = [
+        WorkerInfo(
+            worker_id=worker_id,
+            jobs=len(jobs),
+            job_ids=tuple(sorted(jobs)),
+            queues=tuple(sorted(queues)),
+            last_seen_at=last,
+        )
+        for worker_id, (jobs, queues, last) in held.items()
     ]
+    return sorted(infos, key=lambda w: (-w.jobs, -w.last_seen_at, w.worker_id))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class DashboardSession:
+    """A dashboard session as the store keeps it (keyed by the SHA-256 of
+    its id, which only the browser holds). Valid while ``idle_until`` is
+    ahead; a touch moves ``idle_until`` on, never past ``expires_at``."""
+
+    tenant: str
+    #: The session's own secret: its CSRF token is derived from it.
+    secret: str
+    #: HMAC of the token signed in with, under ``secret``.
+    token_mac: str
+    created_at: float
+    idle_until: float
+    expires_at: float
 
 
 class Store(abc.ABC):
@@ -596,10 +623,44 @@ class Store(abc.ABC):
         Costs O(queues x limit) index entries, whatever the table holds."""
 
     @abc.abstractmethod
-    async def workers(self, *, tenant: str) -> list[WorkerInfo]:
-        """The worker ids holding the tenant's running jobs, most jobs first
-        (then by id): how many, on which queues, the latest claim or
-        heartbeat among them. Costs O(running jobs)."""
+    async def workers(self, *, tenant: str, seen_since: float) -> list[WorkerInfo]:
+        """The workers the tenant sees (:func:`workers_of`): those holding
+        its running jobs (the ids, the latest claim or heartbeat), and those
+        seen (:meth:`workers_seen`) at or after *seen_since* on a queue that
+        holds jobs of the tenant, in any status, or that it paused. Costs
+        O(running jobs + sightings)."""
+
+    @abc.abstractmethod
+    async def workers_seen(self, sightings: Sequence[tuple[str, str]], *, now: float) -> None:
+        """Record that each ``(worker_id, queue)`` called lease at *now*
+        (a later time already recorded stays)."""
+
+    @abc.abstractmethod
+    async def sightings_purge(self, *, before: float) -> None:
+        """Forget the sightings older than *before*."""
+
+    # -- dashboard sessions ------------------------------------------------
+
+    @abc.abstractmethod
+    async def session_create(self, key: str, session: DashboardSession) -> None:
+        """Keep *session* under *key* (the SHA-256 of its id)."""
+
+    @abc.abstractmethod
+    async def session_get(self, key: str, *, now: float) -> DashboardSession | None:
+        """The session under *key* if it is still valid at *now*."""
+
+    @abc.abstractmethod
+    async def session_touch(self, key: str, *, idle_until: float) -> None:
+        """Move the session's idle end to *idle_until* (never past its
+        absolute end)."""
+
+    @abc.abstractmethod
+    async def session_delete(self, key: str) -> None:
+        """Forget the session under *key* (sign-out; idempotent)."""
+
+    @abc.abstractmethod
+    async def sessions_purge(self, *, now: float) -> None:
+        """Delete the sessions that are no longer valid at *now*."""
 
     async def counts_fold(self) -> None:
         """Compact what keeps the counts of :meth:`queues_stats` (the

@@ -82,6 +82,7 @@ from .base import (
     BulkFilter,
     ClaimRequest,
     CompleteItem,
+    DashboardSession,
     FailItem,
     HeartbeatItem,
     HeartbeatResult,
@@ -806,9 +807,34 @@ class PostgresStore(Store):
     ) -> list[Job]:
         return [_job(row) for row in await self._db.fetch(Q["jobs_scheduled"], tenant, now, queue, limit)]
 
-    async def workers(self, *, tenant: str) -> list[WorkerInfo]:
-        rows = await self._db.fetch(Q["workers"], tenant)
-        return workers_of((row["worker_id"], row["queue"], row["n"], row["seen"]) for row in rows)
+    async def workers(self, *, tenant: str, seen_since: float) -> list[WorkerInfo]:
+        rows = await self._db.fetch(Q["workers"], tenant, seen_since)
+        return workers_of((row["worker_id"], row["queue"], row["job_id"], row["seen"]) for row in rows)
+
+    async def workers_seen(self, sightings: Sequence[tuple[str, str]], *, now: float) -> None:
+        await self._db.fetch(Q["workers_seen"], [w for w, _ in sightings], [q for _, q in sightings], now)
+
+    async def sightings_purge(self, *, before: float) -> None:
+        await self._db.fetch(Q["sightings_purge"], before)
+
+    async def session_create(self, key: str, session: DashboardSession) -> None:
+        s = session
+        await self._db.fetch(
+            Q["session_create"], key, s.tenant, s.secret, s.token_mac, s.created_at, s.idle_until, s.expires_at
+        )
+
+    async def session_get(self, key: str, *, now: float) -> DashboardSession | None:
+        rows = await self._db.fetch(Q["session_get"], key, now)
+        return DashboardSession(**dict(rows[0])) if rows else None
+
+    async def session_touch(self, key: str, *, idle_until: float) -> None:
+        await self._db.fetch(Q["session_touch"], key, idle_until)
+
+    async def session_delete(self, key: str) -> None:
+        await self._db.fetch(Q["session_delete"], key)
+
+    async def sessions_purge(self, *, now: float) -> None:
+        await self._db.fetch(Q["sessions_purge"], now)
 
     # -- worker side -------------------------------------------------------
 

@@ -58,6 +58,7 @@ from .base import (
     BulkFilter,
     ClaimRequest,
     CompleteItem,
+    DashboardSession,
     FailItem,
     HeartbeatItem,
     HeartbeatResult,
@@ -82,6 +83,7 @@ T = TypeVar("T")
 
 Q = sql.load("sqlite")
 _MIGRATIONS = sql.migrations("sqlite")
+_SESSION_FIELDS = [f.name for f in dataclasses.fields(DashboardSession)]
 
 
 def _marks(n: int) -> str:
@@ -677,8 +679,33 @@ class SqliteStore(Store):
 
         return await self._run(scheduled)
 
-    async def workers(self, *, tenant: str) -> list[WorkerInfo]:
-        return await self._run(lambda conn: workers_of(conn.execute(Q["workers"], (tenant,)).fetchall()))
+    async def workers(self, *, tenant: str, seen_since: float) -> list[WorkerInfo]:
+        return await self._run(lambda conn: workers_of(conn.execute(Q["workers"], (tenant, seen_since)).fetchall()))
+
+    async def workers_seen(self, sightings: Sequence[tuple[str, str]], *, now: float) -> None:
+        pairs = _dumps([list(pair) for pair in sightings])
+        await self._run(lambda conn: conn.execute(Q["workers_seen"], (pairs, now)))
+
+    async def sightings_purge(self, *, before: float) -> None:
+        await self._run(lambda conn: conn.execute(Q["sightings_purge"], (before,)))
+
+    async def session_create(self, key: str, session: DashboardSession) -> None:
+        s = session
+        row = (key, s.tenant, s.secret, s.token_mac, s.created_at, s.idle_until, s.expires_at)
+        await self._run(lambda conn: conn.execute(Q["session_create"], row))
+
+    async def session_get(self, key: str, *, now: float) -> DashboardSession | None:
+        row = await self._run(lambda conn: conn.execute(Q["session_get"], (key, now)).fetchone())
+        return None if row is None else DashboardSession(**dict(zip(_SESSION_FIELDS, row)))
+
+    async def session_touch(self, key: str, *, idle_until: float) -> None:
+        await self._run(lambda conn: conn.execute(Q["session_touch"], (key, idle_until)))
+
+    async def session_delete(self, key: str) -> None:
+        await self._run(lambda conn: conn.execute(Q["session_delete"], (key,)))
+
+    async def sessions_purge(self, *, now: float) -> None:
+        await self._run(lambda conn: conn.execute(Q["sessions_purge"], (now,)))
 
     # -- worker side -------------------------------------------------------
 

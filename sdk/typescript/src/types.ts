@@ -297,6 +297,7 @@ export interface CountAnswer {
 export interface WorkerInfo {
   worker_id: string;
   jobs: number;
+  job_ids: string[];
   queues: string[];
   last_seen_at: string;
 }

@@ -669,10 +669,45 @@ WHERE id = ANY($1::uuid[]) AND status IN ('completed', 'failed', 'cancelled') AN
 SELECT status, count(*) AS n FROM qftrio_jobs WHERE id = ANY($1::uuid[]) GROUP BY status;
 
 -- name: workers
--- Walks the running jobs (a partial index), whose number the workers bound.
-SELECT worker_id, queue, count(*) AS n, max(updated_at) AS seen FROM qftrio_jobs
+-- A row per running job of tenant $1 (the partial index walks the running
+-- jobs, whose number the workers bound) with its holder and latest claim or
+-- heartbeat, and one per worker seen leasing since $2 a queue that holds
+-- jobs of the tenant (the ledger's sum) or that it paused (sightings the
+-- servers cap).
+SELECT worker_id, queue, id::text AS job_id, updated_at AS seen FROM qftrio_jobs
 WHERE status = 'running' AND tenant = $1 AND worker_id IS NOT NULL
-GROUP BY worker_id, queue;
+UNION ALL
+SELECT s.worker_id, s.queue, NULL, s.seen_at FROM qftrio_worker_sightings AS s
+WHERE s.seen_at >= $2 AND (
+    (SELECT sum(c.n) FROM qftrio_job_counts AS c WHERE c.tenant = $1 AND c.queue = s.queue) > 0
+    OR EXISTS (SELECT 1 FROM qftrio_queue_pauses AS p WHERE p.queue = s.queue AND p.tenant = $1));
+
+-- name: workers_seen
+-- $1, $2: the workers' ids and queues, seen at $3. Sorted, so that two
+-- servers writing the same pairs lock them in the same order.
+INSERT INTO qftrio_worker_sightings (worker_id, queue, seen_at)
+SELECT w, q, $3 FROM unnest($1::text[], $2::text[]) AS u(w, q) ORDER BY w, q
+ON CONFLICT (worker_id, queue) DO UPDATE SET seen_at = greatest(qftrio_worker_sightings.seen_at, excluded.seen_at);
+
+-- name: sightings_purge
+DELETE FROM qftrio_worker_sightings WHERE seen_at < $1;
+
+-- name: session_create
+INSERT INTO qftrio_dashboard_sessions (key, tenant, secret, token_mac, created_at, idle_until, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
+
+-- name: session_get
+SELECT tenant, secret, token_mac, created_at, idle_until, expires_at FROM qftrio_dashboard_sessions
+WHERE key = $1 AND idle_until > $2;
+
+-- name: session_touch
+UPDATE qftrio_dashboard_sessions SET idle_until = least($2, expires_at) WHERE key = $1;
+
+-- name: session_delete
+DELETE FROM qftrio_dashboard_sessions WHERE key = $1;
+
+-- name: sessions_purge
+DELETE FROM qftrio_dashboard_sessions WHERE idle_until <= $1;
 
 -- name: lock_workflows_of_jobs
 -- One probe of the primary key per job (OFFSET 0 keeps the planner from

@@ -278,10 +278,43 @@ WHERE id IN (SELECT value FROM json_each(?1)) AND status IN ('completed', 'faile
 SELECT status, count(*) FROM jobs WHERE id IN (SELECT value FROM json_each(?1)) GROUP BY status;
 
 -- name: workers
--- Walks the running jobs (partial index), whose number the workers bound.
-SELECT worker_id, queue, count(*), max(updated_at) FROM jobs INDEXED BY jobs_leased
-WHERE status = 'running' AND tenant = ? AND worker_id IS NOT NULL
-GROUP BY worker_id, queue;
+-- A row per running job of tenant ?1 (the partial index walks the running
+-- jobs, whose number the workers bound) with its holder and latest claim or
+-- heartbeat, and one per worker seen leasing since ?2 a queue that holds
+-- jobs of the tenant or that it paused (sightings the servers cap).
+SELECT worker_id, queue, id, updated_at FROM jobs INDEXED BY jobs_leased
+WHERE status = 'running' AND tenant = ?1 AND worker_id IS NOT NULL
+UNION ALL
+SELECT s.worker_id, s.queue, NULL, s.seen_at FROM worker_sightings AS s
+WHERE s.seen_at >= ?2 AND (
+    EXISTS (SELECT 1 FROM job_counts AS c WHERE c.tenant = ?1 AND c.queue = s.queue AND c.n > 0)
+    OR EXISTS (SELECT 1 FROM queue_pauses AS p WHERE p.queue = s.queue AND p.tenant = ?1));
+
+-- name: workers_seen
+-- ?1: [[worker_id, queue], ...] seen at ?2.
+INSERT INTO worker_sightings (worker_id, queue, seen_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), ?2 FROM json_each(?1) WHERE true
+ON CONFLICT (worker_id, queue) DO UPDATE SET seen_at = max(seen_at, excluded.seen_at);
+
+-- name: sightings_purge
+DELETE FROM worker_sightings WHERE seen_at < ?;
+
+-- name: session_create
+INSERT INTO dashboard_sessions (key, tenant, secret, token_mac, created_at, idle_until, expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?);
+
+-- name: session_get
+SELECT tenant, secret, token_mac, created_at, idle_until, expires_at FROM dashboard_sessions
+WHERE key = ?1 AND idle_until > ?2;
+
+-- name: session_touch
+UPDATE dashboard_sessions SET idle_until = min(?2, expires_at) WHERE key = ?1;
+
+-- name: session_delete
+DELETE FROM dashboard_sessions WHERE key = ?;
+
+-- name: sessions_purge
+DELETE FROM dashboard_sessions WHERE idle_until <= ?;
 
 -- name: prune_jobs
 DELETE FROM jobs WHERE id IN (
