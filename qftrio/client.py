@@ -28,6 +28,7 @@ import pydantic
 import sniffio
 
 from . import errors
+from ._tracing import with_trace_context
 from ._http import (
     DEFAULT_MAX_BODY_SIZE,
     HttpError,
@@ -206,12 +207,16 @@ def _config(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-_CONFIG_KEYS = frozenset({"queue", "priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key"})
+_CONFIG_KEYS = frozenset(
+    {"queue", "priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key", "headers"}
+)
 
 
 def _job_body(spec: Mapping[str, Any]) -> dict[str, Any]:
     """An enqueue body from either the wire shape (``{"kind", "payload",
-    "config": {...}}``) or a flat one (``{"kind", "payload", "queue", ...}``)."""
+    "config": {...}}``) or a flat one (``{"kind", "payload", "queue", ...}``),
+    with the current trace context in its headers when OpenTelemetry is in
+    use (:mod:`qftrio._tracing`)."""
     spec = dict(spec)
     config = dict(spec.pop("config", None) or {})
     for key in list(spec):
@@ -220,6 +225,9 @@ def _job_body(spec: Mapping[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = {"kind": spec.pop("kind", None), "payload": spec.pop("payload", None) or {}}
     if spec:
         raise InvalidArgument(f"{sorted(spec)[0]}: unknown field")
+    headers = config.get("headers")
+    if headers is None or isinstance(headers, Mapping):
+        config["headers"] = with_trace_context(headers)
     body["config"] = _config(config)
     return body
 
@@ -542,9 +550,12 @@ class _Api(Generic[X]):
         delay_secs: float | None = None,
         scheduled_at: float | _dt.datetime | None = None,
         idempotency_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Call[Job]:
         """Enqueue one job. *scheduled_at* is epoch seconds or an aware
-        datetime. A repeated *idempotency_key* returns the first job."""
+        datetime. A repeated *idempotency_key* returns the first job.
+        *headers* go to the worker untouched; with OpenTelemetry in use, the
+        current trace context is added to them."""
         body = _job_body(
             {
                 "kind": kind,
@@ -555,6 +566,7 @@ class _Api(Generic[X]):
                 "delay_secs": delay_secs,
                 "scheduled_at": scheduled_at,
                 "idempotency_key": idempotency_key,
+                "headers": headers,
             }
         )
         return Call("POST", "/api/v1/jobs", Job.from_wire, json_body=_build(EnqueueRequest, **body))

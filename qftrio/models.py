@@ -33,6 +33,7 @@ from pydantic import (
     StringConstraints,
     TypeAdapter,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -86,6 +87,10 @@ MAX_JOB_ID = 100
 MAX_WORKFLOW_NAME = 200
 #: A bulk action changes at most this many jobs per call (default 10,000).
 MAX_BULK = 1_000_000
+#: A job's ``headers``: the bytes (UTF-8) of all their names and values
+#: together, and of one name.
+MAX_HEADERS_BYTES = 8192
+MAX_HEADER_NAME = 256
 
 
 def valid_name(name: str) -> bool:
@@ -215,6 +220,7 @@ class Job:
     workflow_id: str | None = None
     step: str | None = None
     context: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
 
     if typing.TYPE_CHECKING:  # generated below, by _WireForm
 
@@ -676,6 +682,64 @@ Text = Annotated[str, AfterValidator(_no_nul_text)]
 #: A JSON object of a request (payload, result, context): no U+0000 in it.
 JsonObject = Annotated[dict[str, Any], AfterValidator(_no_nul_object)]
 Token = Annotated[Text, StringConstraints(min_length=1, max_length=MAX_TOKEN)]
+
+
+# A job's headers go to workers untouched, which may pass them on as the
+# headers of HTTP requests or messages (a traceparent does): names are HTTP
+# field names (RFC 9110 tokens) and values hold no control character but the
+# tab. The patterns are /openapi.json's; the checks' own words name the rule.
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
+HEADER_VALUE_PATTERN = r"^[^\u0000-\u0008\u000a-\u001f\u007f]*$"
+_HEADER_NAME_RE = re.compile(HEADER_NAME_PATTERN)
+_HEADER_VALUE_RE = re.compile(HEADER_VALUE_PATTERN)
+
+
+def _header_name(name: str) -> str:
+    if not _HEADER_NAME_RE.fullmatch(name) or len(name) > MAX_HEADER_NAME:
+        raise PydanticCustomError(
+            "header_name",
+            "a header name must be 1-{limit} characters of A-Z a-z 0-9 ! # $ % & ' * + . ^ _ ` | ~ -",
+            {"limit": MAX_HEADER_NAME},
+        )
+    return name
+
+
+def _header_value(value: str) -> str:
+    if not _HEADER_VALUE_RE.fullmatch(value):
+        raise PydanticCustomError("header_value", "must hold no control character (a tab is allowed)")
+    return value
+
+
+def headers_size(headers: dict[str, str]) -> int:
+    """The bytes *headers* count against :data:`MAX_HEADERS_BYTES`: their
+    names' and values' UTF-8, all together."""
+    return sum(len(name.encode()) + len(value.encode()) for name, value in headers.items())
+
+
+def _headers_fit(headers: dict[str, str]) -> dict[str, str]:
+    size = headers_size(headers)
+    if size > MAX_HEADERS_BYTES:
+        raise PydanticCustomError(
+            "headers_too_large",
+            "names and values hold {size} bytes in all, over the {limit} allowed",
+            {"size": size, "limit": MAX_HEADERS_BYTES},
+        )
+    return headers
+
+
+#: A job's ``config.headers``: ``{name: value}``, carried to its worker untouched.
+Headers = Annotated[
+    dict[Annotated[str, AfterValidator(_header_name)], Annotated[str, AfterValidator(_header_value)]],
+    AfterValidator(_headers_fit),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": HEADER_NAME_PATTERN, "maxLength": MAX_HEADER_NAME},
+            "additionalProperties": {"type": "string", "pattern": HEADER_VALUE_PATTERN},
+            "description": f"at most {MAX_HEADERS_BYTES} bytes of names and values in all (UTF-8)",
+        }
+    ),
+]
 JobId = Annotated[Text, StringConstraints(max_length=MAX_JOB_ID)]
 
 
@@ -698,6 +762,7 @@ class JobConfig(_Body):
     delay_secs: Annotated[float, Field(ge=0, le=10 * 365 * 86400), BeforeValidator(_json_number)] | None = None
     scheduled_at: TimeInput | None = None
     idempotency_key: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | None = None
+    headers: Headers | None = None
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobConfig:

@@ -19,8 +19,12 @@ FIELDS = [field.name for field in dataclasses.fields(Job)]
 #: for the lease of a claim and the idempotency of an insert).
 PG_EXTRA = {"lease_token", "idempotency_key"}
 
-# A job row's column list: from its "id, tenant, queue" up to its last column.
-_JOB_LIST = re.compile(r"(?:SELECT|RETURNING)\s+((?:j\.)?id,\s*(?:j\.)?tenant,\s*(?:j\.)?queue,[^;]*?(?:j\.)?context)\b")
+# A job row's column list: from its "id, tenant, queue" through its
+# "context" to its last column, the first one no comma follows.
+_JOB_LIST = re.compile(
+    r"(?:SELECT|RETURNING)\s+((?:j\.)?id,\s*(?:j\.)?tenant,\s*(?:j\.)?queue,[^;]*?(?:j\.)?context"
+    r"(?:,\s*(?:j\.)?\w+)*)\b"
+)
 
 
 def job_lists(backend: str) -> dict[str, list[str]]:

@@ -311,6 +311,7 @@ class Engine:
                     max_attempts=cfg.max_attempts,
                     scheduled_at=scheduled_at,
                     idempotency_key=cfg.idempotency_key,
+                    headers=cfg.headers or None,
                 )
             )
         # Jobs due now go straight to the long-polls parked on their queue:

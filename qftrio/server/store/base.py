@@ -136,6 +136,7 @@ class NewJob:
     workflow_id: str | None = None
     step: str | None = None
     context: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -188,6 +189,7 @@ class Inserted:
             workflow_id=new.workflow_id,
             step=new.step,
             context=new.context,
+            headers=new.headers,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -208,6 +210,7 @@ class Inserted:
         wire["workflow_id"] = new.workflow_id
         wire["step"] = new.step
         wire["context"] = new.context
+        wire["headers"] = new.headers
         wire["errors"] = []  # the template's own list is shared
         return wire
 

@@ -166,6 +166,7 @@ def _job(row: asyncpg.Record) -> Job:
         workflow_id=None if workflow_id is None else str(workflow_id),
         step=row["step"],
         context=row["context"],
+        headers=row["headers"],
     )
 
 
@@ -187,6 +188,7 @@ def _insert_batch(ids: Sequence[str], jobs: Sequence[NewJob]) -> str:
                     job_id, new.tenant, new.queue, new.kind, _json_fragment(new.payload), new.priority,
                     new.max_attempts, new.scheduled_at, new.idempotency_key, new.workflow_id, new.step,
                     None if new.context is None else _json_fragment(new.context),
+                    None if new.headers is None else _json_fragment(new.headers),
                 ]  # fmt: skip
                 for job_id, new in zip(ids, jobs)
             ]
@@ -623,6 +625,7 @@ class PostgresStore(Store):
             float(claim.lease_secs),
             claim.worker_id,
             CHANNEL,
+            [j.headers for j in jobs],
         )
         inserted = [Inserted(job_id, new, now) for job_id, new in zip(ids, jobs)]
         if rows and rows[0]["older_found"]:

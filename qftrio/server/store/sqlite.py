@@ -95,7 +95,7 @@ def _dumps(value: Any) -> str | None:
 def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     (
         id_, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-        updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context,
+        updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context, headers,
     ) = row  # fmt: skip
     return Job(
         id=id_,
@@ -120,6 +120,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         workflow_id=workflow_id,
         step=step,
         context=_loads(context),
+        headers=_loads(headers),
     )
 
 
@@ -177,6 +178,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
             (
                 job_id, new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority, new.max_attempts,
                 new.scheduled_at, now, now, new.idempotency_key, new.workflow_id, new.step, _dumps(new.context),
+                _dumps(new.headers),
             )  # fmt: skip
         )
         out.append(Inserted(job_id, new, now))

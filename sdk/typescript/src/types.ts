@@ -50,6 +50,9 @@ export interface Job {
   workflow_id: string | null;
   step: string | null;
   context: JsonObject | null;
+  /** As enqueued (`config.headers`), `null` when none: a W3C `traceparent`
+   * here is the trace the handler's span continues. */
+  headers: Record<string, string> | null;
 }
 
 /** A claimed job and the token that proves the claim.
@@ -165,6 +168,9 @@ export interface JobConfig {
   delay_secs?: number | null;
   scheduled_at?: string | null;
   idempotency_key?: string | null;
+  /** Carried to the worker untouched: names are HTTP field names, values
+   * hold no control character, at most 8 KiB in all. */
+  headers?: Record<string, string> | null;
 }
 
 /** @wire EnqueueRequest */

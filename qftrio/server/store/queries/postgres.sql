@@ -6,7 +6,7 @@
 -- by name, and the lease token and idempotency key (tests/test_store_sql.py).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context
+    context, headers
 
 -- name: notify_queues
 -- Inside the caller's transaction, so it is delivered on commit only; on
@@ -95,7 +95,7 @@ FROM chosen AS c
 WHERE j.id = c.id
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
-    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context;
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.headers;
 
 -- name: insert_handing_over
 -- Insert a parked long-poll's queue's new jobs, those it takes (the due
@@ -112,16 +112,16 @@ WITH older AS (
 ), input AS (
     SELECT u.*, u.scheduled_at <= $4 AS due,
         row_number() OVER (PARTITION BY u.scheduled_at <= $4 ORDER BY u.priority DESC, u.scheduled_at, u.ord) AS rank
-    FROM unnest($1::uuid[], $2::text[], $5::text[], $6::jsonb[], $7::int[], $8::int[], $9::float8[])
-        WITH ORDINALITY AS u(id, tenant, kind, payload, priority, max_attempts, scheduled_at, ord)
+    FROM unnest($1::uuid[], $2::text[], $5::text[], $6::jsonb[], $7::int[], $8::int[], $9::float8[], $14::jsonb[])
+        WITH ORDINALITY AS u(id, tenant, kind, payload, priority, max_attempts, scheduled_at, headers, ord)
 ), chosen AS (
     SELECT i.*, (i.due AND i.rank <= $10 AND NOT o.found
                  AND i.tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $3))) AS hand
     FROM input AS i CROSS JOIN older AS o
 ), inserted AS (
-    INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts, scheduled_at,
+    INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts, scheduled_at, headers,
         status, attempt, locked_until, lease_token, worker_id, claimed_at, created_at, updated_at)
-    SELECT c.id, c.tenant, $3, c.kind, c.payload, c.priority, c.max_attempts, c.scheduled_at,
+    SELECT c.id, c.tenant, $3, c.kind, c.payload, c.priority, c.max_attempts, c.scheduled_at, c.headers,
         CASE WHEN c.hand THEN 'running' ELSE 'pending' END,
         CASE WHEN c.hand THEN 1 ELSE 0 END,
         CASE WHEN c.hand THEN $4 + $11::float8 END,
@@ -142,10 +142,11 @@ SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notif
 -- when it commits): no round trip of its own.
 WITH inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
-        scheduled_at, idempotency_key, workflow_id, step, context,
+        scheduled_at, idempotency_key, workflow_id, step, context, headers,
         status, attempt, created_at, updated_at)
     SELECT (j->>0)::uuid, j->>1, j->>2, j->>3, j->4, (j->>5)::int, (j->>6)::int,
         (j->>7)::float8, j->>8, (j->>9)::uuid, j->>10, CASE WHEN j->>11 IS NOT NULL THEN j->11 END,
+        CASE WHEN j->>12 IS NOT NULL THEN j->12 END,
         'pending', 0, $2::float8, $2::float8
     FROM jsonb_array_elements($1::text::jsonb) AS j
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -223,7 +224,7 @@ WITH keys AS (
 )
 SELECT j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
-    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.headers
 FROM keys JOIN qftrio_jobs AS j ON j.id = keys.id
 ORDER BY keys.created_at DESC, keys.id DESC;
 

@@ -8,7 +8,7 @@
 -- A job's columns, in the order of the fields of qftrio.models.Job, which
 -- sqlite._row_to_job reads them in (tests/test_store_sql.py checks it).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context, headers
 
 -- name: job_get
 SELECT {job_columns}
@@ -20,8 +20,8 @@ FROM jobs WHERE tenant = ? AND idempotency_key = ?;
 
 -- name: job_insert
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
-    created_at, updated_at, idempotency_key, workflow_id, step, context)
-VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?);
+    created_at, updated_at, idempotency_key, workflow_id, step, context, headers)
+VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: reports_of
 -- What a report batch decides on: each job's state and current token.
