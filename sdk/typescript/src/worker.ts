@@ -33,6 +33,7 @@ import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { Client, oneLine } from "./client.js";
 import { ApiError, ConfigError, PermanentError, QftrioError, UnexpectedAnswer } from "./errors.js";
+import { inHandlerSpan } from "./tracing.js";
 import type { CompleteItem, FailItem, Job, JsonObject, Lease } from "./types.js";
 
 /** What a handler gets besides the job. */
@@ -454,7 +455,8 @@ class WorkerRun {
     }
     let result: unknown;
     try {
-      result = await this.handlers[job.kind]!(job, { signal: held.controller.signal, lane: held.lane });
+      const ctx = { signal: held.controller.signal, lane: held.lane };
+      result = await inHandlerSpan(job, () => this.handlers[job.kind]!(job, ctx));
     } catch (error) {
       if (error instanceof PermanentError) return { error: error.message || "PermanentError", retryable: false };
       return { error: describe(error), retryable: true };
