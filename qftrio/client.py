@@ -28,6 +28,7 @@ import pydantic
 import sniffio
 
 from . import errors
+from ._tracing import with_trace_context
 from ._http import (
     DEFAULT_MAX_BODY_SIZE,
     HttpError,
@@ -220,7 +221,9 @@ def _fail_body(item: FailItem) -> dict[str, Any]:
 
 def _job_body(spec: Mapping[str, Any]) -> dict[str, Any]:
     """An enqueue body from either the wire shape (``{"kind", "payload",
-    "config": {...}}``) or a flat one (``{"kind", "payload", "queue", ...}``)."""
+    "config": {...}}``) or a flat one (``{"kind", "payload", "queue", ...}``),
+    with the current trace context in its headers when OpenTelemetry is in
+    use (:mod:`qftrio._tracing`)."""
     spec = dict(spec)
     config = dict(spec.pop("config", None) or {})
     for key in list(spec):
@@ -229,6 +232,9 @@ def _job_body(spec: Mapping[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = {"kind": spec.pop("kind", None), "payload": spec.pop("payload", None) or {}}
     if spec:
         raise InvalidArgument(f"{sorted(spec)[0]}: unknown field")
+    headers = config.get("headers")
+    if headers is None or isinstance(headers, Mapping):
+        config["headers"] = with_trace_context(headers)
     body["config"] = _config(config)
     return body
 
@@ -574,12 +580,15 @@ class _Api(Generic[X]):
         idempotency_key: str | None = None,
         timeout_secs: int | None = None,
         backoff: Mapping[str, float] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Call[Job]:
         """Enqueue one job. *scheduled_at* is epoch seconds or an aware
         datetime. A repeated *idempotency_key* returns the first job.
         *timeout_secs* ends each attempt that long after its claim; *backoff*
         (``{initial_secs, factor, max_secs, jitter}``) replaces the
-        server's retry backoff for this job."""
+        server's retry backoff for this job. *headers* go to the worker
+        untouched; with OpenTelemetry in use, the current trace context is
+        added to them."""
         body = _job_body(
             {
                 "kind": kind,
@@ -592,6 +601,7 @@ class _Api(Generic[X]):
                 "idempotency_key": idempotency_key,
                 "timeout_secs": timeout_secs,
                 "backoff": None if backoff is None else dict(backoff),
+                "headers": headers,
             }
         )
         return Call("POST", "/api/v1/jobs", Job.from_wire, json_body=_build(EnqueueRequest, **body))

@@ -33,6 +33,7 @@ from pydantic import (
     StringConstraints,
     TypeAdapter,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -107,6 +108,10 @@ def timeout_error(timeout_secs: int | None) -> str:
     server's (its janitor ends the attempt) and the worker runtime's (it
     cancels the handler then), alike."""
     return f"timed out after {timeout_secs} s"
+#: A job's ``headers``: the bytes (UTF-8) of all their names and values
+#: together, and of one name.
+MAX_HEADERS_BYTES = 8192
+MAX_HEADER_NAME = 256
 
 
 def valid_name(name: str) -> bool:
@@ -239,6 +244,7 @@ class Job:
     #: The job's own policies, as enqueued (docs/protocol.md, "Enqueue").
     timeout_secs: int | None = None
     backoff: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
 
     if typing.TYPE_CHECKING:  # generated below, by _WireForm
 
@@ -718,6 +724,64 @@ Text = Annotated[str, AfterValidator(_no_nul_text)]
 #: A JSON object of a request (payload, result, context): no U+0000 in it.
 JsonObject = Annotated[dict[str, Any], AfterValidator(_no_nul_object)]
 Token = Annotated[Text, StringConstraints(min_length=1, max_length=MAX_TOKEN)]
+
+
+# A job's headers go to workers untouched, which may pass them on as the
+# headers of HTTP requests or messages (a traceparent does): names are HTTP
+# field names (RFC 9110 tokens) and values hold no control character but the
+# tab. The patterns are /openapi.json's; the checks' own words name the rule.
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
+HEADER_VALUE_PATTERN = r"^[^\u0000-\u0008\u000a-\u001f\u007f]*$"
+_HEADER_NAME_RE = re.compile(HEADER_NAME_PATTERN)
+_HEADER_VALUE_RE = re.compile(HEADER_VALUE_PATTERN)
+
+
+def _header_name(name: str) -> str:
+    if not _HEADER_NAME_RE.fullmatch(name) or len(name) > MAX_HEADER_NAME:
+        raise PydanticCustomError(
+            "header_name",
+            "a header name must be 1-{limit} characters of A-Z a-z 0-9 ! # $ % & ' * + . ^ _ ` | ~ -",
+            {"limit": MAX_HEADER_NAME},
+        )
+    return name
+
+
+def _header_value(value: str) -> str:
+    if not _HEADER_VALUE_RE.fullmatch(value):
+        raise PydanticCustomError("header_value", "must hold no control character (a tab is allowed)")
+    return value
+
+
+def headers_size(headers: dict[str, str]) -> int:
+    """The bytes *headers* count against :data:`MAX_HEADERS_BYTES`: their
+    names' and values' UTF-8, all together."""
+    return sum(len(name.encode()) + len(value.encode()) for name, value in headers.items())
+
+
+def _headers_fit(headers: dict[str, str]) -> dict[str, str]:
+    size = headers_size(headers)
+    if size > MAX_HEADERS_BYTES:
+        raise PydanticCustomError(
+            "headers_too_large",
+            "names and values hold {size} bytes in all, over the {limit} allowed",
+            {"size": size, "limit": MAX_HEADERS_BYTES},
+        )
+    return headers
+
+
+#: A job's ``config.headers``: ``{name: value}``, carried to its worker untouched.
+Headers = Annotated[
+    dict[Annotated[str, AfterValidator(_header_name)], Annotated[str, AfterValidator(_header_value)]],
+    AfterValidator(_headers_fit),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": HEADER_NAME_PATTERN, "maxLength": MAX_HEADER_NAME},
+            "additionalProperties": {"type": "string", "pattern": HEADER_VALUE_PATTERN},
+            "description": f"at most {MAX_HEADERS_BYTES} bytes of names and values in all (UTF-8)",
+        }
+    ),
+]
 JobId = Annotated[Text, StringConstraints(max_length=MAX_JOB_ID)]
 
 
@@ -754,6 +818,7 @@ class JobConfig(_Body):
     idempotency_key: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | None = None
     timeout_secs: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECS), BeforeValidator(_json_number)] | None = None
     backoff: BackoffConfig | None = None
+    headers: Headers | None = None
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobConfig:

@@ -416,6 +416,7 @@ class Engine:
                     idempotency_key=cfg.idempotency_key,
                     timeout_secs=cfg.timeout_secs,
                     backoff=None if cfg.backoff is None else cfg.backoff.model_dump(),
+                    headers=cfg.headers or None,
                 )
             )
         # Jobs due now go straight to the long-polls parked on their queue:

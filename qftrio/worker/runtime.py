@@ -71,6 +71,7 @@ import trio
 
 from .. import errors
 from .._backoff import backoff
+from .._tracing import handler_span
 from .._json import dumps_strict as json_dumps
 from .._batching import Batcher, BatcherClosed
 from ..models import (
@@ -920,14 +921,18 @@ class Worker:
         ends = min(handler_at, timeout_at)
         with trio.move_on_at(ends) if ends < math.inf else _NO_TIMEOUT as timer:
             try:
-                if handler.is_async:
-                    if self._async_started is not None:
-                        self._async_started.append(job)
-                    result = await handler.fn(job)
-                else:
-                    # A thread cannot be interrupted: on cancel it is left to
-                    # finish on its own and its result is dropped.
-                    result = await trio.to_thread.run_sync(handler.fn, job, abandon_on_cancel=True)
+                # The span (with OpenTelemetry in use) sees the handler's
+                # exception before it becomes the job's outcome; a thread
+                # runs in a copy of this task's context, the span's too.
+                with handler_span(job):
+                    if handler.is_async:
+                        if self._async_started is not None:
+                            self._async_started.append(job)
+                        result = await handler.fn(job)
+                    else:
+                        # A thread cannot be interrupted: on cancel it is left to
+                        # finish on its own and its result is dropped.
+                        result = await trio.to_thread.run_sync(handler.fn, job, abandon_on_cancel=True)
             except errors.PermanentError as exc:
                 return _Outcome(error=str(exc) or "PermanentError", retryable=False)
             except errors.Snooze as exc:

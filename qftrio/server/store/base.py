@@ -184,6 +184,7 @@ class NewJob:
     context: dict[str, Any] | None = None
     timeout_secs: int | None = None
     backoff: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -238,6 +239,7 @@ class Inserted:
             context=new.context,
             timeout_secs=new.timeout_secs,
             backoff=new.backoff,
+            headers=new.headers,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -260,6 +262,7 @@ class Inserted:
         wire["context"] = new.context
         wire["timeout_secs"] = new.timeout_secs
         wire["backoff"] = new.backoff
+        wire["headers"] = new.headers
         wire["errors"] = []  # the template's own list is shared
         return wire
 

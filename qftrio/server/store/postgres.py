@@ -172,6 +172,7 @@ def _job(row: asyncpg.Record) -> Job:
         context=row["context"],
         timeout_secs=row["timeout_secs"],
         backoff=row["backoff"],
+        headers=row["headers"],
     )
 
 
@@ -194,6 +195,7 @@ def _insert_batch(ids: Sequence[str], jobs: Sequence[NewJob]) -> str:
                     new.max_attempts, new.scheduled_at, new.idempotency_key, new.workflow_id, new.step,
                     None if new.context is None else _json_fragment(new.context), new.timeout_secs,
                     None if new.backoff is None else _json_fragment(new.backoff),
+                    None if new.headers is None else _json_fragment(new.headers),
                 ]  # fmt: skip
                 for job_id, new in zip(ids, jobs)
             ]
@@ -633,6 +635,7 @@ class PostgresStore(Store):
             CHANNEL,
             [j.timeout_secs for j in jobs],
             [j.backoff for j in jobs],
+            [j.headers for j in jobs],
         )
         inserted = [Inserted(job_id, new, now) for job_id, new in zip(ids, jobs)]
         if rows and rows[0]["older_found"]:

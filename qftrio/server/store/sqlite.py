@@ -102,7 +102,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     (
         id_, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
         updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context, timeout_secs,
-        backoff,
+        backoff, headers,
     ) = row  # fmt: skip
     return Job(
         id=id_,
@@ -129,6 +129,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         context=_loads(context),
         timeout_secs=timeout_secs,
         backoff=_loads(backoff),
+        headers=_loads(headers),
     )
 
 
@@ -185,7 +186,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
             (
                 job_id, new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority, new.max_attempts,
                 new.scheduled_at, now, now, new.idempotency_key, new.workflow_id, new.step, _dumps(new.context),
-                new.timeout_secs, _dumps(new.backoff),
+                new.timeout_secs, _dumps(new.backoff), _dumps(new.headers),
             )  # fmt: skip
         )
         out.append(Inserted(job_id, new, now))

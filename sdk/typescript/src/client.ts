@@ -12,6 +12,7 @@
 
 import { ApiError, ConfigError, TransportError, UnexpectedAnswer } from "./errors.js";
 import { ROUTES, type RouteName } from "./routes.js";
+import { withTraceContext } from "./tracing.js";
 import type {
   BulkFilter,
   CompleteItem,
@@ -105,6 +106,12 @@ function describeFetchError(error: unknown): string {
   if (cause?.code) return `${cause.code}${cause.message ? ` (${oneLine(cause.message)})` : ""}`;
   if (cause?.message) return oneLine(cause.message);
   return error instanceof Error ? oneLine(error.message) : String(error);
+}
+
+/** *config* with the active span's trace context in its headers (or as it is). */
+async function traced(config: JobConfig | undefined): Promise<JobConfig | undefined> {
+  const headers = await withTraceContext(config?.headers);
+  return headers === config?.headers ? config : { ...config, headers };
 }
 
 export class Client {
@@ -256,14 +263,18 @@ export class Client {
 
   // -- the application API ----------------------------------------------------
 
-  /** Enqueue one job. A repeated `idempotency_key` answers the first job. */
+  /** Enqueue one job. A repeated `idempotency_key` answers the first job.
+   * `config.headers` go to the worker untouched; with `@opentelemetry/api`
+   * present and a span active, its trace context is added to them. */
   async enqueue(kind: string, payload: JsonObject = {}, config: JobConfig = {}): Promise<Job> {
-    return (await this.#call("enqueue", {}, { kind, payload, config })) as Job;
+    return (await this.#call("enqueue", {}, { kind, payload, config: await traced(config) })) as Job;
   }
 
-  /** Enqueue many jobs in one transaction (at most 1000). */
+  /** Enqueue many jobs in one transaction (at most 1000), each with the
+   * trace context as `enqueue` adds it. */
   async enqueueMany(jobs: EnqueueRequest[]): Promise<Job[]> {
-    return field<Job[]>(await this.#call("enqueueMany", {}, { jobs }), "jobs", "enqueueMany");
+    const body = { jobs: await Promise.all(jobs.map(async (job) => ({ ...job, config: await traced(job.config) }))) };
+    return field<Job[]>(await this.#call("enqueueMany", {}, body), "jobs", "enqueueMany");
   }
 
   async jobGet(jobId: string): Promise<Job> {

@@ -54,6 +54,9 @@ export interface Job {
   timeout_secs: number | null;
   /** The job's own retry backoff (`config.backoff`). */
   backoff: JsonObject | null;
+  /** As enqueued (`config.headers`), `null` when none: a W3C `traceparent`
+   * here is the trace the handler's span continues. */
+  headers: Record<string, string> | null;
 }
 
 /** A job's retry delays: the n-th failed attempt waits
@@ -204,6 +207,9 @@ export interface JobConfig {
   /** Each attempt ends this long after its claim (1 s to 7 days). */
   timeout_secs?: number | null;
   backoff?: Backoff | null;
+  /** Carried to the worker untouched: names are HTTP field names, values
+   * hold no control character, at most 8 KiB in all. */
+  headers?: Record<string, string> | null;
 }
 
 /** @wire EnqueueRequest */

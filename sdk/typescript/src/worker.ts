@@ -33,6 +33,7 @@ import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { Client, oneLine } from "./client.js";
 import { ApiError, ConfigError, PermanentError, QftrioError, RetryIn, Snooze, UnexpectedAnswer } from "./errors.js";
+import { inHandlerSpan } from "./tracing.js";
 import type { CompleteItem, FailItem, Job, JsonObject, Lease, SnoozeItem } from "./types.js";
 
 /** What a handler gets besides the job. */
@@ -476,7 +477,8 @@ class WorkerRun {
     }
     let result: unknown;
     try {
-      result = await this.handlers[job.kind]!(job, { signal: held.controller.signal, lane: held.lane });
+      const ctx = { signal: held.controller.signal, lane: held.lane };
+      result = await inHandlerSpan(job, () => this.handlers[job.kind]!(job, ctx));
     } catch (error) {
       if (error instanceof PermanentError) return { error: error.message || "PermanentError", retryable: false };
       if (error instanceof Snooze) return { againIn: error.seconds };

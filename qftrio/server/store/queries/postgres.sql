@@ -6,7 +6,7 @@
 -- by name, and the lease token and idempotency key (tests/test_store_sql.py).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context, timeout_secs, backoff
+    context, timeout_secs, backoff, headers
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -18,6 +18,7 @@ id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, sched
 SELECT id, 1024 + octet_length(payload::text) + coalesce(octet_length(result::text), 0)
     + coalesce(octet_length(context::text), 0) + octet_length(errors::text)
     + 2 * coalesce(octet_length(error), 0) + coalesce(octet_length(worker_id), 0) + coalesce(octet_length(step), 0)
+    + coalesce(octet_length(headers::text), 0)
 FROM qftrio_jobs WHERE id = ANY($1::uuid[]);
 
 -- name: jobs_by_ids
@@ -115,7 +116,7 @@ FROM chosen AS c
 WHERE j.id = c.id
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
-    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.timeout_secs, j.backoff;
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.timeout_secs, j.backoff, j.headers;
 
 -- name: insert_handing_over
 -- Insert a parked long-poll's queue's new jobs, those it takes (the due
@@ -134,18 +135,19 @@ WITH older AS (
     SELECT u.*, u.scheduled_at <= $4 AS due,
         row_number() OVER (PARTITION BY u.scheduled_at <= $4 ORDER BY u.priority DESC, u.scheduled_at, u.ord) AS rank
     FROM unnest($1::uuid[], $2::text[], $5::text[], $6::jsonb[], $7::int[], $8::int[], $9::float8[], $14::int[],
-                $15::jsonb[])
-        WITH ORDINALITY AS u(id, tenant, kind, payload, priority, max_attempts, scheduled_at, timeout_secs, backoff, ord)
+                $15::jsonb[], $16::jsonb[])
+        WITH ORDINALITY AS u(id, tenant, kind, payload, priority, max_attempts, scheduled_at, timeout_secs, backoff,
+                             headers, ord)
 ), chosen AS (
     SELECT i.*, (i.due AND i.rank <= $10 AND NOT o.found
                  AND i.tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $3))) AS hand
     FROM input AS i CROSS JOIN older AS o
 ), inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts, scheduled_at,
-        timeout_secs, backoff, deadline,
+        timeout_secs, backoff, deadline, headers,
         status, attempt, locked_until, lease_token, worker_id, claimed_at, created_at, updated_at)
     SELECT c.id, c.tenant, $3, c.kind, c.payload, c.priority, c.max_attempts, c.scheduled_at,
-        c.timeout_secs, c.backoff, CASE WHEN c.hand THEN $4 + c.timeout_secs END,
+        c.timeout_secs, c.backoff, CASE WHEN c.hand THEN $4 + c.timeout_secs END, c.headers,
         CASE WHEN c.hand THEN 'running' ELSE 'pending' END,
         CASE WHEN c.hand THEN 1 ELSE 0 END,
         CASE WHEN c.hand THEN least($4 + $11::float8, $4 + c.timeout_secs) END,
@@ -166,11 +168,11 @@ SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notif
 -- when it commits): no round trip of its own.
 WITH inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
-        scheduled_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff,
+        scheduled_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers,
         status, attempt, created_at, updated_at)
     SELECT (j->>0)::uuid, j->>1, j->>2, j->>3, j->4, (j->>5)::int, (j->>6)::int,
         (j->>7)::float8, j->>8, (j->>9)::uuid, j->>10, CASE WHEN j->>11 IS NOT NULL THEN j->11 END,
-        (j->>12)::int, CASE WHEN j->>13 IS NOT NULL THEN j->13 END,
+        (j->>12)::int, CASE WHEN j->>13 IS NOT NULL THEN j->13 END, CASE WHEN j->>14 IS NOT NULL THEN j->14 END,
         'pending', 0, $2::float8, $2::float8
     FROM jsonb_array_elements($1::text::jsonb) AS j
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING

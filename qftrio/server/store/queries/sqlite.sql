@@ -8,7 +8,7 @@
 -- A job's columns, in the order of the fields of qftrio.models.Job, which
 -- sqlite._row_to_job reads them in (tests/test_store_sql.py checks it).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context, timeout_secs, backoff
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context, timeout_secs, backoff, headers
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -19,7 +19,7 @@ id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, sched
 SELECT id, 1024 + length(CAST(payload AS BLOB)) + coalesce(length(CAST(result AS BLOB)), 0)
     + coalesce(length(CAST(context AS BLOB)), 0) + length(CAST(errors AS BLOB))
     + 2 * coalesce(length(CAST(error AS BLOB)), 0) + coalesce(length(CAST(worker_id AS BLOB)), 0)
-    + coalesce(length(CAST(step AS BLOB)), 0)
+    + coalesce(length(CAST(step AS BLOB)), 0) + coalesce(length(CAST(headers AS BLOB)), 0)
 FROM jobs WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: job_get
@@ -32,8 +32,8 @@ FROM jobs WHERE tenant = ? AND idempotency_key = ?;
 
 -- name: job_insert
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
-    created_at, updated_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff)
-VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+    created_at, updated_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers)
+VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: reports_of
 -- What a report batch decides on: each job's state and current token.
