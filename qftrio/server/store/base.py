@@ -77,6 +77,7 @@ from ...models import (
     Lease,
     Outcome,
     QueueStats,
+    Schedule,
     Status,
     WorkerInfo,
     Workflow,
@@ -107,6 +108,8 @@ __all__ = [
     "NewStep",
     "NewWorkflow",
     "WORKFLOW_QUEUE",
+    "NewSchedule",
+    "JobOfSchedule",
     "Store",
 ]
 
@@ -136,6 +139,8 @@ class NewJob:
     workflow_id: str | None = None
     step: str | None = None
     context: dict[str, Any] | None = None
+    #: The schedule that enqueues it.
+    schedule: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -188,6 +193,7 @@ class Inserted:
             workflow_id=new.workflow_id,
             step=new.step,
             context=new.context,
+            schedule=new.schedule,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -208,6 +214,7 @@ class Inserted:
         wire["workflow_id"] = new.workflow_id
         wire["step"] = new.step
         wire["context"] = new.context
+        wire["schedule"] = new.schedule
         wire["errors"] = []  # the template's own list is shared
         return wire
 
@@ -318,6 +325,27 @@ class NewWorkflow:
     name: str
     context: dict[str, Any]
     steps: tuple[NewStep, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class NewSchedule:
+    """A schedule to store (``PUT``). The caller has checked it: ``cron``
+    and ``timezone`` read (:func:`qftrio.server.schedules.check`), ``job`` a
+    valid enqueue body."""
+
+    tenant: str
+    name: str
+    cron: str
+    timezone: str
+    job: dict[str, Any]
+    paused: bool
+    catch_up: str
+
+
+#: ``job_of_schedule(tenant, name, job, tick)``: the job a schedule's tick
+#: (or trigger, at its time) enqueues, from the schedule's ``job``, as the
+#: engine's enqueue reads it. Supplied by the engine.
+JobOfSchedule = Callable[[str, str, dict[str, Any], float], NewJob]
 
 
 #: The queue workflow steps run on.
@@ -511,6 +539,46 @@ class Store(abc.ABC):
         """Compact what keeps the counts of :meth:`queues_stats` (the
         janitor calls it every round). Backends whose counts need no
         compaction do nothing."""
+
+    # -- schedules -----------------------------------------------------------
+    # Each written once, in .changes (docs/schedules.md).
+
+    @abc.abstractmethod
+    async def schedule_put(self, schedule: NewSchedule, *, now: float) -> tuple[Schedule, bool]:
+        """Create or replace the tenant's schedule; whether it was created.
+        Its next run: :func:`qftrio.server.schedules.next_on_put`."""
+
+    @abc.abstractmethod
+    async def schedule_get(self, tenant: str, name: str) -> Schedule | None:
+        """The tenant's schedule *name*, or None."""
+
+    @abc.abstractmethod
+    async def schedules_list(self, tenant: str, *, limit: int, after: str | None = None) -> list[Schedule]:
+        """The tenant's schedules by name, the first *limit* after *after*."""
+
+    @abc.abstractmethod
+    async def schedule_delete(self, tenant: str, name: str) -> bool:
+        """Delete the schedule (the jobs it enqueued stay); whether it existed."""
+
+    @abc.abstractmethod
+    async def schedule_set_paused(self, tenant: str, name: str, *, paused: bool, now: float) -> Schedule | None:
+        """Pause (no next run) or resume (the next tick after *now*: the
+        ticks of the pause are not caught up) the schedule; None if unknown."""
+
+    @abc.abstractmethod
+    async def schedule_trigger(
+        self, tenant: str, name: str, *, now: float, job_of: JobOfSchedule
+    ) -> tuple[Schedule, Inserted] | None:
+        """Enqueue one job of the schedule now, outside its ticks (its last
+        run and job become these); None if unknown."""
+
+    @abc.abstractmethod
+    async def schedules_fire(self, *, now: float, limit: int, job_of: JobOfSchedule) -> tuple[int, list[Inserted]]:
+        """One janitor batch: up to *limit* due schedules (next run at or
+        before *now*, none another server is firing), each firing the ticks
+        :func:`qftrio.server.schedules.due` decides, one job per tick won,
+        and moved on to its next run, in one transaction. Returns how many
+        schedules it took and the jobs it enqueued."""
 
     # -- worker side -------------------------------------------------------
 

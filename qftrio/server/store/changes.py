@@ -34,12 +34,16 @@ from collections.abc import Generator, Sequence
 from typing import Any, TypeVar
 
 from ... import errors
-from ...models import STATUS_OF, FailItem, Job, Status, StepStatus, Workflow, WorkflowStatus, WorkflowStep
-from .. import transitions
+from ...models import STATUS_OF, FailItem, Job, Schedule, Status, StepStatus, Workflow, WorkflowStatus, WorkflowStep
+from .. import schedules, transitions
 from .base import (
     WORKFLOW_QUEUE,
     BulkAction,
     BulkBatch,
+    Inserted,
+    JobOfSchedule,
+    NewJob,
+    NewSchedule,
     NewWorkflow,
     Reaped,
     ReportResult,
@@ -63,6 +67,9 @@ class Want(enum.Enum):
     ROWS = "rows"  # every row, as tuples
     JOB = "job"  # the first row as a Job, or None
     JOBS = "jobs"  # every row as a Job
+    #: Not a statement: ``args`` are ``(jobs, now)``, inserted by the store's
+    #: own insert path (``Store.jobs_insert``), answering its ``Inserted``.
+    INSERTED = "inserted"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -494,3 +501,99 @@ def prune(before: float, limit: int) -> Plan[int]:
         yield _run("prune_workflow_steps", workflow_id)
         yield _run("prune_workflow", workflow_id)
     return deleted
+
+
+# -- schedules --------------------------------------------------------------------
+# Exactly once per tick (docs/schedules.md): a round locks the due schedules
+# it fires (SKIP LOCKED: another server's are its), and in the same
+# transaction claims a row per tick, enqueues a job for each tick it won and
+# moves the schedule on. A server killed mid-round commits none of it, so the
+# tick stays due; a tick's row lets one transaction win it.
+
+
+def _schedule(row: Sequence[Any]) -> Schedule:
+    name, tenant, cron, timezone, job, paused, catch_up, next_run_at, last_run_at, last_job_id, created, updated = row
+    return Schedule(
+        name=name, tenant=tenant, cron=cron, timezone=timezone, job=job, paused=bool(paused), catch_up=catch_up,
+        next_run_at=next_run_at, last_run_at=last_run_at, last_job_id=last_job_id, created_at=created,
+        updated_at=updated,
+    )  # fmt: skip
+
+
+def _insert(jobs: Sequence[NewJob], now: float) -> Plan[list[Inserted]]:
+    inserted: list[Inserted] = yield Call("", (list(jobs), now), Want.INSERTED)
+    return inserted
+
+
+def schedule_put(new: NewSchedule, now: float) -> Plan[tuple[Schedule, bool]]:
+    """``Store.schedule_put``."""
+    old = yield _row("schedule_lock", new.tenant, new.name)
+    next_run_at = schedules.next_on_put(
+        None if old is None else (old[0], old[1], bool(old[2]), old[3]),
+        cron=new.cron, timezone=new.timezone, paused=new.paused, now=now,
+    )  # fmt: skip
+    row = yield _row(
+        "schedule_upsert", new.tenant, new.name, new.cron, new.timezone, new.job, new.paused, new.catch_up,
+        next_run_at, now, json=(4,),
+    )  # fmt: skip
+    return _schedule(row), old is None
+
+
+def schedule_get(tenant: str, name: str) -> Plan[Schedule | None]:
+    """``Store.schedule_get``."""
+    row = yield _row("schedule_get", tenant, name, json=(4,))
+    return None if row is None else _schedule(row)
+
+
+def schedules_page(tenant: str, after: str | None, limit: int) -> Plan[list[Schedule]]:
+    """``Store.schedules_list``."""
+    return [_schedule(row) for row in (yield _rows("schedules_page", tenant, after, limit, json=(4,)))]
+
+
+def schedule_delete(tenant: str, name: str) -> Plan[bool]:
+    """``Store.schedule_delete``."""
+    if (yield _value("schedule_delete", tenant, name)) is None:
+        return False
+    yield _run("schedule_ticks_delete", tenant, name)
+    return True
+
+
+def schedule_set_paused(tenant: str, name: str, paused: bool, now: float) -> Plan[Schedule | None]:
+    """``Store.schedule_set_paused``."""
+    old = yield _row("schedule_lock", tenant, name)
+    if old is None:
+        return None
+    cron, timezone, was_paused, next_run_at = old
+    if bool(was_paused) != paused:  # a resume starts from now; pausing twice changes nothing
+        next_run_at = schedules.next_on_put(None, cron=cron, timezone=timezone, paused=paused, now=now)
+    return _schedule((yield _row("schedule_set_paused", tenant, name, paused, next_run_at, now, json=(4,))))
+
+
+def schedule_trigger(tenant: str, name: str, now: float, job_of: JobOfSchedule) -> Plan[tuple[Schedule, Inserted] | None]:
+    """``Store.schedule_trigger``."""
+    if (yield _row("schedule_lock", tenant, name)) is None:
+        return None
+    schedule = yield from schedule_get(tenant, name)
+    assert schedule is not None
+    (inserted,) = yield from _insert([job_of(tenant, name, schedule.job, now)], now)
+    row = yield _row("schedule_fired", tenant, name, schedule.next_run_at, now, inserted.id, now, json=(4,))
+    return _schedule(row), inserted
+
+
+def schedules_fire(now: float, limit: int, job_of: JobOfSchedule) -> Plan[tuple[int, list[Inserted]]]:
+    """``Store.schedules_fire``."""
+    due = yield _rows("schedules_due", now, limit, json=(4,))
+    out: list[Inserted] = []
+    for tenant, name, cron, timezone, job, catch_up, next_run_at in due:
+        fire = schedules.due(cron, timezone, next_run_at=next_run_at, now=now, catch_up=catch_up)
+        won = []
+        if fire.ticks:
+            won = sorted(tick for (tick,) in (yield _rows("schedule_ticks_claim", tenant, name, list(fire.ticks), now)))
+        inserted = (yield from _insert([job_of(tenant, name, job, tick) for tick in won], now)) if won else []
+        out += inserted
+        yield _run(
+            "schedule_fired", tenant, name, fire.next_run_at, won[-1] if won else None,
+            inserted[-1].id if inserted else None, now,
+        )  # fmt: skip
+        yield _run("schedule_ticks_prune", tenant, name, next_run_at)
+    return len(due), out
