@@ -7,6 +7,8 @@ from typing import Any
 import httpx
 import pytest
 
+from qftrio import Client, errors
+
 from .conftest import RunningServer
 
 BODY: dict[str, Any] = {"cron": "0 * * * *", "job": {"kind": "report", "payload": {"a": 1}, "config": {"queue": "cron"}}}
@@ -87,3 +89,22 @@ async def test_a_bad_name_is_refused(http: httpx.AsyncClient, server: RunningSer
     r = await http.put("/api/v1/schedules/no%20spaces", json=BODY, headers=server.headers())
     assert r.status_code == 422
     assert (await http.get("/api/v1/schedules", headers=server.headers("worker"))).status_code == 403
+
+
+async def test_the_clients_calls(server: RunningServer) -> None:
+    async with Client(server.url, server.tenants["acme"], timeout=5) as client:
+        schedule = await client.schedule_set("nightly", "30 2 * * *", {"kind": "k", "queue": "cron"}, timezone="Europe/Paris")
+        assert (schedule.name, schedule.timezone, schedule.job["config"]["queue"]) == ("nightly", "Europe/Paris", "cron")
+        assert (await client.schedule_get("nightly")).next_run_at == schedule.next_run_at
+        assert (await client.schedule_pause("nightly")).paused
+        assert not (await client.schedule_resume("nightly")).paused
+        shown, job = await client.schedule_trigger("nightly")
+        assert shown.last_job_id == job.id and job.schedule == "nightly"
+        assert [s.name for s in (await client.schedules_list())[0]] == ["nightly"]
+        await client.schedule_delete("nightly")
+        with pytest.raises(errors.NotFound):
+            await client.schedule_get("nightly")
+        with pytest.raises(errors.InvalidInput, match="catch_up"):
+            await client.schedule_set("x", "* * * * *", {"kind": "k"}, catch_up="sometimes")  # before the network
+        with pytest.raises(errors.InvalidInput, match="cron"):
+            await client.schedule_set("x", "61 * * * *", {"kind": "k"})
