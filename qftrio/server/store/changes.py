@@ -576,24 +576,36 @@ def schedule_trigger(tenant: str, name: str, now: float, job_of: JobOfSchedule) 
     schedule = yield from schedule_get(tenant, name)
     assert schedule is not None
     (inserted,) = yield from _insert([job_of(tenant, name, schedule.job, now)], now)
-    row = yield _row("schedule_fired", tenant, name, schedule.next_run_at, now, inserted.id, now, json=(4,))
-    return _schedule(row), inserted
+    yield _run("schedule_advance", tenant, name, schedule.next_run_at, now, inserted.id, now)
+    return dataclasses.replace(schedule, last_run_at=now, last_job_id=inserted.id, updated_at=now), inserted
 
 
 def schedules_fire(now: float, limit: int, job_of: JobOfSchedule) -> Plan[tuple[int, list[Inserted]]]:
-    """``Store.schedules_fire``."""
+    """``Store.schedules_fire``: a statement per step for the whole batch
+    of due schedules, whatever their number."""
     due = yield _rows("schedules_due", now, limit, json=(4,))
-    out: list[Inserted] = []
-    for tenant, name, cron, timezone, job, catch_up, next_run_at in due:
-        fire = schedules.due(cron, timezone, next_run_at=next_run_at, now=now, catch_up=catch_up)
-        won = []
-        if fire.ticks:
-            won = sorted(tick for (tick,) in (yield _rows("schedule_ticks_claim", tenant, name, list(fire.ticks), now)))
-        inserted = (yield from _insert([job_of(tenant, name, job, tick) for tick in won], now)) if won else []
-        out += inserted
-        yield _run(
-            "schedule_fired", tenant, name, fire.next_run_at, won[-1] if won else None,
-            inserted[-1].id if inserted else None, now,
-        )  # fmt: skip
-        yield _run("schedule_ticks_prune", tenant, name, next_run_at)
-    return len(due), out
+    fires = [
+        schedules.due(cron, timezone, next_run_at=next_run_at, now=now, catch_up=catch_up)
+        for _, _, cron, timezone, _, catch_up, next_run_at in due
+    ]
+    claims = [(row[0], row[1], tick) for row, fire in zip(due, fires) for tick in fire.ticks]
+    won: dict[tuple[str, str], list[float]] = {}
+    if claims:
+        for tenant, name, tick in (yield _rows("schedule_ticks_claim", *map(list, zip(*claims)), now)):
+            won.setdefault((tenant, name), []).append(tick)
+    jobs, fired = [], []
+    for tenant, name, _, _, job, _, _ in due:
+        for tick in sorted(won.get((tenant, name), ())):
+            jobs.append(job_of(tenant, name, job, tick))
+            fired.append(tick)
+    inserted = (yield from _insert(jobs, now)) if jobs else []
+    # in tick order: each schedule's latest tick and job win
+    last = {(i.new.tenant, i.new.schedule): (tick, i.id) for tick, i in zip(fired, inserted)}
+    advances = [
+        (tenant, name, fire.next_run_at, *last.get((tenant, name), (None, None)), now)
+        for (tenant, name, *_), fire in zip(due, fires)
+    ]
+    if advances:
+        yield Call("schedule_advance", advances, many=True)
+        yield Call("schedule_ticks_prune", [(row[0], row[1], row[6]) for row in due], many=True)
+    return len(due), inserted

@@ -744,17 +744,17 @@ LIMIT $2
 FOR UPDATE SKIP LOCKED;
 
 -- name: schedule_ticks_claim
--- The ticks this transaction wins: one whose row exists was fired already.
+-- The ticks this transaction wins (tenant, schedule, tick: parallel
+-- arrays): one whose row exists was fired already.
 INSERT INTO qftrio_schedule_ticks (tenant, schedule, tick, created_at)
-SELECT $1, $2, t, $4 FROM unnest($3::float8[]) AS t
+SELECT t.tenant, t.schedule, t.tick, $4 FROM unnest($1::text[], $2::text[], $3::float8[]) AS t(tenant, schedule, tick)
 ON CONFLICT DO NOTHING
-RETURNING tick;
+RETURNING tenant, schedule, tick;
 
--- name: schedule_fired
+-- name: schedule_advance
 UPDATE qftrio_schedules SET next_run_at = $3, last_run_at = coalesce($4, last_run_at),
     last_job_id = coalesce($5::uuid, last_job_id), updated_at = $6
-WHERE tenant = $1 AND name = $2
-RETURNING {schedule_columns};
+WHERE tenant = $1 AND name = $2;
 
 -- name: schedule_ticks_prune
 -- Ticks before the schedule's first unfired one: no round can try them again.

@@ -393,15 +393,15 @@ LIMIT ?2;
 
 -- name: schedule_ticks_claim
 INSERT INTO schedule_ticks (tenant, schedule, tick, created_at)
-SELECT ?1, ?2, value, ?4 FROM json_each(?3) WHERE true
+SELECT json_extract(?1, '$[' || t.key || ']'), json_extract(?2, '$[' || t.key || ']'), t.value, ?4
+FROM json_each(?3) AS t WHERE true
 ON CONFLICT DO NOTHING
-RETURNING tick;
+RETURNING tenant, schedule, tick;
 
--- name: schedule_fired
+-- name: schedule_advance
 UPDATE schedules SET next_run_at = ?3, last_run_at = coalesce(?4, last_run_at),
     last_job_id = coalesce(?5, last_job_id), updated_at = ?6
-WHERE tenant = ?1 AND name = ?2
-RETURNING {schedule_columns};
+WHERE tenant = ?1 AND name = ?2;
 
 -- name: schedule_ticks_prune
 DELETE FROM schedule_ticks WHERE tenant = ?1 AND schedule = ?2 AND tick < ?3;
