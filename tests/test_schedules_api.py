@@ -8,8 +8,10 @@ import httpx
 import pytest
 
 from qftrio import Client, errors
+from qftrio.models import ScheduleRequest
 
 from .conftest import RunningServer
+from .test_dashboard import form_csrf, signed_in
 
 BODY: dict[str, Any] = {"cron": "0 * * * *", "job": {"kind": "report", "payload": {"a": 1}, "config": {"queue": "cron"}}}
 
@@ -108,3 +110,22 @@ async def test_the_clients_calls(server: RunningServer) -> None:
             await client.schedule_set("x", "* * * * *", {"kind": "k"}, catch_up="sometimes")  # before the network
         with pytest.raises(errors.InvalidInput, match="cron"):
             await client.schedule_set("x", "61 * * * *", {"kind": "k"})
+
+
+async def test_the_dashboard_page_shows_and_drives_schedules(server: RunningServer) -> None:
+    body = ScheduleRequest.model_validate({**BODY, "cron": "30 2 * * *", "timezone": "Europe/Paris"})
+    await server.engine.schedule_put("acme", "nightly", body)
+    async with signed_in(server) as client:
+        page = (await client.get("/dashboard/schedules")).text
+        assert "nightly" in page and "30 2 * * *" in page and "Europe/Paris" in page and "active" in page
+        csrf = form_csrf(page)
+        r = await client.post("/dashboard/schedules/nightly/trigger", data={"csrf": csrf})
+        assert r.status_code == 303
+        r = await client.post("/dashboard/schedules/nightly/pause", data={"csrf": csrf})
+        assert r.status_code == 303
+        page = (await client.get("/dashboard/schedules")).text
+        refused = await client.post("/dashboard/schedules/nightly/resume", data={"csrf": "guess"})
+    schedule = await server.engine.schedule_get("acme", "nightly")
+    assert schedule.paused and schedule.last_job_id is not None
+    assert "paused" in page and f"/dashboard/jobs/{schedule.last_job_id}" in page and "Resume" in page
+    assert refused.status_code == 403
