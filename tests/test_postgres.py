@@ -569,7 +569,7 @@ async def test_concurrent_migrations_apply_once() -> None:
             rows = await sql(url, "SELECT version, name FROM qftrio_schema_migrations")
             versions = sorted((r["version"], r["name"]) for r in rows)
             assert versions == [(version, name) for version, name, _ in statements.migrations("postgres")]
-            assert versions[-1] == ("0005", "0005_filter_without_running")
+            assert versions[-1] == statements.migrations("postgres")[-1][:2]
             assert await migrate(url, timeout=None) == []
             async with open_postgres_store(url, migrate=False, timeout=None) as store:
                 await store.ping()
@@ -606,7 +606,8 @@ async def test_migration_0005_keeps_every_listing_and_count() -> None:
                     await conn.close()
 
             rows = await on_asyncio(at_0004)
-            assert await migrate(url, timeout=None) == ["0005_filter_without_running"]
+            after = [name for version, name, _ in statements.migrations("postgres") if version > "0004"]
+            assert await migrate(url, timeout=None) == after and after[0] == "0005_filter_without_running"
             newest_first = sorted(rows, key=lambda r: (r["created_at"], r["id"]), reverse=True)
             async with open_postgres_store(url, migrate=False, timeout=None) as store:
                 for queue in (None, "q1"):
