@@ -1,4 +1,4 @@
-"""The ``qftrio`` command: ``serve | worker | enqueue | jobs | workflows | queues | stats | workers | migrate``.
+"""The ``qftrio`` command: ``serve | worker | enqueue | jobs | workflows | schedules | queues | stats | workers | migrate``.
 
 Answers are JSON. The listings an operator reads (``queues``, ``workers``,
 ``stats`` of every queue) are a table on a terminal and JSON when stdout is
@@ -99,6 +99,7 @@ def _serve(args: argparse.Namespace) -> int:
         failed_credentials_refill_secs=args.failed_credentials_refill_secs,
         session_idle_secs=args.session_idle_secs,
         session_lifetime_secs=args.session_lifetime_secs,
+        schedules_file=args.schedules,
     )
     settle_after_imports()
     trio.run(functools.partial(serve, config, shutdown_trigger=_wait_for_signal))
@@ -157,13 +158,19 @@ def _client_call(args: argparse.Namespace, call: Callable[[Any], Awaitable[Any]]
     return 0
 
 
-def _enqueue(args: argparse.Namespace) -> int:
-    payload = _read_payload(args.payload) if args.payload else {}
+def _job_config(args: argparse.Namespace, keys: Sequence[str]) -> dict[str, Any]:
+    """A job's config from the flags *keys* given (``--queue`` always)."""
     config: dict[str, Any] = {"queue": args.queue}
-    for key in ("priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key", "timeout_secs"):
+    for key in keys:
         value = getattr(args, key)
         if value is not None:
             config[key] = value
+    return config
+
+
+def _enqueue(args: argparse.Namespace) -> int:
+    payload = _read_payload(args.payload) if args.payload else {}
+    config = _job_config(args, ("priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key", "timeout_secs"))
 
     async def call(client: Any) -> Any:
         return (await client.enqueue(args.kind, payload, **config)).to_wire()
@@ -264,6 +271,33 @@ def _workflows(args: argparse.Namespace) -> int:
             return {"workflows": [w.to_wire() for w in workflows], "next_cursor": cursor}
         method = {"get": client.workflow_get, "cancel": client.workflow_cancel}[args.workflows_command]
         return (await method(args.id)).to_wire()
+
+    return _client_call(args, call)
+
+
+def _schedules(args: argparse.Namespace) -> int:
+    command = args.schedules_command
+    if command == "set":
+        payload = _read_payload(args.payload) if args.payload else {}
+        job = {"kind": args.kind, "payload": payload, "config": _job_config(args, ("priority", "max_attempts", "delay_secs"))}
+
+    async def call(client: Any) -> Any:
+        if command == "list":
+            found, cursor = await client.schedules_list(limit=args.limit, cursor=args.cursor)
+            return {"schedules": [s.to_wire() for s in found], "next_cursor": cursor}
+        if command == "set":
+            schedule = await client.schedule_set(
+                args.name, args.cron, job, timezone=args.timezone, paused=args.paused, catch_up=args.catch_up
+            )
+            return schedule.to_wire()
+        if command == "delete":
+            await client.schedule_delete(args.name)
+            return {"deleted": args.name}
+        if command == "trigger":
+            schedule, job_ = await client.schedule_trigger(args.name)
+            return {"schedule": schedule.to_wire(), "job": job_.to_wire()}
+        method = {"get": client.schedule_get, "pause": client.schedule_pause, "resume": client.schedule_resume}[command]
+        return (await method(args.name)).to_wire()
 
     return _client_call(args, call)
 
@@ -516,6 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--failed-credentials-refill-secs", type=_non_negative, help="one more wrong credential allowed every this many seconds (default 3)")
     p.add_argument("--session-idle-secs", type=_positive_float, help="a dashboard session ends after this long without a request (default 8 hours)")
     p.add_argument("--session-lifetime-secs", type=_positive_float, help="a dashboard session ends this long after sign-in (default 7 days)")
+    p.add_argument("--schedules", metavar="FILE.toml", help="cron schedules to create or replace at start (docs/schedules.md)")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("worker", help="run a worker pool process")
@@ -605,6 +640,39 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--cursor")
     _add_client_options(q)
     q.set_defaults(func=_workflows)
+
+    p = sub.add_parser("schedules", help="cron schedules: each tick enqueues one job")
+    schedules = p.add_subparsers(dest="schedules_command", required=True, parser_class=_LoggingParser)
+    q = schedules.add_parser("list", help="list schedules by name")
+    q.add_argument("--limit", type=_positive_int, default=100)
+    q.add_argument("--cursor")
+    _add_client_options(q)
+    q.set_defaults(func=_schedules)
+    q = schedules.add_parser("set", help="create or replace a schedule")
+    q.add_argument("name")
+    q.add_argument("cron", help="five cron fields (or six, seconds first), e.g. '30 2 * * *'")
+    q.add_argument("kind")
+    q.add_argument("payload", nargs="?", help="a JSON object (default {}); @FILE reads it from a file, - from stdin")
+    q.add_argument("--timezone", default="UTC", help="an IANA time zone (default UTC)")
+    q.add_argument("--catch-up", choices=["latest", "none", "all"], default="latest", help="ticks missed while no server ran (default latest)")
+    q.add_argument("--paused", action="store_true", help="store it paused")
+    q.add_argument("--queue", default="default")
+    q.add_argument("--priority", type=int)
+    q.add_argument("--max-attempts", type=_positive_int)
+    q.add_argument("--delay-secs", type=_non_negative, help="each job is due this long after its tick")
+    _add_client_options(q)
+    q.set_defaults(func=_schedules)
+    for name, text in (
+        ("get", "show a schedule: next and last run, last job"),
+        ("delete", "delete a schedule (its jobs stay)"),
+        ("pause", "pause a schedule: no tick fires until resumed"),
+        ("resume", "resume a schedule from its next tick"),
+        ("trigger", "enqueue one job of a schedule now"),
+    ):
+        q = schedules.add_parser(name, help=text)
+        q.add_argument("name")
+        _add_client_options(q)
+        q.set_defaults(func=_schedules)
 
     p = sub.add_parser("queues", help="every queue's backlog; pause and resume a queue")
     _add_client_options(p)

@@ -42,6 +42,8 @@ from ._http import (
 from ._json import dumps_strict as json_dumps, loads as json_loads
 from .models import (
     BulkRequest,
+    Schedule,
+    ScheduleRequest,
     CompleteItem,
     FailItem,
     JobConfig,
@@ -300,6 +302,14 @@ def _workers(data: Any) -> list[WorkerInfo]:
 
 def _health(data: Any) -> dict[str, Any]:
     return data if isinstance(data, dict) else {"status": data}
+
+
+def _schedules_page(data: Any) -> tuple[list[Schedule], str | None]:
+    return [Schedule.from_wire(s) for s in data["schedules"]], data.get("next_cursor")
+
+
+def _triggered(data: Any) -> tuple[Schedule, Job]:
+    return Schedule.from_wire(data["schedule"]), Job.from_wire(data["job"])
 
 
 def _workflows_page(data: Any) -> tuple[list[Workflow], str | None]:
@@ -760,6 +770,61 @@ class _Api(Generic[X]):
     def workflow_cancel(workflow_id: str) -> Call[Workflow]:
         """Cancel a running workflow and its unfinished steps."""
         return Call("POST", f"/api/v1/workflows/{_segment(workflow_id)}/cancel", Workflow.from_wire)
+
+
+    # -- schedules ---------------------------------------------------------
+
+    @_method
+    def schedule_set(
+        name: str,
+        cron: str,
+        job: Mapping[str, Any],
+        *,
+        timezone: str = "UTC",
+        paused: bool = False,
+        catch_up: str = "latest",
+    ) -> Call[Schedule]:
+        """Create or replace the schedule *name*: each tick of *cron* (five
+        fields, or six with a leading seconds field) in *timezone* enqueues
+        one job as *job* says (``{"kind", "payload", "config": {...}}``, or
+        the config keys at the top level). *catch_up*: ``latest``, ``none``
+        or ``all`` (docs/schedules.md)."""
+        body = _build(
+            ScheduleRequest, cron=cron, timezone=timezone, job=_job_body(job), paused=paused, catch_up=catch_up
+        )
+        return Call("PUT", f"/api/v1/schedules/{_segment(name)}", Schedule.from_wire, json_body=body)
+
+    @_method
+    def schedule_get(name: str) -> Call[Schedule]:
+        """The schedule, with its next and last run and its last job's id."""
+        return Call("GET", f"/api/v1/schedules/{_segment(name)}", Schedule.from_wire)
+
+    @_method
+    def schedules_list(*, limit: int | None = None, cursor: str | None = None) -> Call[tuple[list[Schedule], str | None]]:
+        """One page of schedules by name, and the cursor of the next page
+        (``None`` on the last)."""
+        return Call("GET", "/api/v1/schedules", _schedules_page, params={"limit": limit, "cursor": cursor})
+
+    @_method
+    def schedule_delete(name: str) -> Call[None]:
+        """Delete the schedule; the jobs it enqueued stay."""
+        return Call("DELETE", f"/api/v1/schedules/{_segment(name)}", None)
+
+    @_method
+    def schedule_pause(name: str) -> Call[Schedule]:
+        """Pause the schedule (idempotent): no tick fires until resumed."""
+        return Call("POST", f"/api/v1/schedules/{_segment(name)}/pause", Schedule.from_wire)
+
+    @_method
+    def schedule_resume(name: str) -> Call[Schedule]:
+        """Resume the schedule from its next tick (idempotent)."""
+        return Call("POST", f"/api/v1/schedules/{_segment(name)}/resume", Schedule.from_wire)
+
+    @_method
+    def schedule_trigger(name: str) -> Call[tuple[Schedule, Job]]:
+        """Enqueue one job of the schedule now, besides its ticks: the
+        schedule and that job."""
+        return Call("POST", f"/api/v1/schedules/{_segment(name)}/trigger", _triggered)
 
 
 class Client(_Api["httpx.AsyncBaseTransport"]):

@@ -55,6 +55,7 @@ __all__ = [
     "StepStatus",
     "WorkflowStep",
     "Workflow",
+    "Schedule",
     "Outcome",
     "HeartbeatReply",
     "ReportReply",
@@ -245,6 +246,8 @@ class Job:
     timeout_secs: int | None = None
     backoff: dict[str, Any] | None = None
     headers: dict[str, str] | None = None
+    #: The name of the schedule that enqueued it (docs/schedules.md).
+    schedule: str | None = None
 
     if typing.TYPE_CHECKING:  # generated below, by _WireForm
 
@@ -344,6 +347,39 @@ def _records(from_wire: Callable[[Any], Any], items: list[Any] | None) -> tuple[
 
 
 _JOB_WIRE = _WireForm(Job)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Schedule:
+    """A cron schedule as the API shows it (docs/schedules.md): each tick
+    of ``cron`` in ``timezone`` enqueues one job as ``job`` describes it
+    (``{kind, payload, config}``, as ``POST /api/v1/jobs`` takes it)."""
+
+    name: str
+    tenant: str
+    cron: str
+    timezone: str
+    job: dict[str, Any]
+    paused: bool
+    catch_up: str
+    #: The next tick to fire (``None`` while paused, or for a cron that has
+    #: no tick left).
+    next_run_at: Epoch | None
+    #: The latest tick (or trigger) that enqueued a job, and that job.
+    last_run_at: Epoch | None
+    last_job_id: str | None
+    created_at: Epoch
+    updated_at: Epoch
+
+    if typing.TYPE_CHECKING:  # generated below, by _WireForm
+
+        def to_wire(self) -> dict[str, Any]: ...
+
+        @classmethod
+        def from_wire(cls, data: dict[str, Any]) -> Schedule: ...
+
+
+_SCHEDULE_WIRE = _WireForm(Schedule)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -926,6 +962,29 @@ class WorkflowCreateRequest(_Body):
     steps: list[WorkflowStepRequest] = Field(min_length=1, max_length=MAX_WORKFLOW_STEPS)
 
 
+#: A cron expression's longest text.
+MAX_CRON = 200
+
+
+class ScheduleRequest(_Body):
+    """``PUT /api/v1/schedules/{name}``. The expression and the time zone
+    are read by the server beyond this schema (``cron``, ``timezone``: 422
+    naming the field)."""
+
+    cron: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_CRON)]
+    timezone: Annotated[Text, StringConstraints(min_length=1, max_length=100)] = "UTC"
+    job: EnqueueRequest
+    paused: bool = Field(False, strict=True)
+    catch_up: Literal["latest", "none", "all"] = "latest"
+
+
+class SchedulesListQuery(_Fields):
+    """``GET /api/v1/schedules``: a page, by name."""
+
+    limit: int = Field(100, ge=1, le=MAX_BATCH)
+    cursor: Name | None = None
+
+
 class EmptyBody(_Body):
     """A body that carries nothing: empty, or ``{}``."""
 
@@ -1031,6 +1090,24 @@ class ErrorEntryAnswer(_Answer):
 
 #: A job, as :class:`Job` declares it.
 JobAnswer = _JOB_WIRE.answer_model("JobAnswer", "A job.", _Answer, {ErrorEntry: ErrorEntryAnswer})
+
+
+#: A schedule, as :class:`Schedule` declares it.
+ScheduleAnswer = _SCHEDULE_WIRE.answer_model("ScheduleAnswer", "A cron schedule.", _Answer, {})
+
+
+class SchedulesAnswer(_Answer):
+    """A page of the tenant's schedules, by name, and the cursor of the next page."""
+
+    schedules: list[ScheduleAnswer]
+    next_cursor: str | None
+
+
+class ScheduleTriggerAnswer(_Answer):
+    """The schedule, and the job a trigger enqueued."""
+
+    schedule: ScheduleAnswer
+    job: JobAnswer
 
 
 class JobsAnswer(_Answer):

@@ -13,8 +13,8 @@ import httpx
 import pytest
 import trio
 
-from qftrio.models import CompleteItem, EnqueueRequest, FailItem, JobConfig, QueueStats, Status, WorkflowCreateRequest
-from qftrio.server.dashboard import Throughput, timeline
+from qftrio.models import CompleteItem, EnqueueRequest, FailItem, JobConfig, QueueStats, ScheduleRequest, Status, WorkflowCreateRequest
+from qftrio.server.dashboard import Throughput, csrf_token, timeline
 from qftrio.server.engine import Engine
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import open_sqlite_store
@@ -212,6 +212,11 @@ async def every_kind_of_page(engine: Engine) -> list[str]:
     await engine.fail([FailItem(dead, lease.lease_token, "Traceback: " + "boom " * 400, False)])
     body = WorkflowCreateRequest.model_validate({"name": "wf", "steps": [{"name": "a", "kind": long_kind}]})
     workflow = await engine.workflow_create("acme", body)
+    schedule = ScheduleRequest.model_validate(
+        {"cron": "30 2 * * *", "timezone": "America/Argentina/ComodRivadavia", "job": {"kind": long_kind, "config": {"queue": long_queue}}}
+    )
+    await engine.schedule_put("acme", "s-" + "z" * 60, schedule)
+    await engine.schedule_trigger("acme", "s-" + "z" * 60)
     return [
         "/dashboard/",
         f"/dashboard/queues/{long_queue}",
@@ -223,6 +228,7 @@ async def every_kind_of_page(engine: Engine) -> list[str]:
         "/dashboard/workflows",
         f"/dashboard/workflows/{workflow.id}",
         "/dashboard/workers",
+        "/dashboard/schedules",
         "/dashboard/no-such-page",
     ]
 

@@ -23,8 +23,9 @@ from .conftest import server_config
 
 # What the document cannot say. A cursor is a string the server issued, and
 # any other string is a 422; a workflow's step graph (no cycle, known
-# dependencies) is checked beyond its schema. A body over the cap is a 413
-# before its items are counted.
+# dependencies) is checked beyond its schema, and so are a schedule's cron
+# expression and time zone. A body over the cap is a 413 before its items
+# are counted.
 SCHEMATHESIS_CONFIG = """
 [checks.negative_data_rejection]
 expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429"]
@@ -37,6 +38,11 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404",
 [[operations]]
 include-path = "/api/v1/workflows"
 include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404", "409", "422"]
+
+[[operations]]
+include-path = "/api/v1/schedules/{name}"
+include-method = "PUT"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404", "409", "422"]
 """
 

@@ -606,8 +606,8 @@ async def test_migration_0005_keeps_every_listing_and_count() -> None:
                     await conn.close()
 
             rows = await on_asyncio(at_0004)
-            later = [name for version, name, _ in statements.migrations("postgres") if version > "0004"]
-            assert await migrate(url, timeout=None) == later and later[0] == "0005_filter_without_running"
+            after = [name for version, name, _ in statements.migrations("postgres") if version > "0004"]
+            assert await migrate(url, timeout=None) == after and after[0] == "0005_filter_without_running"
             newest_first = sorted(rows, key=lambda r: (r["created_at"], r["id"]), reverse=True)
             async with open_postgres_store(url, migrate=False, timeout=None) as store:
                 for queue in (None, "q1"):

@@ -23,6 +23,11 @@ from ..models import (
     QueueStatsAnswer,
     QueuesAnswer,
     QueuesListQuery,
+    ScheduleAnswer,
+    ScheduleRequest,
+    SchedulesAnswer,
+    SchedulesListQuery,
+    ScheduleTriggerAnswer,
     Status,
     WorkflowAnswer,
     WorkflowCreateRequest,
@@ -175,6 +180,48 @@ async def workers(engine: Engine, call: Call) -> Reply:
     return 200, {"workers": [w.to_wire() for w in await engine.workers(_tenant(call))]}
 
 
+async def schedule_put(engine: Engine, call: Call) -> Reply:
+    """Create (201) or replace (200) a cron schedule: each tick enqueues one job, on whichever server."""
+    schedule, created = await engine.schedule_put(_tenant(call), call.path["name"], call.body)
+    return (201 if created else 200), schedule.to_wire()
+
+
+async def schedule_get(engine: Engine, call: Call) -> Reply:
+    """A schedule: its next and last run, its last job."""
+    return 200, (await engine.schedule_get(_tenant(call), call.path["name"])).to_wire()
+
+
+async def schedules_list(engine: Engine, call: Call) -> Reply:
+    """A page of the tenant's schedules, by name."""
+    q: SchedulesListQuery = call.query
+    found, cursor = await engine.schedules_list(_tenant(call), limit=q.limit, cursor=q.cursor)
+    return 200, {"schedules": [s.to_wire() for s in found], "next_cursor": cursor}
+
+
+async def schedule_delete(engine: Engine, call: Call) -> Reply:
+    """Delete a schedule; the jobs it enqueued stay."""
+    await engine.schedule_delete(_tenant(call), call.path["name"])
+    return 204, None
+
+
+async def schedule_pause(engine: Engine, call: Call) -> Reply:
+    """Pause a schedule: no tick fires until it is resumed."""
+    return 200, (await engine.schedule_pause(_tenant(call), call.path["name"])).to_wire()
+
+
+async def schedule_resume(engine: Engine, call: Call) -> Reply:
+    """Resume a schedule from its next tick (the ticks of the pause are not caught up)."""
+    return 200, (await engine.schedule_resume(_tenant(call), call.path["name"])).to_wire()
+
+
+async def schedule_trigger(engine: Engine, call: Call) -> Reply:
+    """Enqueue one job of the schedule now, besides its ticks."""
+    schedule, job = await engine.schedule_trigger(_tenant(call), call.path["name"])
+    return 201, {"schedule": schedule.to_wire(), "job": job.to_wire()}
+
+
+_SCHEDULE = {"name": NAME}
+
 ROUTES: list[Route] = [
     Route("GET", "/healthz", healthz, "anyone", {200: HealthAnswer, 503: HealthAnswer}),
     Route("GET", "/api/v1/jobs/<job_id>", job_get, "tenant", {200: JobAnswer}, (404,)),
@@ -200,6 +247,18 @@ ROUTES: list[Route] = [
         for name, handler in (("retry", jobs_bulk_retry), ("cancel", jobs_bulk_cancel), ("delete", jobs_bulk_delete))
     ),
     Route("GET", "/api/v1/workers", workers, "tenant", {200: WorkersAnswer}),
+    Route("GET", "/api/v1/schedules", schedules_list, "tenant", {200: SchedulesAnswer}, query=SchedulesListQuery),
+    Route("PUT", "/api/v1/schedules/<name>", schedule_put, "tenant", {200: ScheduleAnswer, 201: ScheduleAnswer},
+          body=ScheduleRequest, path_params=_SCHEDULE),
+    Route("GET", "/api/v1/schedules/<name>", schedule_get, "tenant", {200: ScheduleAnswer}, (404,), path_params=_SCHEDULE),
+    Route("DELETE", "/api/v1/schedules/<name>", schedule_delete, "tenant", {204: None}, (404,), path_params=_SCHEDULE),
+    *(
+        Route("POST", f"/api/v1/schedules/<name>/{name}", handler, "tenant", {200: ScheduleAnswer}, (404,),
+              body=EmptyBody, path_params=_SCHEDULE)
+        for name, handler in (("pause", schedule_pause), ("resume", schedule_resume))
+    ),
+    Route("POST", "/api/v1/schedules/<name>/trigger", schedule_trigger, "tenant", {201: ScheduleTriggerAnswer}, (404,),
+          body=EmptyBody, path_params=_SCHEDULE),
 ]  # fmt: skip
 
 #: Every route of the API, declared once.

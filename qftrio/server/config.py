@@ -5,14 +5,20 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import tomllib
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
+
+import pydantic
 
 from .. import errors
 from .._env import env
-from ..models import MAX_ANSWER_BYTES
+from ..models import MAX_ANSWER_BYTES, NAME_PATTERN, ScheduleRequest, valid_name
 
-__all__ = ["Config", "parse_tenants"]
+__all__ = ["Config", "parse_tenants", "read_schedules"]
+
+#: A schedule of ``--schedules FILE.toml``: its tenant, name and body.
+FileSchedule = tuple[str, str, ScheduleRequest]
 
 Mode = Literal["api", "worker", "all"]
 
@@ -88,6 +94,10 @@ class Config:
     #: long after sign-in whatever happens.
     session_idle_secs: float = 8 * 3600.0
     session_lifetime_secs: float = 7 * 86400.0
+    #: ``--schedules FILE.toml``: schedules put at start (docs/schedules.md),
+    #: read by :meth:`validate` into :attr:`schedules`.
+    schedules_file: str | None = None
+    schedules: tuple[FileSchedule, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: object) -> Config:
@@ -144,6 +154,9 @@ class Config:
             except ValueError:
                 raise errors.ConfigError(f"--trusted-proxy must be an IP address or network, not {proxy!r}") from None
 
+        if self.schedules_file is not None:
+            self.schedules = read_schedules(self.schedules_file, tenants=tuple(self.tenants), dev=self.dev)
+
     def _check_credentials(self) -> None:
         """Every credential names one caller: a token shared by the worker and
         a tenant, or by two tenants, would act for whichever is looked up
@@ -166,3 +179,50 @@ class Config:
                 raise errors.ConfigError(
                     f"{owner}: a token must be at least {MIN_TOKEN_CHARS} characters long (or --dev for development)"
                 )
+
+
+def read_schedules(path: str, *, tenants: tuple[str, ...], dev: bool) -> tuple[FileSchedule, ...]:
+    """The schedules of a ``--schedules`` file: a table per schedule under
+    ``[schedules.NAME]``, with the keys of ``PUT /api/v1/schedules/{name}``
+    and ``tenant`` (which may be left out when one tenant is configured, or
+    in ``--dev`` with none: ``default``).
+
+    Raises:
+        ConfigError: a file that cannot be read, or a schedule the API would
+            refuse (naming it and the field).
+    """
+    from . import schedules
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise errors.ConfigError(f"--schedules: cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise errors.ConfigError(f"--schedules: {path} is not TOML: {exc}") from None
+    unknown = sorted(set(data) - {"schedules"})
+    if unknown or not isinstance(data.get("schedules"), dict):
+        raise errors.ConfigError(f"--schedules: {path} holds a [schedules.NAME] table per schedule, and nothing else")
+    implied = tenants[0] if len(tenants) == 1 else "default" if dev and not tenants else None
+    out = []
+    for name, table in data["schedules"].items():
+        where = f"--schedules: {path}: schedules.{name}"
+        if not valid_name(name):
+            raise errors.ConfigError(f"{where}: a schedule's name must match {NAME_PATTERN}")
+        if not isinstance(table, dict):
+            raise errors.ConfigError(f"{where}: must be a table")
+        body: dict[str, Any] = dict(table)
+        tenant = body.pop("tenant", implied)
+        if tenant is None or (tenants and tenant not in tenants):
+            raise errors.ConfigError(f"{where}.tenant: name one of the configured tenants ({', '.join(tenants) or 'none'})")
+        try:
+            request = ScheduleRequest.model_validate(body)
+            schedules.check(request.cron, request.timezone)
+        except pydantic.ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            field = ".".join(str(part) for part in first["loc"])
+            raise errors.ConfigError(f"{where}.{field}: {first['msg']}") from None
+        except errors.InvalidInput as exc:
+            raise errors.ConfigError(f"{where}.{exc}") from None
+        out.append((tenant, name, request))
+    return tuple(out)

@@ -45,6 +45,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
@@ -58,6 +59,8 @@ from ..models import (
     Job,
     Lease,
     QueueStats,
+    Schedule,
+    ScheduleRequest,
     Status,
     WorkerInfo,
     Workflow,
@@ -66,7 +69,7 @@ from ..models import (
     parse_time,
     valid_name,
 )
-from . import transitions
+from . import schedules, transitions
 from .metrics import Metrics
 from .store.base import (
     ALL_QUEUES,
@@ -80,6 +83,7 @@ from .store.base import (
     HeartbeatResult,
     Inserted,
     NewJob,
+    NewSchedule,
     Outcome,
     ReportResult,
     RetryPolicy,
@@ -247,6 +251,36 @@ def decode_queue_cursor(cursor: str) -> str:
     return queue
 
 
+def new_job(tenant: str, job: EnqueueRequest, now: float, *, schedule: str | None = None) -> NewJob:
+    """The job an enqueue request asks for at *now* (a schedule's tick: the
+    tick's time, its ``delay_secs`` counted from it)."""
+    cfg = job.config
+    if cfg.scheduled_at is not None:
+        scheduled_at = parse_time(cfg.scheduled_at) or 0.0
+    elif cfg.delay_secs:
+        scheduled_at = now + cfg.delay_secs
+    else:
+        scheduled_at = now
+    return NewJob(
+        tenant=tenant,
+        queue=cfg.queue,
+        kind=job.kind,
+        payload=job.payload,
+        priority=cfg.priority,
+        max_attempts=cfg.max_attempts,
+        scheduled_at=scheduled_at,
+        idempotency_key=cfg.idempotency_key,
+        timeout_secs=cfg.timeout_secs,
+        backoff=None if cfg.backoff is None else cfg.backoff.model_dump(),
+        headers=cfg.headers or None,
+        schedule=schedule,
+    )
+
+
+def _job_of_schedule(tenant: str, name: str, job: dict[str, Any], tick: float) -> NewJob:
+    return new_job(tenant, EnqueueRequest.model_validate(job), tick, schedule=name)
+
+
 class Engine:
     """Every operation of the job server.
 
@@ -395,30 +429,7 @@ class Engine:
         *tenant* in one transaction: a job whose idempotency key the tenant
         used before is not enqueued, its first job is returned."""
         now = self.clock()
-        new = []
-        for job in jobs:
-            cfg = job.config
-            if cfg.scheduled_at is not None:
-                scheduled_at = parse_time(cfg.scheduled_at) or 0.0
-            elif cfg.delay_secs:
-                scheduled_at = now + cfg.delay_secs
-            else:
-                scheduled_at = now
-            new.append(
-                NewJob(
-                    tenant=tenant,
-                    queue=cfg.queue,
-                    kind=job.kind,
-                    payload=job.payload,
-                    priority=cfg.priority,
-                    max_attempts=cfg.max_attempts,
-                    scheduled_at=scheduled_at,
-                    idempotency_key=cfg.idempotency_key,
-                    timeout_secs=cfg.timeout_secs,
-                    backoff=None if cfg.backoff is None else cfg.backoff.model_dump(),
-                    headers=cfg.headers or None,
-                )
-            )
+        new = [new_job(tenant, job, now) for job in jobs]
         # Jobs due now go straight to the long-polls parked on their queue:
         # claimed for them in the insert's own transaction.
         handed: list[Parked] = []
@@ -717,6 +728,94 @@ class Engine:
             raise errors.NotFound(f"workflow {workflow_id} not found")
         return workflow
 
+    # -- schedules -----------------------------------------------------------
+
+    #: Due schedules per transaction of a janitor round.
+    SCHEDULES_BATCH = 100
+
+    async def schedule_put(self, tenant: str, name: str, body: ScheduleRequest) -> tuple[Schedule, bool]:
+        """Create or replace the tenant's schedule *name*; whether it was
+        created. Refused (422 naming the field, nothing stored): a cron that
+        cannot fire, an unknown time zone, a job enqueue would refuse, and a
+        job config with ``scheduled_at`` or ``idempotency_key`` (each tick is
+        due at its own time, and enqueues a job of its own)."""
+        schedules.check(body.cron, body.timezone)
+        cfg = body.job.config
+        if cfg.scheduled_at is not None:
+            raise errors.InvalidInput("job.config.scheduled_at: a schedule's job is due at each tick (give delay_secs)")
+        if cfg.idempotency_key is not None:
+            raise errors.InvalidInput("job.config.idempotency_key: each tick of a schedule enqueues a job of its own")
+        new = NewSchedule(
+            tenant=tenant, name=name, cron=body.cron, timezone=body.timezone,
+            job=body.job.model_dump(mode="json", exclude_none=True), paused=body.paused, catch_up=body.catch_up,
+        )  # fmt: skip
+        return await self.store.schedule_put(new, now=self.clock())
+
+    async def schedule_get(self, tenant: str, name: str) -> Schedule:
+        schedule = await self.store.schedule_get(tenant, name)
+        if schedule is None:
+            raise errors.NotFound(f"schedule {name} not found")
+        return schedule
+
+    async def schedules_list(self, tenant: str, *, limit: int = 100, cursor: str | None = None) -> tuple[list[Schedule], str | None]:
+        """A page of the tenant's schedules by name, and the cursor of the
+        next page (the last name; None on the last page)."""
+        found = await self.store.schedules_list(tenant, limit=limit + 1, after=cursor)
+        if len(found) > limit:
+            found = found[:limit]
+            return found, found[-1].name
+        return found, None
+
+    async def schedule_delete(self, tenant: str, name: str) -> None:
+        """Delete the schedule; the jobs it enqueued stay."""
+        if not await self.store.schedule_delete(tenant, name):
+            raise errors.NotFound(f"schedule {name} not found")
+
+    async def schedule_pause(self, tenant: str, name: str) -> Schedule:
+        """Pause the schedule (idempotent): no tick fires until resumed."""
+        return await self._schedule_set_paused(tenant, name, True)
+
+    async def schedule_resume(self, tenant: str, name: str) -> Schedule:
+        """Resume the schedule (idempotent) from its next tick: the ticks
+        of the pause are not caught up."""
+        return await self._schedule_set_paused(tenant, name, False)
+
+    async def _schedule_set_paused(self, tenant: str, name: str, paused: bool) -> Schedule:
+        schedule = await self.store.schedule_set_paused(tenant, name, paused=paused, now=self.clock())
+        if schedule is None:
+            raise errors.NotFound(f"schedule {name} not found")
+        return schedule
+
+    async def schedule_trigger(self, tenant: str, name: str) -> tuple[Schedule, Job]:
+        """Enqueue one job of the schedule now, besides its ticks (paused or
+        not); its next run stays."""
+        triggered = await self.store.schedule_trigger(tenant, name, now=self.clock(), job_of=_job_of_schedule)
+        if triggered is None:
+            raise errors.NotFound(f"schedule {name} not found")
+        schedule, inserted = triggered
+        self._enqueued_by_schedules([inserted])
+        return schedule, inserted.job
+
+    async def fire_schedules(self) -> int:
+        """Fire every due tick of every schedule (the janitor's round, on
+        every server: each tick enqueues one job whichever server wins it),
+        :attr:`SCHEDULES_BATCH` schedules per transaction. Returns how many
+        jobs it enqueued."""
+        fired = 0
+        while True:
+            taken, inserted = await self.store.schedules_fire(
+                now=self.clock(), limit=self.SCHEDULES_BATCH, job_of=_job_of_schedule
+            )
+            self._enqueued_by_schedules(inserted)
+            fired += len(inserted)
+            if taken < self.SCHEDULES_BATCH:
+                return fired
+
+    def _enqueued_by_schedules(self, inserted: Sequence[Inserted]) -> None:
+        self._count_enqueued((i.new.queue, i.new.kind) for i in inserted)
+        for queue in {i.new.queue for i in inserted}:
+            self.waker.notify(queue)
+
     # -- worker side -------------------------------------------------------
 
     async def lease(
@@ -872,15 +971,17 @@ class Engine:
         retention_secs: float | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Reap expired leases and compact the store's counts every
-        *interval_secs*; with *retention_secs*, also prune completed and
-        cancelled jobs older than that; every :attr:`PURGE_EVERY_SECS`,
-        forget old worker sightings and expired dashboard sessions. Runs until cancelled; store errors are
+        """Fire due schedules, reap expired leases and compact the store's
+        counts every *interval_secs*; with *retention_secs*, also prune
+        completed and cancelled jobs older than that; every
+        :attr:`PURGE_EVERY_SECS`, forget old worker sightings and expired
+        dashboard sessions. Runs until cancelled; store errors are
         logged and retried next round."""
         task_status.started()
         purged_at = -math.inf
         while True:
             try:
+                await self.fire_schedules()
                 await self.reap_expired()
                 await self.store.counts_fold()
                 if retention_secs is not None:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import trio
 
 from .. import errors
+from ..models import format_time
 from .api import ALL_ROUTES
 from .app import create_app
 from .auth import Credentials
@@ -109,6 +110,9 @@ async def serve(
     status = _Started(task_status)
     try:
         async with open_engine(config) as engine:
+            for tenant, name, body in config.schedules:
+                schedule, _ = await engine.schedule_put(tenant, name, body)
+                log.info("schedule %s of tenant %s: %r, next run %s", name, tenant, body.cron, format_time(schedule.next_run_at))
             await run_server(engine, config, shutdown_trigger=shutdown_trigger, task_status=status)
     except BaseException:
         if creates is not None and not status.done:

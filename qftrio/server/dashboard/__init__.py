@@ -723,6 +723,35 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
             shown_ids=WORKER_IDS_SHOWN,
         )
 
+    # -- schedules ------------------------------------------------------------
+
+    @bp.get("/schedules")
+    @view
+    async def schedules(tenant: str) -> Response:
+        cursor = _name("cursor", request.args.get("cursor"))
+        found, next_cursor = await engine.schedules_list(tenant, limit=100, cursor=cursor)
+        return await page(
+            "dashboard/schedules.html",
+            schedules=found,
+            first=cursor is None,
+            next_url=None if next_cursor is None else f"{PREFIX}/schedules?{_query(cursor=next_cursor)}",
+        )
+
+    def schedule_action(verb: str, act: Callable[[str, str], Awaitable[Any]]) -> None:
+        """``POST /schedules/<name>/<verb>``: *act* on the schedule, back to the list."""
+
+        async def fn(tenant: str, form: Any, name: str) -> Response:
+            await act(tenant, _name("schedule", name) or "")
+            return _see("schedules")
+
+        fn.__name__ = f"schedule_{verb}"
+        bp.post(f"/schedules/<name>/{verb}")(action(fn))
+
+    for verb, act in (
+        ("pause", engine.schedule_pause), ("resume", engine.schedule_resume), ("trigger", engine.schedule_trigger)
+    ):  # fmt: skip
+        schedule_action(verb, act)
+
     @bp.get("/<path:unknown>")
     @view
     async def not_found(tenant: str, unknown: str) -> Response:

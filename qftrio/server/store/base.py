@@ -80,6 +80,7 @@ from ...models import (
     Outcome,
     QueueStats,
     SnoozeItem,
+    Schedule,
     Status,
     WorkerInfo,
     Workflow,
@@ -114,6 +115,8 @@ __all__ = [
     "NewWorkflow",
     "WORKFLOW_QUEUE",
     "Page",
+    "NewSchedule",
+    "JobOfSchedule",
     "Store",
 ]
 
@@ -185,6 +188,8 @@ class NewJob:
     timeout_secs: int | None = None
     backoff: dict[str, Any] | None = None
     headers: dict[str, str] | None = None
+    #: The schedule that enqueues it.
+    schedule: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -240,6 +245,7 @@ class Inserted:
             timeout_secs=new.timeout_secs,
             backoff=new.backoff,
             headers=new.headers,
+            schedule=new.schedule,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -263,6 +269,7 @@ class Inserted:
         wire["timeout_secs"] = new.timeout_secs
         wire["backoff"] = new.backoff
         wire["headers"] = new.headers
+        wire["schedule"] = new.schedule
         wire["errors"] = []  # the template's own list is shared
         return wire
 
@@ -383,6 +390,27 @@ class Page(Generic[T]):
 
     items: list[T]
     next: tuple[float, str] | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class NewSchedule:
+    """A schedule to store (``PUT``). The caller has checked it: ``cron``
+    and ``timezone`` read (:func:`qftrio.server.schedules.check`), ``job`` a
+    valid enqueue body."""
+
+    tenant: str
+    name: str
+    cron: str
+    timezone: str
+    job: dict[str, Any]
+    paused: bool
+    catch_up: str
+
+
+#: ``job_of_schedule(tenant, name, job, tick)``: the job a schedule's tick
+#: (or trigger, at its time) enqueues, from the schedule's ``job``, as the
+#: engine's enqueue reads it. Supplied by the engine.
+JobOfSchedule = Callable[[str, str, dict[str, Any], float], NewJob]
 
 
 #: The queue workflow steps run on.
@@ -669,6 +697,46 @@ class Store(abc.ABC):
         """Compact what keeps the counts of :meth:`queues_stats` (the
         janitor calls it every round). Backends whose counts need no
         compaction do nothing."""
+
+    # -- schedules -----------------------------------------------------------
+    # Each written once, in .changes (docs/schedules.md).
+
+    @abc.abstractmethod
+    async def schedule_put(self, schedule: NewSchedule, *, now: float) -> tuple[Schedule, bool]:
+        """Create or replace the tenant's schedule; whether it was created.
+        Its next run: :func:`qftrio.server.schedules.next_on_put`."""
+
+    @abc.abstractmethod
+    async def schedule_get(self, tenant: str, name: str) -> Schedule | None:
+        """The tenant's schedule *name*, or None."""
+
+    @abc.abstractmethod
+    async def schedules_list(self, tenant: str, *, limit: int, after: str | None = None) -> list[Schedule]:
+        """The tenant's schedules by name, the first *limit* after *after*."""
+
+    @abc.abstractmethod
+    async def schedule_delete(self, tenant: str, name: str) -> bool:
+        """Delete the schedule (the jobs it enqueued stay); whether it existed."""
+
+    @abc.abstractmethod
+    async def schedule_set_paused(self, tenant: str, name: str, *, paused: bool, now: float) -> Schedule | None:
+        """Pause (no next run) or resume (the next tick after *now*: the
+        ticks of the pause are not caught up) the schedule; None if unknown."""
+
+    @abc.abstractmethod
+    async def schedule_trigger(
+        self, tenant: str, name: str, *, now: float, job_of: JobOfSchedule
+    ) -> tuple[Schedule, Inserted] | None:
+        """Enqueue one job of the schedule now, outside its ticks (its last
+        run and job become these); None if unknown."""
+
+    @abc.abstractmethod
+    async def schedules_fire(self, *, now: float, limit: int, job_of: JobOfSchedule) -> tuple[int, list[Inserted]]:
+        """One janitor batch: up to *limit* due schedules (next run at or
+        before *now*, none another server is firing), each firing the ticks
+        :func:`qftrio.server.schedules.due` decides, one job per tick won,
+        and moved on to its next run, in one transaction. Returns how many
+        schedules it took and the jobs it enqueued."""
 
     # -- worker side -------------------------------------------------------
 

@@ -34,12 +34,18 @@ from collections.abc import Generator, Sequence
 from typing import Any, TypeVar
 
 from ... import errors
-from ...models import STATUS_OF, FailItem, Job, SnoozeItem, Status, StepStatus, Workflow, WorkflowStatus, WorkflowStep
-from .. import transitions
+from ...models import (
+    STATUS_OF, FailItem, Job, Schedule, SnoozeItem, Status, StepStatus, Workflow, WorkflowStatus, WorkflowStep,
+)
+from .. import schedules, transitions
 from .base import (
     WORKFLOW_QUEUE,
     BulkAction,
     BulkBatch,
+    Inserted,
+    JobOfSchedule,
+    NewJob,
+    NewSchedule,
     NewWorkflow,
     Page,
     Reaped,
@@ -64,6 +70,9 @@ class Want(enum.Enum):
     ROWS = "rows"  # every row, as tuples
     JOB = "job"  # the first row as a Job, or None
     JOBS = "jobs"  # every row as a Job
+    #: Not a statement: ``args`` are ``(jobs, now)``, inserted by the store's
+    #: own insert path (``Store.jobs_insert``), answering its ``Inserted``.
+    INSERTED = "inserted"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -584,3 +593,111 @@ def prune(before: float, limit: int) -> Plan[int]:
         yield _run("prune_workflow_steps", workflow_id)
         yield _run("prune_workflow", workflow_id)
     return deleted
+
+
+# -- schedules --------------------------------------------------------------------
+# Exactly once per tick (docs/schedules.md): a round locks the due schedules
+# it fires (SKIP LOCKED: another server's are its), and in the same
+# transaction claims a row per tick, enqueues a job for each tick it won and
+# moves the schedule on. A server killed mid-round commits none of it, so the
+# tick stays due; a tick's row lets one transaction win it.
+
+
+def _schedule(row: Sequence[Any]) -> Schedule:
+    name, tenant, cron, timezone, job, paused, catch_up, next_run_at, last_run_at, last_job_id, created, updated = row
+    return Schedule(
+        name=name, tenant=tenant, cron=cron, timezone=timezone, job=job, paused=bool(paused), catch_up=catch_up,
+        next_run_at=next_run_at, last_run_at=last_run_at, last_job_id=last_job_id, created_at=created,
+        updated_at=updated,
+    )  # fmt: skip
+
+
+def _insert(jobs: Sequence[NewJob], now: float) -> Plan[list[Inserted]]:
+    inserted: list[Inserted] = yield Call("", (list(jobs), now), Want.INSERTED)
+    return inserted
+
+
+def schedule_put(new: NewSchedule, now: float) -> Plan[tuple[Schedule, bool]]:
+    """``Store.schedule_put``."""
+    old = yield _row("schedule_lock", new.tenant, new.name)
+    next_run_at = schedules.next_on_put(
+        None if old is None else (old[0], old[1], bool(old[2]), old[3]),
+        cron=new.cron, timezone=new.timezone, paused=new.paused, now=now,
+    )  # fmt: skip
+    row = yield _row(
+        "schedule_upsert", new.tenant, new.name, new.cron, new.timezone, new.job, new.paused, new.catch_up,
+        next_run_at, now, json=(4,),
+    )  # fmt: skip
+    return _schedule(row), old is None
+
+
+def schedule_get(tenant: str, name: str) -> Plan[Schedule | None]:
+    """``Store.schedule_get``."""
+    row = yield _row("schedule_get", tenant, name, json=(4,))
+    return None if row is None else _schedule(row)
+
+
+def schedules_page(tenant: str, after: str | None, limit: int) -> Plan[list[Schedule]]:
+    """``Store.schedules_list``."""
+    return [_schedule(row) for row in (yield _rows("schedules_page", tenant, after, limit, json=(4,)))]
+
+
+def schedule_delete(tenant: str, name: str) -> Plan[bool]:
+    """``Store.schedule_delete``."""
+    if (yield _value("schedule_delete", tenant, name)) is None:
+        return False
+    yield _run("schedule_ticks_delete", tenant, name)
+    return True
+
+
+def schedule_set_paused(tenant: str, name: str, paused: bool, now: float) -> Plan[Schedule | None]:
+    """``Store.schedule_set_paused``."""
+    old = yield _row("schedule_lock", tenant, name)
+    if old is None:
+        return None
+    cron, timezone, was_paused, next_run_at = old
+    if bool(was_paused) != paused:  # a resume starts from now; pausing twice changes nothing
+        next_run_at = schedules.next_on_put(None, cron=cron, timezone=timezone, paused=paused, now=now)
+    return _schedule((yield _row("schedule_set_paused", tenant, name, paused, next_run_at, now, json=(4,))))
+
+
+def schedule_trigger(tenant: str, name: str, now: float, job_of: JobOfSchedule) -> Plan[tuple[Schedule, Inserted] | None]:
+    """``Store.schedule_trigger``."""
+    if (yield _row("schedule_lock", tenant, name)) is None:
+        return None
+    schedule = yield from schedule_get(tenant, name)
+    assert schedule is not None
+    (inserted,) = yield from _insert([job_of(tenant, name, schedule.job, now)], now)
+    yield _run("schedule_advance", tenant, name, schedule.next_run_at, now, inserted.id, now)
+    return dataclasses.replace(schedule, last_run_at=now, last_job_id=inserted.id, updated_at=now), inserted
+
+
+def schedules_fire(now: float, limit: int, job_of: JobOfSchedule) -> Plan[tuple[int, list[Inserted]]]:
+    """``Store.schedules_fire``: a statement per step for the whole batch
+    of due schedules, whatever their number."""
+    due = yield _rows("schedules_due", now, limit, json=(4,))
+    fires = [
+        schedules.due(cron, timezone, next_run_at=next_run_at, now=now, catch_up=catch_up)
+        for _, _, cron, timezone, _, catch_up, next_run_at in due
+    ]
+    claims = [(row[0], row[1], tick) for row, fire in zip(due, fires) for tick in fire.ticks]
+    won: dict[tuple[str, str], list[float]] = {}
+    if claims:
+        for tenant, name, tick in (yield _rows("schedule_ticks_claim", *map(list, zip(*claims)), now)):
+            won.setdefault((tenant, name), []).append(tick)
+    jobs, fired = [], []
+    for tenant, name, _, _, job, _, _ in due:
+        for tick in sorted(won.get((tenant, name), ())):
+            jobs.append(job_of(tenant, name, job, tick))
+            fired.append(tick)
+    inserted = (yield from _insert(jobs, now)) if jobs else []
+    # in tick order: each schedule's latest tick and job win
+    last = {(i.new.tenant, i.new.schedule): (tick, i.id) for tick, i in zip(fired, inserted)}
+    advances = [
+        (tenant, name, fire.next_run_at, *last.get((tenant, name), (None, None)), now)
+        for (tenant, name, *_), fire in zip(due, fires)
+    ]
+    if advances:
+        yield Call("schedule_advance", advances, many=True)
+        yield Call("schedule_ticks_prune", [(row[0], row[1], row[6]) for row in due], many=True)
+    return len(due), inserted

@@ -67,6 +67,7 @@ from ...models import (
     Job,
     Lease,
     QueueStats,
+    Schedule,
     Status,
     WorkerInfo,
     Workflow,
@@ -87,7 +88,9 @@ from .base import (
     HeartbeatItem,
     HeartbeatResult,
     Inserted,
+    JobOfSchedule,
     NewJob,
+    NewSchedule,
     NewWorkflow,
     Page,
     Reaped,
@@ -173,6 +176,7 @@ def _job(row: asyncpg.Record) -> Job:
         timeout_secs=row["timeout_secs"],
         backoff=row["backoff"],
         headers=row["headers"],
+        schedule=row["schedule"],
     )
 
 
@@ -195,7 +199,7 @@ def _insert_batch(ids: Sequence[str], jobs: Sequence[NewJob]) -> str:
                     new.max_attempts, new.scheduled_at, new.idempotency_key, new.workflow_id, new.step,
                     None if new.context is None else _json_fragment(new.context), new.timeout_secs,
                     None if new.backoff is None else _json_fragment(new.backoff),
-                    None if new.headers is None else _json_fragment(new.headers),
+                    None if new.headers is None else _json_fragment(new.headers), new.schedule,
                 ]  # fmt: skip
                 for job_id, new in zip(ids, jobs)
             ]
@@ -211,6 +215,67 @@ def _json_fragment(value: Any) -> orjson.Fragment:
 async def _notify(conn: asyncpg.Connection, queues: Sequence[str] | set[str]) -> None:
     # asyncio-flavoured; inside the caller's transaction, so it is delivered on commit only
     await _drive(conn, changes.notify(queues))
+
+
+def _inserter(jobs: Sequence[NewJob], now: float) -> Callable[[asyncpg.Connection], Awaitable[list[Inserted]]]:
+    """The asyncio-flavoured body of :meth:`PostgresStore.jobs_insert`, to
+    run in a transaction (a plan's insert too: :data:`.changes.Want.INSERTED`)."""
+    # Within a batch, a repeated (tenant, key) stands for its first occurrence.
+    first_of: dict[tuple[str, str], int] = {}
+    alias: dict[int, int] = {}
+    fresh: list[int] = []
+    for i, new in enumerate(jobs):
+        if new.idempotency_key is not None:
+            key = (new.tenant, new.idempotency_key)
+            if key in first_of:
+                alias[i] = first_of[key]
+                continue
+            first_of[key] = i
+        fresh.append(i)
+    ids = new_ids(len(fresh), now)
+    rows = [jobs[i] for i in fresh]
+    for new in rows:
+        if new.workflow_id is not None and _uuid(new.workflow_id) is None:
+            raise errors.InvalidInput(f"workflow_id: not a UUID: {new.workflow_id!r}")
+    batch = _insert_batch(ids, rows)
+
+    async def insert(conn: asyncpg.Connection) -> list[Inserted]:
+        # The NOTIFY of the new jobs' queues is part of the statement
+        # (delivered when it commits): no round trip of its own.
+        created = {row[0] for row in await conn.fetch(Q["jobs_insert"], batch, now, CHANNEL)}
+        existing: dict[tuple[str, str], Job] = {}
+        missing = [n for job_id, n in zip(ids, rows) if job_id not in created]
+        if missing:
+            # Their keys were taken (maybe by a transaction that committed
+            # while we waited on it): return those jobs.
+            found = await conn.fetch(
+                Q["jobs_by_idempotency_keys"],
+                [n.tenant for n in missing],
+                [n.idempotency_key for n in missing],
+            )
+            for row in found:
+                existing[(row["tenant"], row["idempotency_key"])] = _job(row)
+            if len(existing) < len(missing):
+                # the conflicting job vanished before we could read it (pruned)
+                raise errors.Unavailable("an idempotency key changed hands during the insert; try again")
+        out_fresh: dict[int, Inserted] = {}
+        for i, job_id, new in zip(fresh, ids, rows):
+            if job_id in created:
+                out_fresh[i] = Inserted(job_id, new, now)
+            else:
+                assert new.idempotency_key is not None
+                job = existing[(new.tenant, new.idempotency_key)]
+                out_fresh[i] = Inserted(job.id, new, now, job)
+        out = []
+        for i, new in enumerate(jobs):
+            if i in out_fresh:
+                out.append(out_fresh[i])
+            else:
+                first = out_fresh[alias[i]]
+                out.append(Inserted(first.id, new, now, first.job))
+        return out
+
+    return insert
 
 
 # -- the executor of changes (changes.py) --------------------------------------------
@@ -231,8 +296,10 @@ async def _drive(conn: asyncpg.Connection, plan: changes.Plan[T]) -> T:
 
 
 async def _answer(conn: asyncpg.Connection, call: changes.Call) -> Any:
-    statement = Q[call.name]
     want = call.want
+    if want is changes.Want.INSERTED:
+        return await _inserter(*call.args)(conn)
+    statement = Q[call.name]
     if not statement:
         return [] if want in (changes.Want.ROWS, changes.Want.JOBS) else None
     if call.many:
@@ -581,7 +648,7 @@ class PostgresStore(Store):
             return []
         # One statement (and, for keys taken already, a read of their jobs):
         # no transaction around it, which would cost two more round trips.
-        return await self._db.run(self._inserter(jobs, now), transaction=False)
+        return await self._db.run(_inserter(jobs, now), transaction=False)
 
     async def jobs_insert_claiming(
         self, jobs: Sequence[NewJob], *, now: float, claims: Sequence[ClaimRequest]
@@ -591,11 +658,12 @@ class PostgresStore(Store):
             and len(claims) == 1
             and claims[0].limit > 0
             and all(
-                j.queue == claims[0].queue and j.idempotency_key is None and j.workflow_id is None for j in jobs
+                j.queue == claims[0].queue and j.idempotency_key is None and j.workflow_id is None and j.schedule is None
+                for j in jobs
             )
         ):
             return await self._insert_handing_over(jobs, now=now, claim=claims[0])
-        insert = self._inserter(jobs, now) if jobs else None
+        insert = _inserter(jobs, now) if jobs else None
 
         async def insert_claiming(conn: asyncpg.Connection) -> tuple[list[Inserted], list[list[Lease]]]:
             inserted = await insert(conn) if insert is not None else []
@@ -644,68 +712,6 @@ class PostgresStore(Store):
             )
             return inserted, [_leases(claimed)]
         return inserted, [_leases([row for row in rows if row["status"] == Status.RUNNING.value])]
-
-    def _inserter(
-        self, jobs: Sequence[NewJob], now: float
-    ) -> Callable[[asyncpg.Connection], Awaitable[list[Inserted]]]:
-        """The asyncio-flavoured body of :meth:`jobs_insert`, to run in a
-        transaction."""
-        # Within a batch, a repeated (tenant, key) stands for its first occurrence.
-        first_of: dict[tuple[str, str], int] = {}
-        alias: dict[int, int] = {}
-        fresh: list[int] = []
-        for i, new in enumerate(jobs):
-            if new.idempotency_key is not None:
-                key = (new.tenant, new.idempotency_key)
-                if key in first_of:
-                    alias[i] = first_of[key]
-                    continue
-                first_of[key] = i
-            fresh.append(i)
-        ids = new_ids(len(fresh), now)
-        rows = [jobs[i] for i in fresh]
-        for new in rows:
-            if new.workflow_id is not None and _uuid(new.workflow_id) is None:
-                raise errors.InvalidInput(f"workflow_id: not a UUID: {new.workflow_id!r}")
-        batch = _insert_batch(ids, rows)
-
-        async def insert(conn: asyncpg.Connection) -> list[Inserted]:
-            # The NOTIFY of the new jobs' queues is part of the statement
-            # (delivered when it commits): no round trip of its own.
-            created = {row[0] for row in await conn.fetch(Q["jobs_insert"], batch, now, CHANNEL)}
-            existing: dict[tuple[str, str], Job] = {}
-            missing = [n for job_id, n in zip(ids, rows) if job_id not in created]
-            if missing:
-                # Their keys were taken (maybe by a transaction that committed
-                # while we waited on it): return those jobs.
-                found = await conn.fetch(
-                    Q["jobs_by_idempotency_keys"],
-                    [n.tenant for n in missing],
-                    [n.idempotency_key for n in missing],
-                )
-                for row in found:
-                    existing[(row["tenant"], row["idempotency_key"])] = _job(row)
-                if len(existing) < len(missing):
-                    # the conflicting job vanished before we could read it (pruned)
-                    raise errors.Unavailable("an idempotency key changed hands during the insert; try again")
-            out_fresh: dict[int, Inserted] = {}
-            for i, job_id, new in zip(fresh, ids, rows):
-                if job_id in created:
-                    out_fresh[i] = Inserted(job_id, new, now)
-                else:
-                    assert new.idempotency_key is not None
-                    job = existing[(new.tenant, new.idempotency_key)]
-                    out_fresh[i] = Inserted(job.id, new, now, job)
-            out = []
-            for i, new in enumerate(jobs):
-                if i in out_fresh:
-                    out.append(out_fresh[i])
-                else:
-                    first = out_fresh[alias[i]]
-                    out.append(Inserted(first.id, new, now, first.job))
-            return out
-
-        return insert
 
     async def job_get(self, job_id: str, *, tenant: str | None = None) -> Job | None:
         key = _uuid(job_id)
@@ -838,6 +844,31 @@ class PostgresStore(Store):
 
     async def sessions_purge(self, *, now: float) -> None:
         await self._db.fetch(Q["sessions_purge"], now)
+
+    # -- schedules ---------------------------------------------------------
+
+    async def schedule_put(self, schedule: NewSchedule, *, now: float) -> tuple[Schedule, bool]:
+        return await _run_plan(self._db, lambda: changes.schedule_put(schedule, now))
+
+    async def schedule_get(self, tenant: str, name: str) -> Schedule | None:
+        return await _run_plan(self._db, lambda: changes.schedule_get(tenant, name))
+
+    async def schedules_list(self, tenant: str, *, limit: int, after: str | None = None) -> list[Schedule]:
+        return await _run_plan(self._db, lambda: changes.schedules_page(tenant, after, limit))
+
+    async def schedule_delete(self, tenant: str, name: str) -> bool:
+        return await _run_plan(self._db, lambda: changes.schedule_delete(tenant, name))
+
+    async def schedule_set_paused(self, tenant: str, name: str, *, paused: bool, now: float) -> Schedule | None:
+        return await _run_plan(self._db, lambda: changes.schedule_set_paused(tenant, name, paused, now))
+
+    async def schedule_trigger(
+        self, tenant: str, name: str, *, now: float, job_of: JobOfSchedule
+    ) -> tuple[Schedule, Inserted] | None:
+        return await _run_plan(self._db, lambda: changes.schedule_trigger(tenant, name, now, job_of))
+
+    async def schedules_fire(self, *, now: float, limit: int, job_of: JobOfSchedule) -> tuple[int, list[Inserted]]:
+        return await _run_plan(self._db, lambda: changes.schedules_fire(now, limit, job_of))
 
     # -- worker side -------------------------------------------------------
 

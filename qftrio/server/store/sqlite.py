@@ -43,6 +43,7 @@ from ...models import (
     Job,
     Lease,
     QueueStats,
+    Schedule,
     Status,
     WorkerInfo,
     Workflow,
@@ -63,7 +64,9 @@ from .base import (
     HeartbeatItem,
     HeartbeatResult,
     Inserted,
+    JobOfSchedule,
     NewJob,
+    NewSchedule,
     NewWorkflow,
     Page,
     Reaped,
@@ -102,7 +105,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     (
         id_, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
         updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context, timeout_secs,
-        backoff, headers,
+        backoff, headers, schedule,
     ) = row  # fmt: skip
     return Job(
         id=id_,
@@ -130,6 +133,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         timeout_secs=timeout_secs,
         backoff=_loads(backoff),
         headers=_loads(headers),
+        schedule=schedule,
     )
 
 
@@ -186,7 +190,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
             (
                 job_id, new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority, new.max_attempts,
                 new.scheduled_at, now, now, new.idempotency_key, new.workflow_id, new.step, _dumps(new.context),
-                new.timeout_secs, _dumps(new.backoff), _dumps(new.headers),
+                new.timeout_secs, _dumps(new.backoff), _dumps(new.headers), new.schedule,
             )  # fmt: skip
         )
         out.append(Inserted(job_id, new, now))
@@ -266,8 +270,10 @@ def _drive(conn: sqlite3.Connection, plan: changes.Plan[T]) -> T:
 
 
 def _answer(conn: sqlite3.Connection, call: changes.Call) -> Any:
-    statement = Q[call.name]
     want = call.want
+    if want is changes.Want.INSERTED:
+        return _insert_jobs(conn, *call.args)
+    statement = Q[call.name]
     if not statement:
         return [] if want in (changes.Want.ROWS, changes.Want.JOBS) else None
     n = _ARITY[call.name]
@@ -707,6 +713,31 @@ class SqliteStore(Store):
 
     async def sessions_purge(self, *, now: float) -> None:
         await self._run(lambda conn: conn.execute(Q["sessions_purge"], (now,)))
+
+    # -- schedules ---------------------------------------------------------
+
+    async def schedule_put(self, schedule: NewSchedule, *, now: float) -> tuple[Schedule, bool]:
+        return await self._run(lambda conn: _drive(conn, changes.schedule_put(schedule, now)))
+
+    async def schedule_get(self, tenant: str, name: str) -> Schedule | None:
+        return await self._run(lambda conn: _drive(conn, changes.schedule_get(tenant, name)))
+
+    async def schedules_list(self, tenant: str, *, limit: int, after: str | None = None) -> list[Schedule]:
+        return await self._run(lambda conn: _drive(conn, changes.schedules_page(tenant, after, limit)))
+
+    async def schedule_delete(self, tenant: str, name: str) -> bool:
+        return await self._run(lambda conn: _drive(conn, changes.schedule_delete(tenant, name)))
+
+    async def schedule_set_paused(self, tenant: str, name: str, *, paused: bool, now: float) -> Schedule | None:
+        return await self._run(lambda conn: _drive(conn, changes.schedule_set_paused(tenant, name, paused, now)))
+
+    async def schedule_trigger(
+        self, tenant: str, name: str, *, now: float, job_of: JobOfSchedule
+    ) -> tuple[Schedule, Inserted] | None:
+        return await self._run(lambda conn: _drive(conn, changes.schedule_trigger(tenant, name, now, job_of)))
+
+    async def schedules_fire(self, *, now: float, limit: int, job_of: JobOfSchedule) -> tuple[int, list[Inserted]]:
+        return await self._run(lambda conn: _drive(conn, changes.schedules_fire(now, limit, job_of)))
 
     # -- worker side -------------------------------------------------------
 

@@ -34,6 +34,11 @@ import type {
   QueuesAnswer,
   QueuesFilter,
   ReportResult,
+  Schedule,
+  ScheduleRequest,
+  SchedulesFilter,
+  SchedulesPage,
+  ScheduleTriggered,
   WorkerInfo,
   Workflow,
   WorkflowStepRequest,
@@ -334,6 +339,45 @@ export class Client {
   /** `GET /healthz` (no credential needed). */
   async health(): Promise<Health> {
     return (await this.#call("health", {}, undefined)) as Health;
+  }
+
+  // -- schedules --------------------------------------------------------------
+
+  /** Create or replace the schedule *name*: each tick of `cron` (five
+   * fields, or six with a leading seconds field) in `timezone` enqueues one
+   * job as `job` says. A cron, time zone or job config the server cannot
+   * use is an `ApiError` 422 naming the field, and stores nothing. */
+  async scheduleSet(name: string, schedule: ScheduleRequest): Promise<Schedule> {
+    return (await this.#call("scheduleSet", { name }, schedule)) as Schedule;
+  }
+
+  async scheduleGet(name: string): Promise<Schedule> {
+    return (await this.#call("scheduleGet", { name }, undefined)) as Schedule;
+  }
+
+  /** One page of schedules by name; pass `next_cursor` as `cursor` for the next. */
+  async schedulesList(filter: SchedulesFilter = {}): Promise<SchedulesPage> {
+    return (await this.#call("schedulesList", {}, undefined, { ...filter })) as SchedulesPage;
+  }
+
+  /** Delete the schedule; the jobs it enqueued stay. */
+  async scheduleDelete(name: string): Promise<void> {
+    await this.#call("scheduleDelete", { name }, undefined);
+  }
+
+  /** Pause the schedule (idempotent): no tick fires until `scheduleResume`. */
+  async schedulePause(name: string): Promise<Schedule> {
+    return (await this.#call("schedulePause", { name }, undefined)) as Schedule;
+  }
+
+  /** Resume the schedule from its next tick (the ticks of the pause are not caught up). */
+  async scheduleResume(name: string): Promise<Schedule> {
+    return (await this.#call("scheduleResume", { name }, undefined)) as Schedule;
+  }
+
+  /** Enqueue one job of the schedule now, besides its ticks. */
+  async scheduleTrigger(name: string): Promise<ScheduleTriggered> {
+    return (await this.#call("scheduleTrigger", { name }, undefined)) as ScheduleTriggered;
   }
 
   // -- workflows --------------------------------------------------------------

@@ -7,7 +7,7 @@
  */
 
 export interface Route {
-  readonly method: "GET" | "POST";
+  readonly method: "GET" | "POST" | "PUT" | "DELETE";
   readonly path: string;
   /** The request body's schema, `null` for none. */
   readonly request: string | null;
@@ -58,6 +58,19 @@ export const ROUTES = {
     query: ["status", "limit", "cursor"],
   },
   workflowCancel: { method: "POST", path: "/api/v1/workflows/{workflow_id}/cancel", request: null, answer: "WorkflowAnswer" },
+  scheduleSet: { method: "PUT", path: "/api/v1/schedules/{name}", request: "ScheduleRequest", answer: "ScheduleAnswer" },
+  scheduleGet: { method: "GET", path: "/api/v1/schedules/{name}", request: null, answer: "ScheduleAnswer" },
+  schedulesList: {
+    method: "GET",
+    path: "/api/v1/schedules",
+    request: null,
+    answer: "SchedulesAnswer",
+    query: ["limit", "cursor"],
+  },
+  scheduleDelete: { method: "DELETE", path: "/api/v1/schedules/{name}", request: null, answer: null },
+  schedulePause: { method: "POST", path: "/api/v1/schedules/{name}/pause", request: null, answer: "ScheduleAnswer" },
+  scheduleResume: { method: "POST", path: "/api/v1/schedules/{name}/resume", request: null, answer: "ScheduleAnswer" },
+  scheduleTrigger: { method: "POST", path: "/api/v1/schedules/{name}/trigger", request: null, answer: "ScheduleTriggerAnswer" },
   health: { method: "GET", path: "/healthz", request: null, answer: "HealthAnswer" },
 } as const satisfies Record<string, Route>;
 

@@ -57,6 +57,8 @@ export interface Job {
   /** As enqueued (`config.headers`), `null` when none: a W3C `traceparent`
    * here is the trace the handler's span continues. */
   headers: Record<string, string> | null;
+  /** The schedule whose tick enqueued it. */
+  schedule: string | null;
 }
 
 /** A job's retry delays: the n-th failed attempt waits
@@ -316,6 +318,58 @@ export interface WorkersAnswer {
 /** @wire HealthAnswer */
 export interface Health {
   status: "ok" | "unavailable";
+}
+
+// -- schedules ---------------------------------------------------------------
+
+/** How a schedule catches up the ticks missed while no server ran. */
+export type CatchUp = "latest" | "none" | "all";
+
+/** `PUT /api/v1/schedules/{name}`.
+ * @wire ScheduleRequest */
+export interface ScheduleRequest {
+  cron: string;
+  timezone?: string;
+  job: EnqueueRequest;
+  paused?: boolean;
+  catch_up?: CatchUp;
+}
+
+/** A cron schedule: each tick enqueues one job as `job` says.
+ * @wire ScheduleAnswer */
+export interface Schedule {
+  name: string;
+  tenant: string;
+  cron: string;
+  timezone: string;
+  job: EnqueueRequest;
+  paused: boolean;
+  catch_up: string;
+  next_run_at: string | null;
+  last_run_at: string | null;
+  last_job_id: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
+/** A page of schedules by name; `next_cursor` is `null` on the last page.
+ * @wire SchedulesAnswer */
+export interface SchedulesPage {
+  schedules: Schedule[];
+  next_cursor: string | null;
+}
+
+/** What `scheduleTrigger` answers: the schedule and the job it enqueued.
+ * @wire ScheduleTriggerAnswer */
+export interface ScheduleTriggered {
+  schedule: Schedule;
+  job: Job;
+}
+
+/** The query of `GET /api/v1/schedules`. */
+export interface SchedulesFilter {
+  limit?: number;
+  cursor?: string;
 }
 
 // -- workflows ---------------------------------------------------------------

@@ -101,6 +101,23 @@ test("workflows: create, read, list, cancel", async () => {
   assert.ok(cycle instanceof ApiError && cycle.status === 422, String(cycle));
 });
 
+test("schedules: set, read, list, pause, resume, trigger, delete", async () => {
+  const job = { kind: "report", payload: { n: 1 }, config: { queue: "cron" } };
+  const set = await client.scheduleSet("nightly", { cron: "30 2 * * *", timezone: "Europe/Paris", job });
+  assert.deepEqual([set.name, set.timezone, set.catch_up, set.last_run_at], ["nightly", "Europe/Paris", "latest", null]);
+  assert.equal((await client.scheduleGet("nightly")).next_run_at, set.next_run_at);
+  assert.deepEqual((await client.schedulesList()).schedules.map((s) => s.name), ["nightly"]);
+  assert.equal((await client.schedulePause("nightly")).next_run_at, null);
+  assert.equal((await client.scheduleResume("nightly")).paused, false);
+  const triggered = await client.scheduleTrigger("nightly");
+  assert.deepEqual([triggered.job.schedule, triggered.schedule.last_job_id], ["nightly", triggered.job.id]);
+  await client.scheduleDelete("nightly");
+  const gone = await client.scheduleGet("nightly").catch((e: unknown) => e);
+  assert.ok(gone instanceof ApiError && gone.status === 404);
+  const bad = await client.scheduleSet("x", { cron: "61 * * * *", job }).catch((e: unknown) => e);
+  assert.ok(bad instanceof ApiError && bad.status === 422 && bad.message.includes("cron"));
+});
+
 test("errors carry the status and the code, and name the field", async () => {
   const missing = await client.jobGet("00000000-0000-7000-8000-000000000000").catch((e: unknown) => e);
   assert.ok(missing instanceof ApiError);

@@ -6,7 +6,7 @@
 -- by name, and the lease token and idempotency key (tests/test_store_sql.py).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context, timeout_secs, backoff, headers
+    context, timeout_secs, backoff, headers, schedule
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -116,7 +116,7 @@ FROM chosen AS c
 WHERE j.id = c.id
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
-    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.timeout_secs, j.backoff, j.headers;
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.timeout_secs, j.backoff, j.headers, j.schedule;
 
 -- name: insert_handing_over
 -- Insert a parked long-poll's queue's new jobs, those it takes (the due
@@ -168,11 +168,12 @@ SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notif
 -- when it commits): no round trip of its own.
 WITH inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
-        scheduled_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers,
+        scheduled_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers, schedule,
         status, attempt, created_at, updated_at)
     SELECT (j->>0)::uuid, j->>1, j->>2, j->>3, j->4, (j->>5)::int, (j->>6)::int,
         (j->>7)::float8, j->>8, (j->>9)::uuid, j->>10, CASE WHEN j->>11 IS NOT NULL THEN j->11 END,
         (j->>12)::int, CASE WHEN j->>13 IS NOT NULL THEN j->13 END, CASE WHEN j->>14 IS NOT NULL THEN j->14 END,
+        j->>15,
         'pending', 0, $2::float8, $2::float8
     FROM jsonb_array_elements($1::text::jsonb) AS j
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -843,3 +844,65 @@ INSERT INTO qftrio_workflow_edges (workflow_id, step, dependent) VALUES ($1, $2,
 INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
     created_at, updated_at, workflow_id, step, context)
 VALUES ($1, $2, $3, $4, $5::jsonb, 'pending', 0, 0, $6, $7, $7, $7, $8, $9, $10::jsonb);
+
+
+-- Cron schedules (docs/schedules.md; store/changes.py, "schedules").
+
+-- name: schedule_columns
+-- A schedule's columns, in the order of the fields of qftrio.models.Schedule.
+name, tenant, cron, timezone, job, paused, catch_up, next_run_at, last_run_at, last_job_id, created_at, updated_at
+
+-- name: schedule_get
+SELECT {schedule_columns} FROM qftrio_schedules WHERE tenant = $1 AND name = $2;
+
+-- name: schedule_lock
+SELECT cron, timezone, paused, next_run_at FROM qftrio_schedules WHERE tenant = $1 AND name = $2 FOR UPDATE;
+
+-- name: schedule_upsert
+INSERT INTO qftrio_schedules AS s (tenant, name, cron, timezone, job, paused, catch_up, next_run_at, created_at,
+    updated_at)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $9)
+ON CONFLICT (tenant, name) DO UPDATE SET cron = $3, timezone = $4, job = $5::jsonb, paused = $6, catch_up = $7,
+    next_run_at = $8, updated_at = $9
+RETURNING {schedule_columns};
+
+-- name: schedules_page
+SELECT {schedule_columns} FROM qftrio_schedules
+WHERE tenant = $1 AND ($2::text IS NULL OR name > $2) ORDER BY name LIMIT $3;
+
+-- name: schedule_delete
+DELETE FROM qftrio_schedules WHERE tenant = $1 AND name = $2 RETURNING name;
+
+-- name: schedule_ticks_delete
+DELETE FROM qftrio_schedule_ticks WHERE tenant = $1 AND schedule = $2;
+
+-- name: schedule_set_paused
+UPDATE qftrio_schedules SET paused = $3, next_run_at = $4, updated_at = $5
+WHERE tenant = $1 AND name = $2
+RETURNING {schedule_columns};
+
+-- name: schedules_due
+-- A round's due schedules, from qftrio_schedules_due_idx; those another
+-- server is firing are skipped (it advances them).
+SELECT tenant, name, cron, timezone, job, catch_up, next_run_at FROM qftrio_schedules
+WHERE next_run_at <= $1
+ORDER BY next_run_at
+LIMIT $2
+FOR UPDATE SKIP LOCKED;
+
+-- name: schedule_ticks_claim
+-- The ticks this transaction wins (tenant, schedule, tick: parallel
+-- arrays): one whose row exists was fired already.
+INSERT INTO qftrio_schedule_ticks (tenant, schedule, tick, created_at)
+SELECT t.tenant, t.schedule, t.tick, $4 FROM unnest($1::text[], $2::text[], $3::float8[]) AS t(tenant, schedule, tick)
+ON CONFLICT DO NOTHING
+RETURNING tenant, schedule, tick;
+
+-- name: schedule_advance
+UPDATE qftrio_schedules SET next_run_at = $3, last_run_at = coalesce($4, last_run_at),
+    last_job_id = coalesce($5::uuid, last_job_id), updated_at = $6
+WHERE tenant = $1 AND name = $2;
+
+-- name: schedule_ticks_prune
+-- Ticks before the schedule's first unfired one: no round can try them again.
+DELETE FROM qftrio_schedule_ticks WHERE tenant = $1 AND schedule = $2 AND tick < $3;

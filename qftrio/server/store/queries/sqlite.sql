@@ -8,7 +8,8 @@
 -- A job's columns, in the order of the fields of qftrio.models.Job, which
 -- sqlite._row_to_job reads them in (tests/test_store_sql.py checks it).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context, timeout_secs, backoff, headers
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context, timeout_secs, backoff, headers,
+    schedule
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -32,8 +33,8 @@ FROM jobs WHERE tenant = ? AND idempotency_key = ?;
 
 -- name: job_insert
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
-    created_at, updated_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers)
-VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+    created_at, updated_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers, schedule)
+VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: reports_of
 -- What a report batch decides on: each job's state and current token.
@@ -455,3 +456,60 @@ FROM jobs WHERE workflow_id IN (SELECT value FROM json_each(?1));
 
 -- name: job_statuses_of_workflows
 SELECT id, status FROM jobs WHERE workflow_id IN (SELECT value FROM json_each(?1));
+
+
+-- Cron schedules (docs/schedules.md; store/changes.py, "schedules"). One
+-- writer owns the file: nothing is locked.
+
+-- name: schedule_columns
+-- A schedule's columns, in the order of the fields of qftrio.models.Schedule.
+name, tenant, cron, timezone, job, paused, catch_up, next_run_at, last_run_at, last_job_id, created_at, updated_at
+
+-- name: schedule_get
+SELECT {schedule_columns} FROM schedules WHERE tenant = ?1 AND name = ?2;
+
+-- name: schedule_lock
+SELECT cron, timezone, paused, next_run_at FROM schedules WHERE tenant = ?1 AND name = ?2;
+
+-- name: schedule_upsert
+INSERT INTO schedules (tenant, name, cron, timezone, job, paused, catch_up, next_run_at, created_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)
+ON CONFLICT (tenant, name) DO UPDATE SET cron = ?3, timezone = ?4, job = ?5, paused = ?6, catch_up = ?7,
+    next_run_at = ?8, updated_at = ?9
+RETURNING {schedule_columns};
+
+-- name: schedules_page
+SELECT {schedule_columns} FROM schedules
+WHERE tenant = ?1 AND (?2 IS NULL OR name > ?2) ORDER BY name LIMIT ?3;
+
+-- name: schedule_delete
+DELETE FROM schedules WHERE tenant = ?1 AND name = ?2 RETURNING name;
+
+-- name: schedule_ticks_delete
+DELETE FROM schedule_ticks WHERE tenant = ?1 AND schedule = ?2;
+
+-- name: schedule_set_paused
+UPDATE schedules SET paused = ?3, next_run_at = ?4, updated_at = ?5
+WHERE tenant = ?1 AND name = ?2
+RETURNING {schedule_columns};
+
+-- name: schedules_due
+SELECT tenant, name, cron, timezone, job, catch_up, next_run_at FROM schedules
+WHERE next_run_at <= ?1
+ORDER BY next_run_at
+LIMIT ?2;
+
+-- name: schedule_ticks_claim
+INSERT INTO schedule_ticks (tenant, schedule, tick, created_at)
+SELECT json_extract(?1, '$[' || t.key || ']'), json_extract(?2, '$[' || t.key || ']'), t.value, ?4
+FROM json_each(?3) AS t WHERE true
+ON CONFLICT DO NOTHING
+RETURNING tenant, schedule, tick;
+
+-- name: schedule_advance
+UPDATE schedules SET next_run_at = ?3, last_run_at = coalesce(?4, last_run_at),
+    last_job_id = coalesce(?5, last_job_id), updated_at = ?6
+WHERE tenant = ?1 AND name = ?2;
+
+-- name: schedule_ticks_prune
+DELETE FROM schedule_ticks WHERE tenant = ?1 AND schedule = ?2 AND tick < ?3;
