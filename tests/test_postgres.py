@@ -102,11 +102,13 @@ async def test_claim_uses_the_partial_indexes() -> None:
             T0,
         )
         await sql(url, "ANALYZE qftrio_jobs")
-        text = "\n".join(r[0] for r in await sql(url, "EXPLAIN " + Q["claim"], "q7", T0, 10, 30.0, "w", "lease expired"))
+        text = "\n".join(
+            r[0] for r in await sql(url, "EXPLAIN " + Q["claim"], "q7", T0, 10, 30.0, "w", "lease expired", 0)
+        )
         assert "Seq Scan on qftrio_jobs" not in text, text
         assert "qftrio_jobs_claim_idx" in text and "qftrio_jobs_running_idx" in text, text
-        # nobody paused the queue: the claim walks the index in lease order, no sort of the backlog
-        ready = text.split("CTE ready\n")[1].split("CTE ready_paused")[0]
+        # each tenant's share walks the index in lease order, no sort of the backlog
+        ready = text.split("CTE ready\n")[1].split("CTE expired")[0]
         assert "Index Scan using qftrio_jobs_claim_idx" in ready and "Sort" not in ready, text
         plan = "\n".join(r[0] for r in await sql(url, "EXPLAIN " + Q["next_available"], "q7", T0))
         assert "Seq Scan" not in plan and "qftrio_jobs_scheduled_idx" in plan, plan
@@ -145,7 +147,7 @@ async def test_claim_stays_on_its_index_before_the_table_is_analyzed() -> None:
         )
         await sql(url, "DELETE FROM pg_statistic WHERE starelid = 'qftrio_jobs'::regclass")
         await sql(url, "UPDATE pg_class SET reltuples = -1, relpages = 0 WHERE oid = 'qftrio_jobs'::regclass")
-        (plan,) = await sql(url, "EXPLAIN (FORMAT JSON) " + Q["claim"], "q", T0 + 1, 1, 30.0, "w", "lease expired")
+        (plan,) = await sql(url, "EXPLAIN (FORMAT JSON) " + Q["claim"], "q", T0 + 1, 1, 30.0, "w", "lease expired", 0)
         text = str(plan[0])
         assert "qftrio_jobs_claim_idx" in text and "qftrio_jobs_scheduled_idx" not in text, text
         # Jobs scheduled ahead are still found for a long-poll's wait.
@@ -569,7 +571,7 @@ async def test_concurrent_migrations_apply_once() -> None:
             rows = await sql(url, "SELECT version, name FROM qftrio_schema_migrations")
             versions = sorted((r["version"], r["name"]) for r in rows)
             assert versions == [(version, name) for version, name, _ in statements.migrations("postgres")]
-            assert versions[-1] == ("0005", "0005_filter_without_running")
+            assert versions[-1] == ("0011", "0011_flow_control")
             assert await migrate(url, timeout=None) == []
             async with open_postgres_store(url, migrate=False, timeout=None) as store:
                 await store.ping()
@@ -606,7 +608,7 @@ async def test_migration_0005_keeps_every_listing_and_count() -> None:
                     await conn.close()
 
             rows = await on_asyncio(at_0004)
-            assert await migrate(url, timeout=None) == ["0005_filter_without_running"]
+            assert (await migrate(url, timeout=None))[0] == "0005_filter_without_running"
             newest_first = sorted(rows, key=lambda r: (r["created_at"], r["id"]), reverse=True)
             async with open_postgres_store(url, migrate=False, timeout=None) as store:
                 for queue in (None, "q1"):

@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .. import errors
 from ..models import HeartbeatItem, Status, WorkflowStatus
@@ -52,6 +52,7 @@ class _Report(Protocol):
 
 
 I = TypeVar("I", bound=_Report)
+C = TypeVar("C", bound=tuple[Any, ...])
 R = TypeVar("R", ReportResult, HeartbeatResult)
 
 __all__ = [
@@ -62,6 +63,9 @@ __all__ = [
     "one_per_lease",
     "answers",
     "lease_order",
+    "turns",
+    "share",
+    "fair_order",
     "LOST_ATTEMPT",
     "cancel",
     "workflow_cancel",
@@ -149,6 +153,44 @@ def lease_order(priority: int, scheduled_at: float, created_at: float) -> tuple[
     this order; each store's claim statements sort by the same columns
     (``ORDER BY priority DESC, scheduled_at, created_at``)."""
     return (-priority, scheduled_at, created_at)
+
+
+def turns(tenants: Sequence[str], turn: int) -> list[str]:
+    """The tenants with ready jobs on a queue, in the order a lease serves
+    them: sorted, then rotated by *turn* (each claim of a store takes the
+    next), so that every tenant comes first in turn, whatever its jobs'
+    priorities or times."""
+    ordered = sorted(tenants)
+    if not ordered:
+        return []
+    start = turn % len(ordered)
+    return ordered[start:] + ordered[:start]
+
+
+def share(limit: int, tenants: int) -> int:
+    """How many ready jobs a lease of *limit* takes from each of *tenants*
+    at most (all of them for a single tenant: today's order). A lease left
+    short by a tenant with fewer ready jobs than its share is filled by a
+    claim after it."""
+    return -(-limit // max(1, min(tenants, limit)))
+
+
+def fair_order(candidates: Sequence[C], served: Sequence[str]) -> list[C]:
+    """*candidates* ``(id, tenant, priority, scheduled_at, created_at)`` in the
+    order a lease hands them out: each tenant's first job in lease order, in
+    the turn of *served*, then each one's second, and so on. For a single
+    tenant, lease order itself. A tenant not in *served* (its only claimable
+    jobs are expired leases) comes after those that are."""
+    position = {tenant: i for i, tenant in enumerate(served)}
+    by_tenant: dict[str, list[C]] = {}
+    for c in candidates:
+        by_tenant.setdefault(c[1], []).append(c)
+    keyed = []
+    for tenant, jobs in by_tenant.items():
+        jobs.sort(key=lambda c: lease_order(c[2], c[3], c[4]))
+        keyed += [((rank, position.get(tenant, len(position)), tenant), c) for rank, c in enumerate(jobs)]
+    keyed.sort(key=lambda k: k[0])
+    return [c for _, c in keyed]
 
 
 #: What a claim records for the attempt a job lost when its lease ran out

@@ -48,6 +48,7 @@ stored exactly.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import uuid
@@ -362,6 +363,37 @@ def _leases(rows: Sequence[asyncpg.Record]) -> list[Lease]:
     return leases
 
 
+def _claimed(rows: Sequence[asyncpg.Record]) -> list[Lease]:
+    """The rows of a claim as leases, in the order it hands them out
+    (transitions.fair_order: each tenant's first job in turn, then each one's
+    second, ...)."""
+    rows = sorted(rows, key=lambda row: (row["rank"], row["turn"], row["tenant"]))
+    return [Lease(job=_job(row), lease_token=str(row["lease_token"])) for row in rows]
+
+
+async def _claim(
+    fetch: Callable[..., Awaitable[list[asyncpg.Record]]],
+    queue: str,
+    *,
+    limit: int,
+    lease_secs: float,
+    worker_id: str | None,
+    now: float,
+    turn: int,
+) -> list[Lease]:
+    """A lease: each tenant's share in turn, and while tenants leave it
+    short, the rest from those that have more (one claim each)."""
+    leases: list[Lease] = []
+    while len(leases) < limit:
+        rows = await fetch(
+            Q["claim"], queue, now, limit - len(leases), float(lease_secs), worker_id, transitions.LOST_ATTEMPT, turn
+        )
+        leases += _claimed(rows)
+        if not rows or rows[0]["tenants"] < 2:
+            break
+    return leases
+
+
 def _page_keys_where(
     *,
     queue: str | None,
@@ -450,6 +482,8 @@ class PostgresStore(Store):
         listen_idle_secs: float = 60.0,
     ) -> None:
         self._db = db
+        # Each claim serves a queue's tenants from the next one in turn.
+        self._turns = itertools.count()
         self._url = url
         self._timeout = timeout
         self._keepalive = listener_keepalive_secs
@@ -591,10 +625,12 @@ class PostgresStore(Store):
             inserted = await insert(conn) if insert is not None else []
             claimed = []
             for c in claims:
-                rows = await conn.fetch(
-                    Q["claim"], c.queue, now, c.limit, float(c.lease_secs), c.worker_id, transitions.LOST_ATTEMPT
-                ) if c.limit > 0 else []  # fmt: skip
-                claimed.append(_leases(rows))
+                claimed.append(
+                    await _claim(
+                        conn.fetch, c.queue, limit=c.limit, lease_secs=c.lease_secs, worker_id=c.worker_id, now=now,
+                        turn=next(self._turns),
+                    )  # fmt: skip
+                )
             return inserted, claimed
 
         return await self._db.run(insert_claiming)
@@ -626,10 +662,11 @@ class PostgresStore(Store):
         )
         inserted = [Inserted(job_id, new, now) for job_id, new in zip(ids, jobs)]
         if rows and rows[0]["older_found"]:
-            claimed = await self._db.fetch(
-                Q["claim"], claim.queue, now, claim.limit, float(claim.lease_secs), claim.worker_id, transitions.LOST_ATTEMPT
-            )
-            return inserted, [_leases(claimed)]
+            claimed = await _claim(
+                self._db.fetch, claim.queue, limit=claim.limit, lease_secs=claim.lease_secs,
+                worker_id=claim.worker_id, now=now, turn=next(self._turns),
+            )  # fmt: skip
+            return inserted, [claimed]
         return inserted, [_leases([row for row in rows if row["status"] == Status.RUNNING.value])]
 
     def _inserter(
@@ -791,8 +828,9 @@ class PostgresStore(Store):
     ) -> list[Lease]:
         if limit <= 0:
             return []
-        rows = await self._db.fetch(Q["claim"], queue, now, limit, float(lease_secs), worker_id, transitions.LOST_ATTEMPT)
-        return _leases(rows)
+        return await _claim(
+            self._db.fetch, queue, limit=limit, lease_secs=lease_secs, worker_id=worker_id, now=now, turn=next(self._turns)
+        )
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
         return await self._db.fetchval(Q["next_available"], queue, now)

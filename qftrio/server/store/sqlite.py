@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import heapq
+import itertools
 import os
 import re
 import sqlite3
@@ -189,7 +190,6 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
     return out
 
 
-_CLAIM_READY = Q["claim_ready"].format(paused="")
 _CLAIM_EXPIRED = Q["claim_expired"].format(paused="")
 
 
@@ -201,19 +201,38 @@ def _paused(conn: sqlite3.Connection, queue: str) -> tuple[str, list[str]]:
 
 
 def _claim(
-    conn: sqlite3.Connection, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float
+    conn: sqlite3.Connection, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float, turn: int
 ) -> list[Lease]:
+    """A lease: each tenant's share in turn (transitions.fair_order), and
+    while tenants leave it short, the rest from those that have more."""
+    leases: list[Lease] = []
+    while len(leases) < limit:
+        got, tenants = _claim_once(
+            conn, queue, limit=limit - len(leases), lease_secs=lease_secs, worker_id=worker_id, now=now, turn=turn
+        )
+        leases += got
+        if not got or tenants < 2:
+            break
+    return leases
+
+
+def _claim_once(
+    conn: sqlite3.Connection, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float, turn: int
+) -> tuple[list[Lease], int]:
+    """One claim, and how many tenants had pending jobs to share it."""
     paused, tenants = _paused(conn, queue)
+    served = transitions.turns(
+        [t for (t,) in conn.execute(Q["claim_tenants"], (queue,)) if t not in tenants], turn
+    )[:limit]
+    each = transitions.share(limit, len(served))
+    candidates = [c for tenant in served for c in conn.execute(Q["claim_ready"], (queue, tenant, now, each))]
     if tenants:
-        candidates = conn.execute(Q["claim_ready"].format(paused=paused), (queue, now, *tenants, limit)).fetchall()
         candidates += conn.execute(Q["claim_expired"].format(paused=paused), (queue, now, *tenants, limit)).fetchall()
     else:
-        candidates = conn.execute(_CLAIM_READY, (queue, now, limit)).fetchall()
         candidates += conn.execute(_CLAIM_EXPIRED, (queue, now, limit)).fetchall()
     if not candidates:
-        return []
-    candidates.sort(key=lambda c: transitions.lease_order(*c[1:]))
-    ids = [c[0] for c in candidates[:limit]]
+        return [], len(served)
+    ids = [c[0] for c in transitions.fair_order(candidates, served)[:limit]]
     tokens = dict(zip(ids, new_tokens(len(ids))))
     rows = conn.execute(
         Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
@@ -223,7 +242,7 @@ def _claim(
         ),  # fmt: skip
     ).fetchall()
     by_id = {row[0]: row for row in rows}
-    return [Lease(job=_row_to_job(by_id[job_id]), lease_token=tokens[job_id]) for job_id in ids]
+    return [Lease(job=_row_to_job(by_id[job_id]), lease_token=tokens[job_id]) for job_id in ids], len(served)
 
 
 # -- the executor of changes (changes.py) --------------------------------------
@@ -464,6 +483,8 @@ class SqliteStore(Store):
             self._execute_group, limit=1, split_on=lambda exc: False
         )
         self._thread: _StoreThread | None = None
+        # Each claim serves a queue's tenants from the next one in turn.
+        self._turns = itertools.count()
         self._conn: sqlite3.Connection | None = sqlite3.connect(
             path, isolation_level=None, check_same_thread=False
         )
@@ -565,7 +586,10 @@ class SqliteStore(Store):
         def insert_claiming(conn: sqlite3.Connection) -> tuple[list[Inserted], list[list[Lease]]]:
             inserted = _insert_jobs(conn, jobs, now)
             return inserted, [
-                _claim(conn, c.queue, limit=c.limit, lease_secs=c.lease_secs, worker_id=c.worker_id, now=now)
+                _claim(
+                    conn, c.queue, limit=c.limit, lease_secs=c.lease_secs, worker_id=c.worker_id, now=now,
+                    turn=next(self._turns),
+                )
                 for c in claims
             ]
 
@@ -660,7 +684,9 @@ class SqliteStore(Store):
         self, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float
     ) -> list[Lease]:
         return await self._run(
-            lambda conn: _claim(conn, queue, limit=limit, lease_secs=lease_secs, worker_id=worker_id, now=now)
+            lambda conn: _claim(
+                conn, queue, limit=limit, lease_secs=lease_secs, worker_id=worker_id, now=now, turn=next(self._turns)
+            )
         )
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:

@@ -42,41 +42,53 @@ SELECT version FROM qftrio_schema_migrations;
 INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2);
 
 -- name: claim
--- Candidates are picked with FOR UPDATE SKIP LOCKED, so concurrent claimers
--- never wait on each other and never take the same row. An expired lease
--- (c.status = 'running') records its lost attempt as "lease expired".
--- Tenants that paused the queue are left out. Of "ready" and "ready_paused"
--- only one runs (a one-time filter on whether anyone paused the queue):
--- the usual one walks qftrio_jobs_claim_idx in lease order for just the
--- rows it takes; a filter on each row's tenant there would make the planner
--- expect to read the whole backlog, and sort it, on every claim.
-WITH ready AS (
-    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
-    WHERE queue = $1 AND status = 'pending' AND scheduled_at <= $2
-      AND NOT EXISTS (SELECT 1 FROM qftrio_queue_pauses WHERE queue = $1)
-    ORDER BY priority DESC, scheduled_at, created_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-), ready_paused AS (
-    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
-    WHERE queue = $1 AND status = 'pending' AND scheduled_at <= $2
-      AND EXISTS (SELECT 1 FROM qftrio_queue_pauses WHERE queue = $1)
-      AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))
-    ORDER BY priority DESC, scheduled_at, created_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
+-- Fair tenants (transitions.fair_order): the queue's tenants with pending
+-- jobs are found by skipping through qftrio_jobs_claim_idx, one probe each,
+-- and served in turn from the $7-th (rotated: each claim starts at the next
+-- one); each gives at most its share of the lease ($3 over the tenants
+-- served), walking its part of the index in lease order. The jobs are
+-- handed out each tenant's first, then each one's second, and so on; for a
+-- single tenant, lease order itself. Candidates are picked with FOR UPDATE
+-- SKIP LOCKED, so concurrent claimers never wait on each other and never
+-- take the same row. An expired lease (c.status = 'running') records its
+-- lost attempt as "lease expired". Tenants that paused the queue are left
+-- out. "tenants" answers how many shared the lease: one left short by a
+-- tenant with fewer ready jobs than its share is filled by a claim after it.
+WITH RECURSIVE pending_tenants AS (
+    (SELECT tenant FROM qftrio_jobs WHERE queue = $1 AND status = 'pending' ORDER BY tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.tenant FROM qftrio_jobs AS j
+            WHERE j.queue = $1 AND j.status = 'pending' AND j.tenant > t.tenant ORDER BY j.tenant LIMIT 1)
+    FROM pending_tenants AS t WHERE t.tenant IS NOT NULL
+), tenants AS (
+    SELECT tenant, row_number() OVER (ORDER BY tenant) - 1 AS n, count(*) OVER () AS total FROM pending_tenants
+    WHERE tenant IS NOT NULL AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))
+), served AS (
+    SELECT tenant, (n + $7) % total AS turn, ceil($3::float8 / least(total, $3))::int AS share FROM tenants
+    WHERE (n + $7) % total < $3
+), ready AS (
+    SELECT r.*, s.turn FROM served AS s CROSS JOIN LATERAL (
+        SELECT id, tenant, status, priority, scheduled_at, created_at FROM qftrio_jobs
+        WHERE queue = $1 AND tenant = s.tenant AND status = 'pending' AND scheduled_at <= $2
+        ORDER BY priority DESC, scheduled_at, created_at
+        LIMIT s.share
+        FOR UPDATE SKIP LOCKED
+    ) AS r
 ), expired AS (
-    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
+    SELECT id, tenant, status, priority, scheduled_at, created_at, NULL::bigint AS turn FROM qftrio_jobs
     WHERE queue = $1 AND status = 'running' AND locked_until < $2 AND attempt < max_attempts
       AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))
     ORDER BY priority DESC, scheduled_at, created_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ), chosen AS (
-    SELECT * FROM (
-        SELECT * FROM ready UNION ALL SELECT * FROM ready_paused UNION ALL SELECT * FROM expired
+    SELECT id, status, rank, turn FROM (
+        SELECT id, tenant, status,
+            row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, scheduled_at, created_at) AS rank,
+            coalesce(max(turn) OVER (PARTITION BY tenant), $3) AS turn
+        FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) AS u
     ) AS c
-    ORDER BY priority DESC, scheduled_at, created_at
+    ORDER BY rank, turn, tenant
     LIMIT $3
 )
 UPDATE qftrio_jobs AS j SET
@@ -95,7 +107,8 @@ FROM chosen AS c
 WHERE j.id = c.id
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
-    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context;
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, c.rank, c.turn,
+    (SELECT count(*) FROM served) AS tenants;
 
 -- name: insert_handing_over
 -- Insert a parked long-poll's queue's new jobs, those it takes (the due

@@ -32,14 +32,19 @@ FROM jobs WHERE id IN ({marks});
 -- The tenants that paused a queue: claims leave out their jobs of it.
 SELECT tenant FROM queue_pauses WHERE queue = ?;
 
+-- name: claim_tenants
+-- The tenants with pending jobs on a queue (some may be scheduled ahead),
+-- from the counts the triggers of migration 0003 keep.
+SELECT DISTINCT tenant FROM job_counts WHERE queue = ? AND status = 'pending' AND n > 0;
+
 -- name: claim_ready
--- "{paused}" leaves out the tenants that paused the queue (usually none).
-SELECT id, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_ready
-WHERE queue = ? AND status = 'pending' AND scheduled_at <= ? {paused}
+-- A tenant's ready jobs of a queue, in lease order: its share of a lease.
+SELECT id, tenant, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_ready
+WHERE queue = ? AND tenant = ? AND status = 'pending' AND scheduled_at <= ?
 ORDER BY priority DESC, scheduled_at, created_at LIMIT ?;
 
 -- name: claim_expired
-SELECT id, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_leased
+SELECT id, tenant, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_leased
 WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts {paused}
 ORDER BY locked_until LIMIT ?;
 
