@@ -214,6 +214,9 @@ class Job:
     errors: tuple[ErrorEntry, ...] = ()
     workflow_id: str | None = None
     step: str | None = None
+    #: The job's own policies, as enqueued (``config``), else None.
+    concurrency: dict[str, Any] | None = None
+    unique: dict[str, Any] | None = None
     context: dict[str, Any] | None = None
 
     if typing.TYPE_CHECKING:  # generated below, by _WireForm
@@ -688,6 +691,24 @@ class _Fields(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ConcurrencyConfig(_Body):
+    """At most ``limit`` running jobs of the tenant carry ``key``."""
+
+    key: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)]
+    limit: Int = Field(1, ge=1, le=1_000_000)
+
+
+class UniqueConfig(_Body):
+    """While a job of the tenant with ``key`` is in one of ``statuses`` (and
+    created less than ``period_secs`` ago), an enqueue answers it."""
+
+    key: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)]
+    statuses: list[typing.Literal["pending", "running", "completed", "failed", "cancelled"]] = Field(
+        default_factory=lambda: ["pending", "running"], min_length=1, max_length=5
+    )
+    period_secs: Annotated[float, Field(gt=0, le=10 * 365 * 86400), BeforeValidator(_json_number)] | None = None
+
+
 class JobConfig(_Body):
     queue: Name = "default"
     priority: Int = Field(0, ge=-(2**31), le=2**31 - 1)
@@ -698,6 +719,8 @@ class JobConfig(_Body):
     delay_secs: Annotated[float, Field(ge=0, le=10 * 365 * 86400), BeforeValidator(_json_number)] | None = None
     scheduled_at: TimeInput | None = None
     idempotency_key: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | None = None
+    concurrency: ConcurrencyConfig | None = None
+    unique: UniqueConfig | None = None
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobConfig:

@@ -1,20 +1,29 @@
-"""Flow control at claim time over real HTTP, on both stores: fair tenants.
+"""Flow control at claim time over real HTTP, on both stores (PostgreSQL with
+two servers wherever a control must hold across servers).
 
-One tenant's backlog, priorities or back-dated jobs never starve another
-tenant's jobs on a queue they share; a single tenant sees lease order.
+Fair tenants: one tenant's backlog, priorities or back-dated jobs never
+starve another tenant's jobs on a queue they share; a single tenant sees
+lease order. Concurrency keys: a hard cap on a key's running jobs. Unique
+jobs: one job per key while one is in the given statuses.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from qftrio.server import transitions
+from qftrio.server.store.base import Store
+from qftrio.server.store.sqlite import SqliteStore
 
-from .conftest import RunningServer
-from .test_protocol import lease
+from .conftest import RunningServer, serve_store
+from .pg import pg_url
+from .test_protocol import lease, report
 
 
 async def enqueue_batch(
@@ -96,3 +105,150 @@ def test_turns_rotate_and_shares_cover_the_lease() -> None:
     assert transitions.share(10, 1) == 10
     assert transitions.share(10, 3) == 4
     assert transitions.share(10, 300) == 1
+
+
+# -- concurrency keys and unique jobs, across servers ---------------------------
+
+
+@pytest.fixture
+async def servers(storage: Store, server: RunningServer, nursery: trio.Nursery) -> AsyncIterator[list[RunningServer]]:
+    """``server``, and on PostgreSQL a second server on the same database."""
+    if isinstance(storage, SqliteStore):
+        yield [server]
+        return
+    from qftrio.server.store.postgres import open_postgres_store
+
+    async with open_postgres_store(pg_url() or "", migrate=False, timeout=None) as store:
+        async for second in serve_store(store, nursery):
+            yield [server, second]
+
+
+async def running_by_key(http: httpx.AsyncClient, server: RunningServer) -> Counter[str]:
+    r = await http.get("/api/v1/jobs", params={"status": "running", "limit": 1000}, headers=server.headers())
+    assert r.status_code == 200, r.text
+    return Counter(job["concurrency"]["key"] for job in r.json()["jobs"])
+
+
+async def test_a_concurrency_limit_holds_across_servers(servers: list[RunningServer]) -> None:
+    configs = [{"queue": "sync", "concurrency": {"key": f"k{i % 20}", "limit": 2}} for i in range(2000)]
+    clients = [httpx.AsyncClient(base_url=s.url, timeout=30) for s in servers]
+    try:
+        await enqueue_batch(clients[0], servers[0], "acme", configs)
+        done = 0
+        peak: Counter[str] = Counter()
+
+        async def lessee(n: int) -> None:
+            nonlocal done
+            http, server = clients[n % len(servers)], servers[n % len(servers)]
+            while done < 2000:
+                got = await lease(http, server, "sync", max_jobs=10)
+                running = await running_by_key(http, server)
+                for key, count in running.items():
+                    peak[key] = max(peak[key], count)
+                assert max(running.values(), default=0) <= 2, running
+                for item in got:
+                    assert running[item["job"]["concurrency"]["key"]] >= 1
+                    r = await report(http, server, item["job"]["id"], "complete", lease_token=item["lease_token"])
+                    assert r.status_code == 204, r.text
+                done += len(got)
+                if not got:
+                    await trio.sleep(0.001)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(8):
+                nursery.start_soon(lessee, n)
+        stats = (await clients[0].get("/api/v1/queues/sync/stats", headers=servers[0].headers())).json()
+        assert stats["counts"]["completed"] == 2000 and stats["counts"]["pending"] == 0
+        # the limit was reached, not only kept
+        assert max(peak.values()) == 2
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+async def test_a_held_back_job_does_not_block_those_behind_it(http: httpx.AsyncClient, server: RunningServer) -> None:
+    await enqueue_batch(http, server, "acme", [{"queue": "q", "priority": 9, "concurrency": {"key": "one"}}] * 5)
+    await enqueue_batch(http, server, "acme", [{"queue": "q"}] * 3)
+    got = await lease(http, server, "q", max_jobs=10)
+    assert sorted(str(item["job"]["concurrency"]) for item in got) == [
+        "None", "None", "None", "{'key': 'one', 'limit': 1}",
+    ]  # fmt: skip
+    assert await lease(http, server, "q", max_jobs=10) == []
+    # an expired lease still holds its place, and is claimable again itself
+    server.clock.advance(120)
+    again = await lease(http, server, "q", max_jobs=10)
+    assert len(again) == 4
+    assert [item["job"]["concurrency"] is not None for item in again].count(True) == 1
+    one = next(item for item in again if item["job"]["concurrency"])
+    r = await report(http, server, one["job"]["id"], "complete", lease_token=one["lease_token"])
+    assert r.status_code == 204
+    (next_one,) = await lease(http, server, "q", max_jobs=10)
+    assert next_one["job"]["concurrency"] == {"key": "one", "limit": 1}
+
+
+async def test_unique_enqueues_make_one_job_across_servers(servers: list[RunningServer]) -> None:
+    clients = [httpx.AsyncClient(base_url=s.url, timeout=30) for s in servers]
+    answers: list[httpx.Response] = []
+    body = {"kind": "sync", "config": {"unique": {"key": "customer-7"}}}
+    try:
+
+        async def enqueue_one(n: int) -> None:
+            http, server = clients[n % len(servers)], servers[n % len(servers)]
+            answers.append(await http.post("/api/v1/jobs", json=body, headers=server.headers()))
+
+        async with trio.open_nursery() as nursery:
+            for n in range(50):
+                nursery.start_soon(enqueue_one, n)
+        assert sorted(r.status_code for r in answers) == [200] * 49 + [201]
+        assert len({r.json()["id"] for r in answers}) == 1
+        assert answers[0].json()["unique"] == {"key": "customer-7", "statuses": ["pending", "running"], "period_secs": None}
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+async def test_unique_holds_in_its_statuses_and_period(http: httpx.AsyncClient, server: RunningServer) -> None:
+    async def enqueue(unique: dict[str, Any]) -> httpx.Response:
+        body = {"kind": "sync", "config": {"queue": "u", "unique": unique}}
+        return await http.post("/api/v1/jobs", json=body, headers=server.headers())
+
+    first = await enqueue({"key": "a"})
+    assert first.status_code == 201
+    assert (await enqueue({"key": "a"})).json()["id"] == first.json()["id"]
+    (item,) = await lease(http, server, "u")
+    await report(http, server, item["job"]["id"], "complete", lease_token=item["lease_token"])
+    # completed: no longer pending or running, so a new one goes in
+    second = await enqueue({"key": "a"})
+    assert second.status_code == 201 and second.json()["id"] != first.json()["id"]
+    # ... unless completed jobs count too, within the period
+    third = await enqueue({"key": "a", "statuses": ["completed"], "period_secs": 60})
+    assert third.status_code == 200 and third.json()["id"] == first.json()["id"]
+    server.clock.advance(61)
+    fourth = await enqueue({"key": "a", "statuses": ["completed"], "period_secs": 60})
+    assert fourth.status_code == 201
+    # a batch repeating a key enqueues it once
+    r = await http.post(
+        "/api/v1/jobs/batch",
+        json={"jobs": [{"kind": "sync", "config": {"unique": {"key": "b"}}}] * 3},
+        headers=server.headers(),
+    )
+    assert r.status_code == 201 and len({job["id"] for job in r.json()["jobs"]}) == 1
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"concurrency": {"key": "k", "limit": 0}}, "limit"),
+        ({"concurrency": {"limit": 2}}, "key"),
+        ({"unique": {"statuses": ["pending"]}}, "key"),
+        ({"unique": {"key": "k", "statuses": ["waiting"]}}, "statuses"),
+        ({"unique": {"key": "k", "period_secs": 0}}, "period_secs"),
+    ],
+)
+async def test_bad_flow_control_is_refused_and_stores_nothing(
+    http: httpx.AsyncClient, server: RunningServer, config: dict[str, Any], field: str
+) -> None:
+    r = await http.post("/api/v1/jobs", json={"kind": "k", "config": config}, headers=server.headers())
+    assert r.status_code == 422, r.text
+    assert field in r.json()["error"]["message"]
+    assert (await http.get("/api/v1/jobs", headers=server.headers())).json()["jobs"] == []

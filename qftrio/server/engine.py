@@ -311,6 +311,8 @@ class Engine:
                     max_attempts=cfg.max_attempts,
                     scheduled_at=scheduled_at,
                     idempotency_key=cfg.idempotency_key,
+                    concurrency=None if cfg.concurrency is None else cfg.concurrency.model_dump(),
+                    unique=None if cfg.unique is None else cfg.unique.model_dump(),
                 )
             )
         # Jobs due now go straight to the long-polls parked on their queue:

@@ -66,6 +66,7 @@ __all__ = [
     "turns",
     "share",
     "fair_order",
+    "within_limits",
     "LOST_ATTEMPT",
     "cancel",
     "workflow_cancel",
@@ -191,6 +192,24 @@ def fair_order(candidates: Sequence[C], served: Sequence[str]) -> list[C]:
         keyed += [((rank, position.get(tenant, len(position)), tenant), c) for rank, c in enumerate(jobs)]
     keyed.sort(key=lambda k: k[0])
     return [c for _, c in keyed]
+
+
+def within_limits(ordered: Sequence[C], running: dict[tuple[str, str], int]) -> tuple[list[C], bool]:
+    """The candidates ``(id, tenant, ..., concurrency_key, limit)`` a lease
+    takes, in *ordered*'s order: one with a concurrency key only while fewer
+    than its limit of the tenant's jobs with that key run (*running*, plus
+    those taken before it); and whether any was held back."""
+    taken: dict[tuple[str, str], int] = {}
+    out = []
+    for c in ordered:
+        key, limit = c[-2], c[-1]
+        if key is not None:
+            slot = (c[1], key)
+            if running.get(slot, 0) + taken.get(slot, 0) >= limit:
+                continue
+            taken[slot] = taken.get(slot, 0) + 1
+        out.append(c)
+    return out, len(out) < len(ordered)
 
 
 #: What a claim records for the attempt a job lost when its lease ran out

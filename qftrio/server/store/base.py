@@ -61,6 +61,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
+import math
 import os
 import re
 import uuid
@@ -88,6 +89,7 @@ __all__ = [
     "NewJob",
     "Inserted",
     "new_ids",
+    "unique_since",
     "new_tokens",
     "issued",
     "ClaimRequest",
@@ -136,6 +138,26 @@ class NewJob:
     workflow_id: str | None = None
     step: str | None = None
     context: dict[str, Any] | None = None
+    #: ``{key, limit}``: claimed only while fewer than ``limit`` running jobs
+    #: of the tenant carry ``key`` (a lease that ran out still counts).
+    concurrency: dict[str, Any] | None = None
+    #: ``{key, statuses, period_secs}``: inserted only if no job of the
+    #: tenant with ``key`` is in ``statuses`` (created within
+    #: ``period_secs``); that job is answered instead, as for a repeated
+    #: idempotency key.
+    unique: dict[str, Any] | None = None
+
+    @property
+    def flow_controlled(self) -> bool:
+        """Whether a claim must weigh this job against others: never handed
+        straight to a parked long-poll."""
+        return self.concurrency is not None
+
+
+def unique_since(unique: dict[str, Any], now: float) -> float:
+    """The creation time after which a job matches a unique job's key."""
+    period = unique.get("period_secs")
+    return -math.inf if period is None else now - period
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -187,6 +209,8 @@ class Inserted:
             updated_at=self.at,
             workflow_id=new.workflow_id,
             step=new.step,
+            concurrency=new.concurrency,
+            unique=new.unique,
             context=new.context,
         )
 
@@ -207,6 +231,8 @@ class Inserted:
         wire["scheduled_at"] = format_time(new.scheduled_at)
         wire["workflow_id"] = new.workflow_id
         wire["step"] = new.step
+        wire["concurrency"] = new.concurrency
+        wire["unique"] = new.unique
         wire["context"] = new.context
         wire["errors"] = []  # the template's own list is shared
         return wire

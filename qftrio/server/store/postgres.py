@@ -95,6 +95,7 @@ from .base import (
     Store,
     issued,
     new_ids,
+    unique_since,
     workers_of,
 )
 
@@ -166,6 +167,8 @@ def _job(row: asyncpg.Record) -> Job:
         else (),
         workflow_id=None if workflow_id is None else str(workflow_id),
         step=row["step"],
+        concurrency=row["concurrency"],
+        unique=row["unique"],
         context=row["context"],
     )
 
@@ -187,7 +190,7 @@ def _insert_batch(ids: Sequence[str], jobs: Sequence[NewJob]) -> str:
                 [
                     job_id, new.tenant, new.queue, new.kind, _json_fragment(new.payload), new.priority,
                     new.max_attempts, new.scheduled_at, new.idempotency_key, new.workflow_id, new.step,
-                    None if new.context is None else _json_fragment(new.context),
+                    None if new.context is None else _json_fragment(new.context), new.concurrency, new.unique,
                 ]  # fmt: skip
                 for job_id, new in zip(ids, jobs)
             ]
@@ -381,15 +384,15 @@ async def _claim(
     now: float,
     turn: int,
 ) -> list[Lease]:
-    """A lease: each tenant's share in turn, and while tenants leave it
-    short, the rest from those that have more (one claim each)."""
+    """A lease: each tenant's share in turn, and while tenants or held-back
+    jobs leave it short, the rest after (one claim each)."""
     leases: list[Lease] = []
     while len(leases) < limit:
         rows = await fetch(
             Q["claim"], queue, now, limit - len(leases), float(lease_secs), worker_id, transitions.LOST_ATTEMPT, turn
         )
         leases += _claimed(rows)
-        if not rows or rows[0]["tenants"] < 2:
+        if not rows or not rows[0]["more"]:
             break
     return leases
 
@@ -604,8 +607,10 @@ class PostgresStore(Store):
         if not jobs:
             return []
         # One statement (and, for keys taken already, a read of their jobs):
-        # no transaction around it, which would cost two more round trips.
-        return await self._db.run(self._inserter(jobs, now), transaction=False)
+        # no transaction around it, which would cost two more round trips;
+        # unique jobs need one, for their locks.
+        unique = any(new.unique is not None for new in jobs)
+        return await self._db.run(self._inserter(jobs, now), transaction=unique)
 
     async def jobs_insert_claiming(
         self, jobs: Sequence[NewJob], *, now: float, claims: Sequence[ClaimRequest]
@@ -615,7 +620,12 @@ class PostgresStore(Store):
             and len(claims) == 1
             and claims[0].limit > 0
             and all(
-                j.queue == claims[0].queue and j.idempotency_key is None and j.workflow_id is None for j in jobs
+                j.queue == claims[0].queue
+                and j.idempotency_key is None
+                and j.workflow_id is None
+                and j.unique is None
+                and not j.flow_controlled
+                for j in jobs
             )
         ):
             return await self._insert_handing_over(jobs, now=now, claim=claims[0])
@@ -670,10 +680,12 @@ class PostgresStore(Store):
         return inserted, [_leases([row for row in rows if row["status"] == Status.RUNNING.value])]
 
     def _inserter(
-        self, jobs: Sequence[NewJob], now: float
+        self, jobs: Sequence[NewJob], now: float, *, locked: bool = False
     ) -> Callable[[asyncpg.Connection], Awaitable[list[Inserted]]]:
         """The asyncio-flavoured body of :meth:`jobs_insert`, to run in a
-        transaction."""
+        transaction (*locked*: the unique keys of *jobs* are locked already)."""
+        if not locked and any(new.unique is not None for new in jobs):
+            return self._unique_inserter(jobs, now)
         # Within a batch, a repeated (tenant, key) stands for its first occurrence.
         first_of: dict[tuple[str, str], int] = {}
         alias: dict[int, int] = {}
@@ -727,6 +739,34 @@ class PostgresStore(Store):
                 else:
                     first = out_fresh[alias[i]]
                     out.append(Inserted(first.id, new, now, first.job))
+            return out
+
+        return insert
+
+    def _unique_inserter(
+        self, jobs: Sequence[NewJob], now: float
+    ) -> Callable[[asyncpg.Connection], Awaitable[list[Inserted]]]:
+        """:meth:`_inserter` for a batch with unique jobs: the (tenant, key)
+        pairs are locked first (advisory, until the transaction ends, in
+        order), then each job is looked up and inserted in turn, so that
+        concurrent inserts of one key on any server take turns and a repeat
+        later in the batch finds the first."""
+
+        async def insert(conn: asyncpg.Connection) -> list[Inserted]:
+            keys = sorted({(new.tenant, new.unique["key"]) for new in jobs if new.unique is not None})
+            await conn.execute(Q["unique_lock"], [t for t, _ in keys], [k for _, k in keys])
+            out: list[Inserted] = []
+            for new in jobs:
+                if new.unique is not None:
+                    row = await conn.fetchrow(
+                        Q["job_by_unique_key"], new.tenant, new.unique["key"], new.unique["statuses"],
+                        unique_since(new.unique, now),
+                    )  # fmt: skip
+                    if row is not None:
+                        job = _job(row)
+                        out.append(Inserted(job.id, new, now, job))
+                        continue
+                out += await self._inserter([new], now, locked=True)(conn)
             return out
 
         return insert

@@ -70,6 +70,7 @@ from .base import (
     Store,
     new_ids,
     new_tokens,
+    unique_since,
     workers_of,
 )
 
@@ -96,7 +97,7 @@ def _dumps(value: Any) -> str | None:
 def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     (
         id_, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-        updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context,
+        updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, concurrency, unique, context,
     ) = row  # fmt: skip
     return Job(
         id=id_,
@@ -120,6 +121,8 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         else tuple(ErrorEntry(attempt=e["attempt"], error=e["error"], at=e["at"]) for e in _json.loads(errors_)),
         workflow_id=workflow_id,
         step=step,
+        concurrency=_loads(concurrency),
+        unique=_loads(unique),
         context=_loads(context),
     )
 
@@ -167,9 +170,16 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
     out: list[Inserted] = []
     rows: list[tuple[Any, ...]] = []
     for job_id, new in zip(new_ids(len(jobs), now), jobs):
-        keyed = new.idempotency_key is not None
+        keyed = new.idempotency_key is not None or new.unique is not None
         if keyed:
-            row = conn.execute(Q["job_by_idempotency_key"], (new.tenant, new.idempotency_key)).fetchone()
+            row = None
+            if new.idempotency_key is not None:
+                row = conn.execute(Q["job_by_idempotency_key"], (new.tenant, new.idempotency_key)).fetchone()
+            if row is None and new.unique is not None:
+                since = unique_since(new.unique, now)
+                row = conn.execute(
+                    Q["job_by_unique_key"], (new.tenant, new.unique["key"], _dumps(new.unique["statuses"]), since)
+                ).fetchone()
             if row is not None:
                 job = _row_to_job(row)
                 out.append(Inserted(job.id, new, now, job))
@@ -178,12 +188,14 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
             (
                 job_id, new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority, new.max_attempts,
                 new.scheduled_at, now, now, new.idempotency_key, new.workflow_id, new.step, _dumps(new.context),
+                _dumps(new.concurrency), _dumps(new.unique),
             )  # fmt: skip
         )
         out.append(Inserted(job_id, new, now))
         if keyed:
             # A repeat of the key later in the batch must find this job:
-            # it goes in now, after what came before it, in order.
+            # it goes in now, after what came before it, in order (one
+            # writer owns the file: nothing comes between the read and this).
             conn.executemany(Q["job_insert"], rows)
             rows = []
     conn.executemany(Q["job_insert"], rows)
@@ -204,22 +216,23 @@ def _claim(
     conn: sqlite3.Connection, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float, turn: int
 ) -> list[Lease]:
     """A lease: each tenant's share in turn (transitions.fair_order), and
-    while tenants leave it short, the rest from those that have more."""
+    while tenants or held-back jobs leave it short, the rest after."""
     leases: list[Lease] = []
     while len(leases) < limit:
-        got, tenants = _claim_once(
+        got, more = _claim_once(
             conn, queue, limit=limit - len(leases), lease_secs=lease_secs, worker_id=worker_id, now=now, turn=turn
         )
         leases += got
-        if not got or tenants < 2:
+        if not got or not more:
             break
     return leases
 
 
 def _claim_once(
     conn: sqlite3.Connection, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float, turn: int
-) -> tuple[list[Lease], int]:
-    """One claim, and how many tenants had pending jobs to share it."""
+) -> tuple[list[Lease], bool]:
+    """One claim, and whether a claim after it may find more (several
+    tenants shared it, or concurrency limits held jobs back)."""
     paused, tenants = _paused(conn, queue)
     served = transitions.turns(
         [t for (t,) in conn.execute(Q["claim_tenants"], (queue,)) if t not in tenants], turn
@@ -231,8 +244,15 @@ def _claim_once(
     else:
         candidates += conn.execute(_CLAIM_EXPIRED, (queue, now, limit)).fetchall()
     if not candidates:
-        return [], len(served)
-    ids = [c[0] for c in transitions.fair_order(candidates, served)[:limit]]
+        return [], False
+    running: dict[tuple[str, str], int] = {}
+    for tenant in {c[1] for c in candidates if c[5] is not None}:
+        keys = _dumps(sorted({c[5] for c in candidates if c[1] == tenant and c[5] is not None}))
+        running.update(((tenant, key), n) for key, n in conn.execute(Q["concurrency_running"], (tenant, keys)))
+    chosen, held = transitions.within_limits(transitions.fair_order(candidates, served), running)
+    ids = [c[0] for c in chosen[:limit]]
+    if not ids:
+        return [], False
     tokens = dict(zip(ids, new_tokens(len(ids))))
     rows = conn.execute(
         Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
@@ -242,7 +262,7 @@ def _claim_once(
         ),  # fmt: skip
     ).fetchall()
     by_id = {row[0]: row for row in rows}
-    return [Lease(job=_row_to_job(by_id[job_id]), lease_token=tokens[job_id]) for job_id in ids], len(served)
+    return [Lease(job=_row_to_job(by_id[job_id]), lease_token=tokens[job_id]) for job_id in ids], len(served) > 1 or held
 
 
 # -- the executor of changes (changes.py) --------------------------------------

@@ -6,7 +6,7 @@
 -- by name, and the lease token and idempotency key (tests/test_store_sql.py).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context
+    concurrency, "unique", context
 
 -- name: notify_queues
 -- Inside the caller's transaction, so it is delivered on commit only; on
@@ -52,8 +52,10 @@ INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2);
 -- SKIP LOCKED, so concurrent claimers never wait on each other and never
 -- take the same row. An expired lease (c.status = 'running') records its
 -- lost attempt as "lease expired". Tenants that paused the queue are left
--- out. "tenants" answers how many shared the lease: one left short by a
--- tenant with fewer ready jobs than its share is filled by a claim after it.
+-- out. A job whose concurrency key is at its limit is held back, and the
+-- walk goes on past it. "more" answers whether a claim after this one may
+-- find more (several tenants shared it, or limits held jobs back): a lease
+-- left short is filled by claims after it.
 WITH RECURSIVE pending_tenants AS (
     (SELECT tenant FROM qftrio_jobs WHERE queue = $1 AND status = 'pending' ORDER BY tenant LIMIT 1)
     UNION ALL
@@ -68,26 +70,44 @@ WITH RECURSIVE pending_tenants AS (
     WHERE (n + $7) % total < $3
 ), ready AS (
     SELECT r.*, s.turn FROM served AS s CROSS JOIN LATERAL (
-        SELECT id, tenant, status, priority, scheduled_at, created_at FROM qftrio_jobs
+        SELECT id, tenant, status, priority, scheduled_at, created_at, concurrency_key, concurrency_limit
+        FROM qftrio_jobs
         WHERE queue = $1 AND tenant = s.tenant AND status = 'pending' AND scheduled_at <= $2
+          AND (concurrency_key IS NULL OR concurrency_limit > coalesce(
+              (SELECT k.running FROM qftrio_concurrency_running AS k
+               WHERE k.tenant = s.tenant AND k.key = qftrio_jobs.concurrency_key), 0))
         ORDER BY priority DESC, scheduled_at, created_at
         LIMIT s.share
         FOR UPDATE SKIP LOCKED
     ) AS r
 ), expired AS (
-    SELECT id, tenant, status, priority, scheduled_at, created_at, NULL::bigint AS turn FROM qftrio_jobs
+    -- An expired lease holds its concurrency key's place already.
+    SELECT id, tenant, status, priority, scheduled_at, created_at, NULL::text, NULL::int, NULL::bigint FROM qftrio_jobs
     WHERE queue = $1 AND status = 'running' AND locked_until < $2 AND attempt < max_attempts
       AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))
     ORDER BY priority DESC, scheduled_at, created_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
+), counted AS (
+    -- The running counts of the candidates' concurrency keys, locked in
+    -- order and read as they are now (a claim of the same key elsewhere
+    -- waits here, or is waited for): the ready walk above only skipped the
+    -- keys full as the statement began.
+    SELECT tenant, key, running FROM qftrio_concurrency_running
+    WHERE (tenant, key) IN (SELECT tenant, concurrency_key FROM ready WHERE concurrency_key IS NOT NULL)
+    ORDER BY tenant, key
+    FOR UPDATE
+), weighed AS (
+    SELECT u.id, u.status,
+        row_number() OVER (PARTITION BY u.tenant ORDER BY u.priority DESC, u.scheduled_at, u.created_at) AS rank,
+        coalesce(max(u.turn) OVER (PARTITION BY u.tenant), $3) AS turn, u.tenant,
+        u.concurrency_key IS NULL OR row_number() OVER (
+            PARTITION BY u.tenant, u.concurrency_key ORDER BY u.priority DESC, u.scheduled_at, u.created_at
+        ) <= u.concurrency_limit - coalesce(k.running, 0) AS fits
+    FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) AS u
+    LEFT JOIN counted AS k ON k.tenant = u.tenant AND k.key = u.concurrency_key
 ), chosen AS (
-    SELECT id, status, rank, turn FROM (
-        SELECT id, tenant, status,
-            row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, scheduled_at, created_at) AS rank,
-            coalesce(max(turn) OVER (PARTITION BY tenant), $3) AS turn
-        FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) AS u
-    ) AS c
+    SELECT id, status, rank, turn FROM weighed WHERE fits
     ORDER BY rank, turn, tenant
     LIMIT $3
 )
@@ -107,8 +127,8 @@ FROM chosen AS c
 WHERE j.id = c.id
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
-    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, c.rank, c.turn,
-    (SELECT count(*) FROM served) AS tenants;
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.concurrency, j."unique", j.context, c.rank, c.turn,
+    (SELECT count(*) FROM served) > 1 OR EXISTS (SELECT 1 FROM weighed WHERE NOT fits) AS more;
 
 -- name: insert_handing_over
 -- Insert a parked long-poll's queue's new jobs, those it takes (the due
@@ -156,9 +176,12 @@ SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notif
 WITH inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
         scheduled_at, idempotency_key, workflow_id, step, context,
+        concurrency, concurrency_key, concurrency_limit, "unique", unique_key,
         status, attempt, created_at, updated_at)
     SELECT (j->>0)::uuid, j->>1, j->>2, j->>3, j->4, (j->>5)::int, (j->>6)::int,
         (j->>7)::float8, j->>8, (j->>9)::uuid, j->>10, CASE WHEN j->>11 IS NOT NULL THEN j->11 END,
+        CASE WHEN j->>12 IS NOT NULL THEN j->12 END, j->12->>'key', (j->12->>'limit')::int,
+        CASE WHEN j->>13 IS NOT NULL THEN j->13 END, j->13->>'key',
         'pending', 0, $2::float8, $2::float8
     FROM jsonb_array_elements($1::text::jsonb) AS j
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -173,6 +196,21 @@ SELECT inserted.id::text FROM inserted, notified;
 SELECT {job_columns}
 FROM qftrio_jobs
 WHERE (tenant, idempotency_key) IN (SELECT * FROM unnest($1::text[], $2::text[]));
+
+-- name: unique_lock
+-- Unique jobs' (tenant, key) pairs, locked until the transaction ends, in
+-- order (so that two batches never wait on each other in a cycle); the
+-- first number keeps these locks apart from qftrio's others.
+SELECT count(pg_advisory_xact_lock(7265, hashtext(t || chr(1) || k)))
+FROM (SELECT t, k FROM unnest($1::text[], $2::text[]) AS u(t, k) ORDER BY t, k) AS keys;
+
+-- name: job_by_unique_key
+-- The tenant's newest job with the unique key in one of the statuses $3
+-- created after $4 (read after unique_lock: what committed before it is seen).
+SELECT {job_columns}
+FROM qftrio_jobs
+WHERE tenant = $1 AND unique_key = $2 AND created_at > $4 AND status = ANY($3::text[])
+ORDER BY created_at DESC LIMIT 1;
 
 -- name: job_get
 SELECT {job_columns}
@@ -236,7 +274,7 @@ WITH keys AS (
 )
 SELECT j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
-    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.concurrency, j."unique", j.context
 FROM keys JOIN qftrio_jobs AS j ON j.id = keys.id
 ORDER BY keys.created_at DESC, keys.id DESC;
 

@@ -8,7 +8,7 @@
 -- A job's columns, in the order of the fields of qftrio.models.Job, which
 -- sqlite._row_to_job reads them in (tests/test_store_sql.py checks it).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, concurrency, "unique", context
 
 -- name: job_get
 SELECT {job_columns}
@@ -20,8 +20,18 @@ FROM jobs WHERE tenant = ? AND idempotency_key = ?;
 
 -- name: job_insert
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
-    created_at, updated_at, idempotency_key, workflow_id, step, context)
-VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?);
+    created_at, updated_at, idempotency_key, workflow_id, step, context,
+    concurrency, concurrency_key, concurrency_limit, "unique", unique_key)
+VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, 0, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
+    ?15, json_extract(?15, '$.key'), json_extract(?15, '$.limit'), ?16, json_extract(?16, '$.key'));
+
+-- name: job_by_unique_key
+-- The tenant's newest job with the unique key in one of the statuses (?3, a
+-- JSON array) created after ?4.
+SELECT {job_columns}
+FROM jobs INDEXED BY jobs_unique
+WHERE tenant = ?1 AND unique_key = ?2 AND created_at > ?4 AND status IN (SELECT value FROM json_each(?3))
+ORDER BY created_at DESC LIMIT 1;
 
 -- name: reports_of
 -- What a report batch decides on: each job's state and current token.
@@ -39,12 +49,21 @@ SELECT DISTINCT tenant FROM job_counts WHERE queue = ? AND status = 'pending' AN
 
 -- name: claim_ready
 -- A tenant's ready jobs of a queue, in lease order: its share of a lease.
-SELECT id, tenant, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_ready
-WHERE queue = ? AND tenant = ? AND status = 'pending' AND scheduled_at <= ?
-ORDER BY priority DESC, scheduled_at, created_at LIMIT ?;
+-- A job whose concurrency key is at its limit is held back, and the walk
+-- goes on past it.
+SELECT id, tenant, priority, scheduled_at, created_at, concurrency_key, concurrency_limit FROM jobs INDEXED BY jobs_ready
+WHERE queue = ?1 AND tenant = ?2 AND status = 'pending' AND scheduled_at <= ?3
+  AND (concurrency_key IS NULL OR concurrency_limit > coalesce(
+      (SELECT running FROM concurrency_running AS c WHERE c.tenant = ?2 AND c.key = jobs.concurrency_key), 0))
+ORDER BY priority DESC, scheduled_at, created_at LIMIT ?4;
+
+-- name: concurrency_running
+-- How many jobs of each of a tenant's concurrency keys (?2, a JSON array) run.
+SELECT key, running FROM concurrency_running WHERE tenant = ?1 AND key IN (SELECT value FROM json_each(?2));
 
 -- name: claim_expired
-SELECT id, tenant, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_leased
+-- An expired lease holds its concurrency key's place already: never held back.
+SELECT id, tenant, priority, scheduled_at, created_at, NULL, NULL FROM jobs INDEXED BY jobs_leased
 WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts {paused}
 ORDER BY locked_until LIMIT ?;
 

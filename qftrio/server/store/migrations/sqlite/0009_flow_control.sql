@@ -7,3 +7,40 @@
 DROP INDEX jobs_ready;
 CREATE INDEX jobs_ready ON jobs (queue, tenant, priority DESC, scheduled_at, created_at)
     WHERE status = 'pending';
+
+-- A job's own policies, as enqueued (JSON), and what claims and inserts
+-- look them up by.
+ALTER TABLE jobs ADD COLUMN concurrency TEXT;
+ALTER TABLE jobs ADD COLUMN concurrency_key TEXT;
+ALTER TABLE jobs ADD COLUMN concurrency_limit INTEGER;
+ALTER TABLE jobs ADD COLUMN "unique" TEXT;
+ALTER TABLE jobs ADD COLUMN unique_key TEXT;
+
+-- Concurrency keys: how many jobs of each (tenant, key) are running (an
+-- expired lease not yet taken back included), kept by triggers in the
+-- transaction of every change of status, so that no path out of running
+-- can forget it. Only jobs that carry a key fire them.
+CREATE TABLE concurrency_running (
+    tenant TEXT NOT NULL,
+    key TEXT NOT NULL,
+    running INTEGER NOT NULL,
+    PRIMARY KEY (tenant, key)
+) WITHOUT ROWID;
+CREATE TRIGGER jobs_concurrency_insert AFTER INSERT ON jobs WHEN NEW.concurrency_key IS NOT NULL BEGIN
+    INSERT INTO concurrency_running (tenant, key, running)
+    VALUES (NEW.tenant, NEW.concurrency_key, NEW.status = 'running')
+    ON CONFLICT (tenant, key) DO UPDATE SET running = running + (NEW.status = 'running');
+END;
+CREATE TRIGGER jobs_concurrency_update AFTER UPDATE OF status ON jobs
+WHEN NEW.concurrency_key IS NOT NULL AND (OLD.status = 'running') <> (NEW.status = 'running') BEGIN
+    UPDATE concurrency_running SET running = running + CASE WHEN NEW.status = 'running' THEN 1 ELSE -1 END
+    WHERE tenant = NEW.tenant AND key = NEW.concurrency_key;
+END;
+CREATE TRIGGER jobs_concurrency_delete AFTER DELETE ON jobs
+WHEN OLD.concurrency_key IS NOT NULL AND OLD.status = 'running' BEGIN
+    UPDATE concurrency_running SET running = running - 1 WHERE tenant = OLD.tenant AND key = OLD.concurrency_key;
+END;
+
+-- Unique jobs: a tenant's jobs by unique key (one writer owns the file: an
+-- insert reads it and writes in one transaction).
+CREATE INDEX jobs_unique ON jobs (tenant, unique_key, created_at) WHERE unique_key IS NOT NULL;
