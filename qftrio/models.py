@@ -48,6 +48,7 @@ __all__ = [
     "Job",
     "Lease",
     "QueueStats",
+    "RateLimit",
     "WorkerInfo",
     "ErrorEntry",
     "WorkflowStatus",
@@ -216,6 +217,7 @@ class Job:
     step: str | None = None
     #: The job's own policies, as enqueued (``config``), else None.
     concurrency: dict[str, Any] | None = None
+    rate_limit: str | None = None
     unique: dict[str, Any] | None = None
     context: dict[str, Any] | None = None
 
@@ -362,6 +364,35 @@ class QueueStats:
             oldest_ready_at=parse_time(data.get("oldest_ready_at")),
             next_available_at=parse_time(data.get("next_available_at")),
             paused=bool(data.get("paused", False)),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RateLimit:
+    """A rate limit a tenant declared: at most ``limit`` claims of its jobs
+    naming it in any window of ``per_secs``. ``next_available_at``: when the
+    next unit frees up, while none is left (else None)."""
+
+    name: str
+    limit: int
+    per_secs: float
+    next_available_at: float | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "limit": self.limit,
+            "per_secs": self.per_secs,
+            "next_available_at": format_time(self.next_available_at),
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> RateLimit:
+        return cls(
+            name=data["name"],
+            limit=int(data["limit"]),
+            per_secs=float(data["per_secs"]),
+            next_available_at=parse_time(data.get("next_available_at")),
         )
 
 
@@ -720,6 +751,8 @@ class JobConfig(_Body):
     scheduled_at: TimeInput | None = None
     idempotency_key: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)] | None = None
     concurrency: ConcurrencyConfig | None = None
+    #: A rate limit the tenant declared: each claim of the job takes a unit.
+    rate_limit: Name | None = None
     unique: UniqueConfig | None = None
 
     @model_validator(mode="after")
@@ -731,6 +764,15 @@ class JobConfig(_Body):
         if self.scheduled_at is not None and self.scheduled_at.year > 9998:
             raise ValueError("scheduled_at must be before the year 9999")
         return self
+
+
+#: The largest rate limit: a claim keeps the times of the last window's claims.
+MAX_RATE_LIMIT = 10_000
+
+
+class RateLimitRequest(_Body):
+    limit: Int = Field(ge=1, le=MAX_RATE_LIMIT)
+    per_secs: Annotated[float, Field(gt=0, le=30 * 86400), BeforeValidator(_json_number)]
 
 
 class EnqueueRequest(_Body):
@@ -982,6 +1024,23 @@ class CountAnswer(_Answer):
     """How many jobs a bulk action changed."""
 
     count: int
+
+
+class RateLimitAnswer(_Answer):
+    """A rate limit: at most ``limit`` claims in any window of ``per_secs``;
+    ``next_available_at`` is when a held-back job can next be claimed (null
+    while units are left)."""
+
+    name: str
+    limit: int
+    per_secs: float
+    next_available_at: Time | None
+
+
+class RateLimitsAnswer(_Answer):
+    """The tenant's rate limits, by name."""
+
+    rate_limits: list[RateLimitAnswer]
 
 
 class WorkerAnswer(_Answer):

@@ -4,11 +4,13 @@ two servers wherever a control must hold across servers).
 Fair tenants: one tenant's backlog, priorities or back-dated jobs never
 starve another tenant's jobs on a queue they share; a single tenant sees
 lease order. Concurrency keys: a hard cap on a key's running jobs. Unique
-jobs: one job per key while one is in the given statuses.
+jobs: one job per key while one is in the given statuses. Rate limits: never
+more claims than the limit in any window.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +19,7 @@ import httpx
 import pytest
 import trio
 
+from qftrio.models import parse_time
 from qftrio.server import transitions
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import SqliteStore
@@ -251,4 +254,78 @@ async def test_bad_flow_control_is_refused_and_stores_nothing(
     r = await http.post("/api/v1/jobs", json={"kind": "k", "config": config}, headers=server.headers())
     assert r.status_code == 422, r.text
     assert field in r.json()["error"]["message"]
+    assert (await http.get("/api/v1/jobs", headers=server.headers())).json()["jobs"] == []
+
+
+# -- rate limits ------------------------------------------------------------------
+
+
+async def test_a_rate_limit_holds_in_every_window_across_servers(servers: list[RunningServer]) -> None:
+    clients = [httpx.AsyncClient(base_url=s.url, timeout=30) for s in servers]
+    try:
+        r = await clients[0].put("/api/v1/rate-limits/api", json={"limit": 50, "per_secs": 1}, headers=servers[0].headers())
+        assert r.status_code == 201, r.text
+        await enqueue_batch(clients[0], servers[0], "acme", [{"queue": "calls", "rate_limit": "api"}] * 200)
+        claimed: list[float] = []
+
+        async def lessee(n: int) -> None:
+            http, server = clients[n % len(servers)], servers[n % len(servers)]
+            while len(claimed) < 200:
+                got = await lease(http, server, "calls", max_jobs=10, lease_secs=600)
+                for item in got:
+                    claimed.append(parse_time(item["job"]["locked_until"]) - 600)  # type: ignore[operator]
+                    await report(http, server, item["job"]["id"], "complete", lease_token=item["lease_token"])
+                if not got:
+                    await trio.sleep(0.01)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(8):
+                nursery.start_soon(lessee, n)
+        claimed.sort()
+        assert len(claimed) == 200
+        # a window (t - 1, t]: times show to the microsecond
+        busiest = max(bisect.bisect_left(claimed, t + 1 - 2e-6) - i for i, t in enumerate(claimed))
+        assert busiest == 50
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+async def test_rate_limits_are_declared_read_and_deleted(http: httpx.AsyncClient, server: RunningServer) -> None:
+    path = "/api/v1/rate-limits/api"
+    put = await http.put(path, json={"limit": 2, "per_secs": 60}, headers=server.headers())
+    assert put.status_code == 201
+    assert put.json() == {"name": "api", "limit": 2, "per_secs": 60.0, "next_available_at": None}
+    assert (await http.put(path, json={"limit": 1, "per_secs": 60}, headers=server.headers())).status_code == 200
+    # another tenant has none
+    assert (await http.get(path, headers=server.headers("globex"))).status_code == 404
+    await enqueue_batch(http, server, "acme", [{"queue": "r", "rate_limit": "api"}] * 2 + [{"queue": "r"}])
+    got = await lease(http, server, "r", max_jobs=10)
+    assert sorted(str(item["job"]["rate_limit"]) for item in got) == ["None", "api"]
+    shown = (await http.get(path, headers=server.headers())).json()
+    assert parse_time(shown["next_available_at"]) == pytest.approx(
+        parse_time(got[0]["job"]["locked_until"]) - 60 + 60, abs=1e-3  # type: ignore[operator]
+    )
+    assert await lease(http, server, "r") == []
+    listed = (await http.get("/api/v1/rate-limits", headers=server.headers())).json()
+    assert [r["name"] for r in listed["rate_limits"]] == ["api"]
+    assert (await http.delete(path, headers=server.headers())).status_code == 204
+    assert (await http.delete(path, headers=server.headers())).status_code == 404
+    # no longer declared: it holds nothing back
+    assert len(await lease(http, server, "r")) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field"), [({"limit": 0, "per_secs": 1}, "limit"), ({"limit": 5, "per_secs": 0}, "per_secs"), ({"limit": 5}, "per_secs")]
+)
+async def test_a_bad_rate_limit_is_refused(http: httpx.AsyncClient, server: RunningServer, body: dict[str, Any], field: str) -> None:
+    r = await http.put("/api/v1/rate-limits/api", json=body, headers=server.headers())
+    assert r.status_code == 422 and field in r.json()["error"]["message"], r.text
+    assert (await http.get("/api/v1/rate-limits", headers=server.headers())).json() == {"rate_limits": []}
+
+
+async def test_an_unknown_rate_limit_is_refused_and_stores_nothing(http: httpx.AsyncClient, server: RunningServer) -> None:
+    body = {"jobs": [{"kind": "k"}, {"kind": "k", "config": {"rate_limit": "nope"}}]}
+    r = await http.post("/api/v1/jobs/batch", json=body, headers=server.headers())
+    assert r.status_code == 422 and "config.rate_limit" in r.json()["error"]["message"], r.text
     assert (await http.get("/api/v1/jobs", headers=server.headers())).json()["jobs"] == []

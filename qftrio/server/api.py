@@ -22,6 +22,9 @@ from ..models import (
     JobsPageAnswer,
     QueueStatsAnswer,
     QueuesAnswer,
+    RateLimitAnswer,
+    RateLimitRequest,
+    RateLimitsAnswer,
     Status,
     WorkflowAnswer,
     WorkflowCreateRequest,
@@ -166,6 +169,29 @@ async def jobs_bulk_delete(engine: Engine, call: Call) -> Reply:
     return await _bulk(engine, call, "delete")
 
 
+async def rate_limit_set(engine: Engine, call: Call) -> Reply:
+    """Declare or change a rate limit: at most ``limit`` claims of the tenant's jobs naming it in any window of ``per_secs``, across every server."""
+    body: RateLimitRequest = call.body
+    limit, created = await engine.rate_limit_set(_tenant(call), call.path["name"], body.limit, body.per_secs)
+    return (201 if created else 200), limit.to_wire()
+
+
+async def rate_limit_get(engine: Engine, call: Call) -> Reply:
+    """A rate limit, and when a job it holds back can next be claimed."""
+    return 200, (await engine.rate_limit_get(_tenant(call), call.path["name"])).to_wire()
+
+
+async def rate_limits_list(engine: Engine, call: Call) -> Reply:
+    """The tenant's rate limits, by name."""
+    return 200, {"rate_limits": [r.to_wire() for r in await engine.rate_limits_list(_tenant(call))]}
+
+
+async def rate_limit_delete(engine: Engine, call: Call) -> Reply:
+    """Forget a rate limit: jobs naming it are no longer held back by it."""
+    await engine.rate_limit_delete(_tenant(call), call.path["name"])
+    return 204, None
+
+
 async def workers(engine: Engine, call: Call) -> Reply:
     """The worker ids holding the tenant's running jobs: how many, on which queues, last seen."""
     return 200, {"workers": [w.to_wire() for w in await engine.workers(_tenant(call))]}
@@ -196,6 +222,13 @@ ROUTES: list[Route] = [
         for name, handler in (("retry", jobs_bulk_retry), ("cancel", jobs_bulk_cancel), ("delete", jobs_bulk_delete))
     ),
     Route("GET", "/api/v1/workers", workers, "tenant", {200: WorkersAnswer}),
+    Route("GET", "/api/v1/rate-limits", rate_limits_list, "tenant", {200: RateLimitsAnswer}),
+    Route(
+        "PUT", "/api/v1/rate-limits/<name>", rate_limit_set, "tenant", {200: RateLimitAnswer, 201: RateLimitAnswer},
+        body=RateLimitRequest, path_params={"name": NAME},
+    ),
+    Route("GET", "/api/v1/rate-limits/<name>", rate_limit_get, "tenant", {200: RateLimitAnswer}, (404,), path_params={"name": NAME}),
+    Route("DELETE", "/api/v1/rate-limits/<name>", rate_limit_delete, "tenant", {204: None}, (404,), path_params={"name": NAME}),
 ]  # fmt: skip
 
 #: Every route of the API, declared once.

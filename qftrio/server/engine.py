@@ -49,6 +49,7 @@ from ..models import (
     Job,
     Lease,
     QueueStats,
+    RateLimit,
     Status,
     WorkerInfo,
     Workflow,
@@ -292,6 +293,11 @@ class Engine:
         *tenant* in one transaction: a job whose idempotency key the tenant
         used before is not enqueued, its first job is returned."""
         now = self.clock()
+        named = {job.config.rate_limit for job in jobs if job.config.rate_limit is not None}
+        if named:
+            known = {r.name for r in await self.store.rate_limits_list(tenant=tenant, now=now, names=sorted(named))}
+            if named - known:
+                raise errors.InvalidInput(f"config.rate_limit: no rate limit named {min(named - known)!r}")
         new = []
         for job in jobs:
             cfg = job.config
@@ -313,6 +319,7 @@ class Engine:
                     idempotency_key=cfg.idempotency_key,
                     concurrency=None if cfg.concurrency is None else cfg.concurrency.model_dump(),
                     unique=None if cfg.unique is None else cfg.unique.model_dump(),
+                    rate_limit=cfg.rate_limit,
                 )
             )
         # Jobs due now go straight to the long-polls parked on their queue:
@@ -361,6 +368,27 @@ class Engine:
             await trio.lowlevel.cancel_shielded_checkpoint()
             await trio.lowlevel.cancel_shielded_checkpoint()
         return inserted
+
+    async def rate_limit_set(self, tenant: str, name: str, limit: int, per_secs: float) -> tuple[RateLimit, bool]:
+        """Declare or change the tenant's rate limit *name*: it and whether it is new."""
+        created = await self.store.rate_limit_set(tenant=tenant, name=name, limit=limit, per_secs=per_secs)
+        self.waker.notify_all()  # a raised limit may free held-back jobs
+        return await self.rate_limit_get(tenant, name), created
+
+    async def rate_limit_get(self, tenant: str, name: str) -> RateLimit:
+        found = await self.store.rate_limits_list(tenant=tenant, now=self.clock(), names=[name])
+        if not found:
+            raise errors.NotFound(f"rate limit {name} not found")
+        return found[0]
+
+    async def rate_limits_list(self, tenant: str) -> list[RateLimit]:
+        return await self.store.rate_limits_list(tenant=tenant, now=self.clock())
+
+    async def rate_limit_delete(self, tenant: str, name: str) -> None:
+        """Forget the rate limit: jobs naming it are no longer held back by it."""
+        if not await self.store.rate_limit_delete(tenant=tenant, name=name):
+            raise errors.NotFound(f"rate limit {name} not found")
+        self.waker.notify_all()
 
     async def job_get(self, tenant: str, job_id: str) -> Job:
         job = await self.store.job_get(job_id, tenant=tenant)

@@ -67,6 +67,7 @@ __all__ = [
     "share",
     "fair_order",
     "within_limits",
+    "rate_window",
     "LOST_ATTEMPT",
     "cancel",
     "workflow_cancel",
@@ -194,22 +195,45 @@ def fair_order(candidates: Sequence[C], served: Sequence[str]) -> list[C]:
     return [c for _, c in keyed]
 
 
-def within_limits(ordered: Sequence[C], running: dict[tuple[str, str], int]) -> tuple[list[C], bool]:
-    """The candidates ``(id, tenant, ..., concurrency_key, limit)`` a lease
-    takes, in *ordered*'s order: one with a concurrency key only while fewer
-    than its limit of the tenant's jobs with that key run (*running*, plus
-    those taken before it); and whether any was held back."""
+def within_limits(
+    ordered: Sequence[C], running: dict[tuple[str, str], int], units: dict[tuple[str, str], int]
+) -> tuple[list[C], bool]:
+    """The candidates ``(id, tenant, priority, scheduled_at, created_at,
+    concurrency_key, concurrency_limit, rate_limit)`` a lease takes, in
+    *ordered*'s order: one with a concurrency key only while fewer than its
+    limit of the tenant's jobs with that key run (*running*, plus those
+    taken before it); one naming a rate limit only while units of it are
+    left (*units*, less those taken before it; a limit no longer declared
+    holds nothing back). And whether any was held back."""
     taken: dict[tuple[str, str], int] = {}
+    spent: dict[tuple[str, str], int] = {}
     out = []
     for c in ordered:
-        key, limit = c[-2], c[-1]
+        key, limit, rate = c[5], c[6], c[7]
+        slot = (c[1], key)
+        if key is not None and running.get(slot, 0) + taken.get(slot, 0) >= limit:
+            continue
+        if rate is not None and (c[1], rate) in units and spent.get((c[1], rate), 0) >= units[c[1], rate]:
+            continue
         if key is not None:
-            slot = (c[1], key)
-            if running.get(slot, 0) + taken.get(slot, 0) >= limit:
-                continue
             taken[slot] = taken.get(slot, 0) + 1
+        if rate is not None:
+            spent[c[1], rate] = spent.get((c[1], rate), 0) + 1
         out.append(c)
     return out, len(out) < len(ordered)
+
+
+def rate_window(stamps: Sequence[float], limit: int, per_secs: float, now: float) -> tuple[list[float], int, float | None]:
+    """A rate limit's state at *now* from the times of its claims: the
+    newest *limit* of them (oldest first), what a claim keeps; how many
+    units are left (*limit* less the claims in the window ending at *now*);
+    and when the next one frees up if none is. The newest, not only those
+    of the window: claims need not commit in the order of their times, and
+    a claim of an earlier time must still count those of its own window."""
+    kept = sorted(stamps)[-limit:]
+    window = [t for t in kept if t > now - per_secs]
+    left = max(0, limit - len(window))
+    return kept, left, None if left else window[len(window) - limit] + per_secs
 
 
 #: What a claim records for the attempt a job lost when its lease ran out

@@ -78,6 +78,7 @@ from ...models import (
     Lease,
     Outcome,
     QueueStats,
+    RateLimit,
     Status,
     WorkerInfo,
     Workflow,
@@ -146,12 +147,14 @@ class NewJob:
     #: ``period_secs``); that job is answered instead, as for a repeated
     #: idempotency key.
     unique: dict[str, Any] | None = None
+    #: A rate limit of the tenant: each claim of the job takes a unit of it.
+    rate_limit: str | None = None
 
     @property
     def flow_controlled(self) -> bool:
         """Whether a claim must weigh this job against others: never handed
         straight to a parked long-poll."""
-        return self.concurrency is not None
+        return self.concurrency is not None or self.rate_limit is not None
 
 
 def unique_since(unique: dict[str, Any], now: float) -> float:
@@ -210,6 +213,7 @@ class Inserted:
             workflow_id=new.workflow_id,
             step=new.step,
             concurrency=new.concurrency,
+            rate_limit=new.rate_limit,
             unique=new.unique,
             context=new.context,
         )
@@ -232,6 +236,7 @@ class Inserted:
         wire["workflow_id"] = new.workflow_id
         wire["step"] = new.step
         wire["concurrency"] = new.concurrency
+        wire["rate_limit"] = new.rate_limit
         wire["unique"] = new.unique
         wire["context"] = new.context
         wire["errors"] = []  # the template's own list is shared
@@ -532,6 +537,21 @@ class Store(abc.ABC):
         """The worker ids holding the tenant's running jobs, most jobs first
         (then by id): how many, on which queues, the latest claim or
         heartbeat among them. Costs O(running jobs)."""
+
+    @abc.abstractmethod
+    async def rate_limit_set(self, *, tenant: str, name: str, limit: int, per_secs: float) -> bool:
+        """Declare (or change) the tenant's rate limit *name*; whether it is
+        new. A change keeps the claims of the current window: they count."""
+
+    @abc.abstractmethod
+    async def rate_limits_list(self, *, tenant: str, now: float, names: Sequence[str] | None = None) -> list[RateLimit]:
+        """The tenant's rate limits (those of *names*, if given), by name,
+        each with when its next unit frees up at *now*."""
+
+    @abc.abstractmethod
+    async def rate_limit_delete(self, *, tenant: str, name: str) -> bool:
+        """Forget the tenant's rate limit *name* (its jobs are no longer
+        held back by it); whether it existed."""
 
     async def counts_fold(self) -> None:
         """Compact what keeps the counts of :meth:`queues_stats` (the

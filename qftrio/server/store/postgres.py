@@ -68,6 +68,7 @@ from ...models import (
     Job,
     Lease,
     QueueStats,
+    RateLimit,
     Status,
     WorkerInfo,
     Workflow,
@@ -168,6 +169,7 @@ def _job(row: asyncpg.Record) -> Job:
         workflow_id=None if workflow_id is None else str(workflow_id),
         step=row["step"],
         concurrency=row["concurrency"],
+        rate_limit=row["rate_limit"],
         unique=row["unique"],
         context=row["context"],
     )
@@ -191,6 +193,7 @@ def _insert_batch(ids: Sequence[str], jobs: Sequence[NewJob]) -> str:
                     job_id, new.tenant, new.queue, new.kind, _json_fragment(new.payload), new.priority,
                     new.max_attempts, new.scheduled_at, new.idempotency_key, new.workflow_id, new.step,
                     None if new.context is None else _json_fragment(new.context), new.concurrency, new.unique,
+                    new.rate_limit,
                 ]  # fmt: skip
                 for job_id, new in zip(ids, jobs)
             ]
@@ -856,6 +859,22 @@ class PostgresStore(Store):
             return await _drive(conn, plan)
 
         return await self._db.run(bulk)
+
+    async def rate_limit_set(self, *, tenant: str, name: str, limit: int, per_secs: float) -> bool:
+        return bool(await self._db.fetchval(Q["rate_limit_set"], tenant, name, limit, float(per_secs)))
+
+    async def rate_limits_list(self, *, tenant: str, now: float, names: Sequence[str] | None = None) -> list[RateLimit]:
+        rows = await self._db.fetch(Q["rate_limits_of"], tenant, None if names is None else list(names))
+        return [
+            RateLimit(
+                name=row["name"], limit=row["limit"], per_secs=row["per_secs"],
+                next_available_at=transitions.rate_window(row["stamps"], row["limit"], row["per_secs"], now)[2],
+            )  # fmt: skip
+            for row in rows
+        ]
+
+    async def rate_limit_delete(self, *, tenant: str, name: str) -> bool:
+        return await self._db.fetchval(Q["rate_limit_delete"], tenant, name) is not None
 
     async def workers(self, *, tenant: str) -> list[WorkerInfo]:
         rows = await self._db.fetch(Q["workers"], tenant)

@@ -29,6 +29,7 @@ import os
 import re
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from queue import SimpleQueue
 from typing import Any, TypeVar
@@ -43,6 +44,7 @@ from ...models import (
     Job,
     Lease,
     QueueStats,
+    RateLimit,
     Status,
     WorkerInfo,
     Workflow,
@@ -97,7 +99,7 @@ def _dumps(value: Any) -> str | None:
 def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     (
         id_, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-        updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, concurrency, unique, context,
+        updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, concurrency, rate_limit, unique, context,
     ) = row  # fmt: skip
     return Job(
         id=id_,
@@ -122,6 +124,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         workflow_id=workflow_id,
         step=step,
         concurrency=_loads(concurrency),
+        rate_limit=rate_limit,
         unique=_loads(unique),
         context=_loads(context),
     )
@@ -188,7 +191,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
             (
                 job_id, new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority, new.max_attempts,
                 new.scheduled_at, now, now, new.idempotency_key, new.workflow_id, new.step, _dumps(new.context),
-                _dumps(new.concurrency), _dumps(new.unique),
+                _dumps(new.concurrency), _dumps(new.unique), new.rate_limit,
             )  # fmt: skip
         )
         out.append(Inserted(job_id, new, now))
@@ -249,10 +252,22 @@ def _claim_once(
     for tenant in {c[1] for c in candidates if c[5] is not None}:
         keys = _dumps(sorted({c[5] for c in candidates if c[1] == tenant and c[5] is not None}))
         running.update(((tenant, key), n) for key, n in conn.execute(Q["concurrency_running"], (tenant, keys)))
-    chosen, held = transitions.within_limits(transitions.fair_order(candidates, served), running)
-    ids = [c[0] for c in chosen[:limit]]
+    windows: dict[tuple[str, str], tuple[list[float], int]] = {}
+    units: dict[tuple[str, str], int] = {}
+    for tenant in {c[1] for c in candidates if c[7] is not None}:
+        names = _dumps(sorted({c[7] for c in candidates if c[1] == tenant and c[7] is not None}))
+        for name, most, per_secs, stamps in conn.execute(Q["rate_limits_of"], (tenant, names)):
+            kept, units[tenant, name], _ = transitions.rate_window(_json.loads(stamps), most, per_secs, now)
+            windows[tenant, name] = (kept, most)
+    chosen, held = transitions.within_limits(transitions.fair_order(candidates, served), running, units)
+    chosen = chosen[:limit]
+    ids = [c[0] for c in chosen]
     if not ids:
         return [], False
+    spent = Counter((c[1], c[7]) for c in chosen if (c[1], c[7]) in windows)
+    for (tenant, name), n in spent.items():
+        kept, most = windows[tenant, name]
+        conn.execute(Q["rate_limit_stamps"], (tenant, name, _dumps(sorted(kept + [now] * n)[-most:])))
     tokens = dict(zip(ids, new_tokens(len(ids))))
     rows = conn.execute(
         Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
@@ -694,6 +709,26 @@ class SqliteStore(Store):
             )
 
         return await self._run(bulk)
+
+    async def rate_limit_set(self, *, tenant: str, name: str, limit: int, per_secs: float) -> bool:
+        def set_(conn: sqlite3.Connection) -> bool:
+            new = not conn.execute(Q["rate_limits_of"], (tenant, _dumps([name]))).fetchall()
+            conn.execute(Q["rate_limit_set"], (tenant, name, limit, per_secs))
+            return new
+
+        return await self._run(set_)
+
+    async def rate_limits_list(self, *, tenant: str, now: float, names: Sequence[str] | None = None) -> list[RateLimit]:
+        rows = await self._run(
+            lambda conn: conn.execute(Q["rate_limits_of"], (tenant, None if names is None else _dumps(list(names)))).fetchall()
+        )
+        return [
+            RateLimit(name=name, limit=most, per_secs=per_secs, next_available_at=transitions.rate_window(_json.loads(stamps), most, per_secs, now)[2])
+            for name, most, per_secs, stamps in rows
+        ]
+
+    async def rate_limit_delete(self, *, tenant: str, name: str) -> bool:
+        return await self._run(lambda conn: conn.execute(Q["rate_limit_delete"], (tenant, name)).fetchone() is not None)
 
     async def workers(self, *, tenant: str) -> list[WorkerInfo]:
         return await self._run(lambda conn: workers_of(conn.execute(Q["workers"], (tenant,)).fetchall()))

@@ -49,6 +49,8 @@ export interface Job {
   errors: ErrorEntry[];
   workflow_id: string | null;
   step: string | null;
+  concurrency: ConcurrencyConfig | null;
+  unique: UniqueConfig | null;
   context: JsonObject | null;
 }
 
@@ -156,6 +158,22 @@ export interface ReportResultsAnswer {
 
 // -- application API ---------------------------------------------------------
 
+/** At most `limit` running jobs of the tenant carry `key`.
+ * @wire ConcurrencyConfig */
+export interface ConcurrencyConfig {
+  key: string;
+  limit?: number;
+}
+
+/** While a job of the tenant with `key` is in one of `statuses` (created
+ * less than `period_secs` ago), an enqueue answers that job.
+ * @wire UniqueConfig */
+export interface UniqueConfig {
+  key: string;
+  statuses?: Status[];
+  period_secs?: number | null;
+}
+
 /** A job's `config` when enqueued: every field optional.
  * @wire JobConfig */
 export interface JobConfig {
@@ -165,6 +183,8 @@ export interface JobConfig {
   delay_secs?: number | null;
   scheduled_at?: string | null;
   idempotency_key?: string | null;
+  concurrency?: ConcurrencyConfig | null;
+  unique?: UniqueConfig | null;
 }
 
 /** @wire EnqueueRequest */

@@ -6,7 +6,7 @@
 -- by name, and the lease token and idempotency key (tests/test_store_sql.py).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    concurrency, "unique", context
+    concurrency, rate_limit, "unique", context
 
 -- name: notify_queues
 -- Inside the caller's transaction, so it is delivered on commit only; on
@@ -70,19 +70,24 @@ WITH RECURSIVE pending_tenants AS (
     WHERE (n + $7) % total < $3
 ), ready AS (
     SELECT r.*, s.turn FROM served AS s CROSS JOIN LATERAL (
-        SELECT id, tenant, status, priority, scheduled_at, created_at, concurrency_key, concurrency_limit
+        SELECT id, tenant, status, priority, scheduled_at, created_at, concurrency_key, concurrency_limit, rate_limit
         FROM qftrio_jobs
         WHERE queue = $1 AND tenant = s.tenant AND status = 'pending' AND scheduled_at <= $2
           AND (concurrency_key IS NULL OR concurrency_limit > coalesce(
               (SELECT k.running FROM qftrio_concurrency_running AS k
                WHERE k.tenant = s.tenant AND k.key = qftrio_jobs.concurrency_key), 0))
+          AND (rate_limit IS NULL OR NOT EXISTS (
+              SELECT 1 FROM qftrio_rate_limits AS r WHERE r.tenant = s.tenant AND r.name = qftrio_jobs.rate_limit
+                AND (SELECT count(*) FROM unnest(r.stamps) AS t WHERE t > $2 - r.per_secs) >= r."limit"))
         ORDER BY priority DESC, scheduled_at, created_at
         LIMIT s.share
         FOR UPDATE SKIP LOCKED
     ) AS r
 ), expired AS (
-    -- An expired lease holds its concurrency key's place already.
-    SELECT id, tenant, status, priority, scheduled_at, created_at, NULL::text, NULL::int, NULL::bigint FROM qftrio_jobs
+    -- An expired lease holds its concurrency key's place already; its claim
+    -- takes a unit of its rate limit.
+    SELECT id, tenant, status, priority, scheduled_at, created_at, NULL::text, NULL::int, rate_limit, NULL::bigint
+    FROM qftrio_jobs
     WHERE queue = $1 AND status = 'running' AND locked_until < $2 AND attempt < max_attempts
       AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))
     ORDER BY priority DESC, scheduled_at, created_at
@@ -97,19 +102,45 @@ WITH RECURSIVE pending_tenants AS (
     WHERE (tenant, key) IN (SELECT tenant, concurrency_key FROM ready WHERE concurrency_key IS NOT NULL)
     ORDER BY tenant, key
     FOR UPDATE
+), rated AS (
+    -- The units left of the candidates' rate limits, locked likewise.
+    SELECT tenant, name, "limit", per_secs, stamps,
+        "limit" - (SELECT count(*) FROM unnest(stamps) AS t WHERE t > $2 - per_secs) AS units
+    FROM qftrio_rate_limits
+    WHERE (tenant, name) IN (
+        SELECT tenant, rate_limit FROM ready WHERE rate_limit IS NOT NULL
+        UNION SELECT tenant, rate_limit FROM expired WHERE rate_limit IS NOT NULL)
+    ORDER BY tenant, name
+    FOR UPDATE
 ), weighed AS (
     SELECT u.id, u.status,
         row_number() OVER (PARTITION BY u.tenant ORDER BY u.priority DESC, u.scheduled_at, u.created_at) AS rank,
         coalesce(max(u.turn) OVER (PARTITION BY u.tenant), $3) AS turn, u.tenant,
-        u.concurrency_key IS NULL OR row_number() OVER (
+        u.rate_limit,
+        (u.concurrency_key IS NULL OR row_number() OVER (
             PARTITION BY u.tenant, u.concurrency_key ORDER BY u.priority DESC, u.scheduled_at, u.created_at
-        ) <= u.concurrency_limit - coalesce(k.running, 0) AS fits
+        ) <= u.concurrency_limit - coalesce(k.running, 0))
+        AND (r.units IS NULL OR row_number() OVER (
+            PARTITION BY u.tenant, u.rate_limit ORDER BY u.priority DESC, u.scheduled_at, u.created_at
+        ) <= r.units) AS fits
     FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) AS u
     LEFT JOIN counted AS k ON k.tenant = u.tenant AND k.key = u.concurrency_key
+    LEFT JOIN rated AS r ON r.tenant = u.tenant AND r.name = u.rate_limit
 ), chosen AS (
-    SELECT id, status, rank, turn FROM weighed WHERE fits
+    SELECT id, status, rank, turn, tenant, rate_limit FROM weighed WHERE fits
     ORDER BY rank, turn, tenant
     LIMIT $3
+), stamped AS (
+    -- Each claim takes a unit: its time joins the newest "limit" ones
+    -- (transitions.rate_window: not those of this claim's window only, as
+    -- claims need not commit in the order of their times).
+    UPDATE qftrio_rate_limits AS r SET stamps = (
+        SELECT coalesce(array_agg(t ORDER BY t), '{}') FROM (
+            SELECT t FROM unnest(r.stamps) AS t
+            UNION ALL SELECT $2 FROM generate_series(1, c.n)
+            ORDER BY 1 DESC LIMIT r."limit") AS w)
+    FROM (SELECT tenant, rate_limit, count(*) AS n FROM chosen WHERE rate_limit IS NOT NULL GROUP BY 1, 2) AS c
+    WHERE r.tenant = c.tenant AND r.name = c.rate_limit
 )
 UPDATE qftrio_jobs AS j SET
     status = 'running',
@@ -127,7 +158,7 @@ FROM chosen AS c
 WHERE j.id = c.id
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
-    j.errors, j.idempotency_key, j.workflow_id, j.step, j.concurrency, j."unique", j.context, c.rank, c.turn,
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.concurrency, j.rate_limit, j."unique", j.context, c.rank, c.turn,
     (SELECT count(*) FROM served) > 1 OR EXISTS (SELECT 1 FROM weighed WHERE NOT fits) AS more;
 
 -- name: insert_handing_over
@@ -176,12 +207,12 @@ SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notif
 WITH inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
         scheduled_at, idempotency_key, workflow_id, step, context,
-        concurrency, concurrency_key, concurrency_limit, "unique", unique_key,
+        concurrency, concurrency_key, concurrency_limit, "unique", unique_key, rate_limit,
         status, attempt, created_at, updated_at)
     SELECT (j->>0)::uuid, j->>1, j->>2, j->>3, j->4, (j->>5)::int, (j->>6)::int,
         (j->>7)::float8, j->>8, (j->>9)::uuid, j->>10, CASE WHEN j->>11 IS NOT NULL THEN j->11 END,
         CASE WHEN j->>12 IS NOT NULL THEN j->12 END, j->12->>'key', (j->12->>'limit')::int,
-        CASE WHEN j->>13 IS NOT NULL THEN j->13 END, j->13->>'key',
+        CASE WHEN j->>13 IS NOT NULL THEN j->13 END, j->13->>'key', j->>14,
         'pending', 0, $2::float8, $2::float8
     FROM jsonb_array_elements($1::text::jsonb) AS j
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -196,6 +227,20 @@ SELECT inserted.id::text FROM inserted, notified;
 SELECT {job_columns}
 FROM qftrio_jobs
 WHERE (tenant, idempotency_key) IN (SELECT * FROM unnest($1::text[], $2::text[]));
+
+-- name: rate_limits_of
+-- A tenant's rate limits, all of them ($2 null) or those named in $2.
+SELECT name, "limit", per_secs, stamps FROM qftrio_rate_limits
+WHERE tenant = $1 AND ($2::text[] IS NULL OR name = ANY($2::text[])) ORDER BY name;
+
+-- name: rate_limit_set
+-- A changed limit keeps the claims of the window: they still count.
+INSERT INTO qftrio_rate_limits (tenant, name, "limit", per_secs) VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant, name) DO UPDATE SET "limit" = $3, per_secs = $4
+RETURNING xmax = 0 AS created;
+
+-- name: rate_limit_delete
+DELETE FROM qftrio_rate_limits WHERE tenant = $1 AND name = $2 RETURNING 1;
 
 -- name: unique_lock
 -- Unique jobs' (tenant, key) pairs, locked until the transaction ends, in
@@ -274,7 +319,7 @@ WITH keys AS (
 )
 SELECT j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
-    j.errors, j.idempotency_key, j.workflow_id, j.step, j.concurrency, j."unique", j.context
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.concurrency, j.rate_limit, j."unique", j.context
 FROM keys JOIN qftrio_jobs AS j ON j.id = keys.id
 ORDER BY keys.created_at DESC, keys.id DESC;
 

@@ -8,7 +8,7 @@
 -- A job's columns, in the order of the fields of qftrio.models.Job, which
 -- sqlite._row_to_job reads them in (tests/test_store_sql.py checks it).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, concurrency, "unique", context
+    updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, concurrency, rate_limit, "unique", context
 
 -- name: job_get
 SELECT {job_columns}
@@ -21,9 +21,9 @@ FROM jobs WHERE tenant = ? AND idempotency_key = ?;
 -- name: job_insert
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
     created_at, updated_at, idempotency_key, workflow_id, step, context,
-    concurrency, concurrency_key, concurrency_limit, "unique", unique_key)
+    concurrency, concurrency_key, concurrency_limit, "unique", unique_key, rate_limit)
 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, 0, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
-    ?15, json_extract(?15, '$.key'), json_extract(?15, '$.limit'), ?16, json_extract(?16, '$.key'));
+    ?15, json_extract(?15, '$.key'), json_extract(?15, '$.limit'), ?16, json_extract(?16, '$.key'), ?17);
 
 -- name: job_by_unique_key
 -- The tenant's newest job with the unique key in one of the statuses (?3, a
@@ -51,10 +51,14 @@ SELECT DISTINCT tenant FROM job_counts WHERE queue = ? AND status = 'pending' AN
 -- A tenant's ready jobs of a queue, in lease order: its share of a lease.
 -- A job whose concurrency key is at its limit is held back, and the walk
 -- goes on past it.
-SELECT id, tenant, priority, scheduled_at, created_at, concurrency_key, concurrency_limit FROM jobs INDEXED BY jobs_ready
+SELECT id, tenant, priority, scheduled_at, created_at, concurrency_key, concurrency_limit, rate_limit
+FROM jobs INDEXED BY jobs_ready
 WHERE queue = ?1 AND tenant = ?2 AND status = 'pending' AND scheduled_at <= ?3
   AND (concurrency_key IS NULL OR concurrency_limit > coalesce(
       (SELECT running FROM concurrency_running AS c WHERE c.tenant = ?2 AND c.key = jobs.concurrency_key), 0))
+  AND (rate_limit IS NULL OR NOT EXISTS (
+      SELECT 1 FROM rate_limits AS r WHERE r.tenant = ?2 AND r.name = jobs.rate_limit
+        AND (SELECT count(*) FROM json_each(r.stamps) WHERE value > ?3 - r.per_secs) >= r."limit"))
 ORDER BY priority DESC, scheduled_at, created_at LIMIT ?4;
 
 -- name: concurrency_running
@@ -62,10 +66,27 @@ ORDER BY priority DESC, scheduled_at, created_at LIMIT ?4;
 SELECT key, running FROM concurrency_running WHERE tenant = ?1 AND key IN (SELECT value FROM json_each(?2));
 
 -- name: claim_expired
--- An expired lease holds its concurrency key's place already: never held back.
-SELECT id, tenant, priority, scheduled_at, created_at, NULL, NULL FROM jobs INDEXED BY jobs_leased
+-- An expired lease holds its concurrency key's place already; its claim
+-- takes a unit of its rate limit.
+SELECT id, tenant, priority, scheduled_at, created_at, NULL, NULL, rate_limit FROM jobs INDEXED BY jobs_leased
 WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts {paused}
 ORDER BY locked_until LIMIT ?;
+
+-- name: rate_limits_of
+-- A tenant's rate limits, all of them or those named in ?2 (a JSON array).
+SELECT name, "limit", per_secs, stamps FROM rate_limits
+WHERE tenant = ?1 AND (?2 IS NULL OR name IN (SELECT value FROM json_each(?2))) ORDER BY name;
+
+-- name: rate_limit_stamps
+UPDATE rate_limits SET stamps = ?3 WHERE tenant = ?1 AND name = ?2;
+
+-- name: rate_limit_set
+-- A changed limit keeps the claims of the window: they still count.
+INSERT INTO rate_limits (tenant, name, "limit", per_secs) VALUES (?1, ?2, ?3, ?4)
+ON CONFLICT (tenant, name) DO UPDATE SET "limit" = ?3, per_secs = ?4;
+
+-- name: rate_limit_delete
+DELETE FROM rate_limits WHERE tenant = ?1 AND name = ?2 RETURNING 1;
 
 -- name: claim
 -- One statement for the whole batch; "{tokens}" is one "WHEN ? THEN ?" per

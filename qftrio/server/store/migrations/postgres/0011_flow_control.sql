@@ -67,3 +67,17 @@ CREATE TRIGGER qftrio_jobs_concurrency_delete AFTER DELETE ON qftrio_jobs
 -- that concurrent inserts of one key on any server take turns.
 CREATE INDEX qftrio_jobs_unique_idx ON qftrio_jobs (tenant, unique_key, created_at)
     WHERE unique_key IS NOT NULL;
+
+-- Rate limits a tenant declared: at most "limit" claims of its jobs naming
+-- one in any window of per_secs. "stamps" holds the times of the claims of
+-- the last window (at most "limit" of them, oldest first); a claim locks
+-- the rows it weighs, in order, as for concurrency keys.
+ALTER TABLE qftrio_jobs ADD COLUMN rate_limit text;
+CREATE TABLE qftrio_rate_limits (
+    tenant text NOT NULL,
+    name text NOT NULL,
+    "limit" int NOT NULL,
+    per_secs float8 NOT NULL,
+    stamps float8[] NOT NULL DEFAULT '{}',
+    PRIMARY KEY (tenant, name)
+);

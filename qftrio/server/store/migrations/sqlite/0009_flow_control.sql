@@ -44,3 +44,16 @@ END;
 -- Unique jobs: a tenant's jobs by unique key (one writer owns the file: an
 -- insert reads it and writes in one transaction).
 CREATE INDEX jobs_unique ON jobs (tenant, unique_key, created_at) WHERE unique_key IS NOT NULL;
+
+-- Rate limits a tenant declared: at most "limit" claims of its jobs naming
+-- one in any window of per_secs. "stamps" holds the times of the claims of
+-- the last window (a JSON array, at most "limit" of them, oldest first).
+ALTER TABLE jobs ADD COLUMN rate_limit TEXT;
+CREATE TABLE rate_limits (
+    tenant TEXT NOT NULL,
+    name TEXT NOT NULL,
+    "limit" INTEGER NOT NULL,
+    per_secs REAL NOT NULL,
+    stamps TEXT NOT NULL DEFAULT '[]',
+    PRIMARY KEY (tenant, name)
+) WITHOUT ROWID;
