@@ -53,6 +53,8 @@ from .models import (
     NAME_PATTERN,
     Outcome,
     QueueStats,
+    RateLimit,
+    RateLimitRequest,
     ReportReply,
     Status,
     WorkerInfo,
@@ -206,7 +208,10 @@ def _config(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-_CONFIG_KEYS = frozenset({"queue", "priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key"})
+_CONFIG_KEYS = frozenset(
+    {"queue", "priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key", "concurrency", "rate_limit",
+     "unique"}
+)  # fmt: skip
 
 
 def _job_body(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -277,6 +282,10 @@ def _count(data: Any) -> int:
 
 def _workers(data: Any) -> list[WorkerInfo]:
     return [WorkerInfo.from_wire(w) for w in data["workers"]]
+
+
+def _rate_limits(data: Any) -> list[RateLimit]:
+    return [RateLimit.from_wire(r) for r in data["rate_limits"]]
 
 
 def _health(data: Any) -> dict[str, Any]:
@@ -542,9 +551,15 @@ class _Api(Generic[X]):
         delay_secs: float | None = None,
         scheduled_at: float | _dt.datetime | None = None,
         idempotency_key: str | None = None,
+        concurrency: Mapping[str, Any] | None = None,
+        rate_limit: str | None = None,
+        unique: Mapping[str, Any] | None = None,
     ) -> Call[Job]:
         """Enqueue one job. *scheduled_at* is epoch seconds or an aware
-        datetime. A repeated *idempotency_key* returns the first job."""
+        datetime. A repeated *idempotency_key* returns the first job.
+        *concurrency* ``{"key", "limit"}``, *rate_limit* (a declared rate
+        limit's name) and *unique* ``{"key", "statuses", "period_secs"}``:
+        docs/flow-control.md."""
         body = _job_body(
             {
                 "kind": kind,
@@ -555,6 +570,9 @@ class _Api(Generic[X]):
                 "delay_secs": delay_secs,
                 "scheduled_at": scheduled_at,
                 "idempotency_key": idempotency_key,
+                "concurrency": concurrency,
+                "rate_limit": rate_limit,
+                "unique": unique,
             }
         )
         return Call("POST", "/api/v1/jobs", Job.from_wire, json_body=_build(EnqueueRequest, **body))
@@ -661,6 +679,29 @@ class _Api(Generic[X]):
     def workers() -> Call[list[WorkerInfo]]:
         """The worker ids holding running jobs, most jobs first."""
         return Call("GET", "/api/v1/workers", _workers)
+
+    @_method
+    def rate_limit_set(name: str, limit: int, per_secs: float) -> Call[RateLimit]:
+        """Declare or change the rate limit *name*: at most *limit* claims of
+        jobs naming it (``config.rate_limit``) in any window of *per_secs*,
+        across every server."""
+        body = _build(RateLimitRequest, limit=limit, per_secs=per_secs)
+        return Call("PUT", f"/api/v1/rate-limits/{_segment(name)}", RateLimit.from_wire, json_body=body)
+
+    @_method
+    def rate_limit_get(name: str) -> Call[RateLimit]:
+        """A rate limit, with when a job it holds back can next be claimed."""
+        return Call("GET", f"/api/v1/rate-limits/{_segment(name)}", RateLimit.from_wire)
+
+    @_method
+    def rate_limits_list() -> Call[list[RateLimit]]:
+        """The tenant's rate limits, by name."""
+        return Call("GET", "/api/v1/rate-limits", _rate_limits)
+
+    @_method
+    def rate_limit_delete(name: str) -> Call[None]:
+        """Forget the rate limit *name*: jobs naming it are no longer held back."""
+        return Call("DELETE", f"/api/v1/rate-limits/{_segment(name)}", None)
 
     @_method
     def health() -> Call[dict[str, Any]]:

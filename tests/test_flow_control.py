@@ -11,6 +11,8 @@ more claims than the limit in any window.
 from __future__ import annotations
 
 import bisect
+import json
+import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +21,7 @@ import httpx
 import pytest
 import trio
 
+from qftrio.client import Client
 from qftrio.models import parse_time
 from qftrio.server import transitions
 from qftrio.server.store.base import Store
@@ -26,6 +29,7 @@ from qftrio.server.store.sqlite import SqliteStore
 
 from .conftest import RunningServer, serve_store
 from .pg import pg_url
+from .test_cli import run_process
 from .test_protocol import lease, report
 
 
@@ -329,3 +333,24 @@ async def test_an_unknown_rate_limit_is_refused_and_stores_nothing(http: httpx.A
     r = await http.post("/api/v1/jobs/batch", json=body, headers=server.headers())
     assert r.status_code == 422 and "config.rate_limit" in r.json()["error"]["message"], r.text
     assert (await http.get("/api/v1/jobs", headers=server.headers())).json()["jobs"] == []
+
+
+async def test_rate_limits_from_the_command_line_and_the_client(server: RunningServer) -> None:
+    def qftrio(*argv: str) -> subprocess.CompletedProcess[str]:
+        return run_process(*argv, "--url", server.url, "--token", server.tenants["acme"])
+
+    out = await trio.to_thread.run_sync(qftrio, "rate-limits", "set", "api", "--limit", "10", "--per-secs", "1")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"name": "api", "limit": 10, "per_secs": 1.0, "next_available_at": None}
+    out = await trio.to_thread.run_sync(qftrio, "rate-limits", "list")
+    assert [r["name"] for r in json.loads(out.stdout)["rate_limits"]] == ["api"]
+    bad = await trio.to_thread.run_sync(qftrio, "rate-limits", "set", "api", "--limit", "0", "--per-secs", "1")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    async with Client(server.url, server.tenants["acme"]) as client:
+        assert (await client.rate_limit_get("api")).limit == 10
+        job = await client.enqueue("call", rate_limit="api", concurrency={"key": "c"})
+        assert job.rate_limit == "api" and job.concurrency == {"key": "c", "limit": 1}
+    out = await trio.to_thread.run_sync(qftrio, "rate-limits", "delete", "api")
+    assert out.returncode == 0 and json.loads(out.stdout) == {"deleted": "api"}
+    gone = await trio.to_thread.run_sync(qftrio, "rate-limits", "delete", "api")
+    assert gone.returncode != 0 and "not found" in gone.stderr

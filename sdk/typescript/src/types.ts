@@ -50,6 +50,7 @@ export interface Job {
   workflow_id: string | null;
   step: string | null;
   concurrency: ConcurrencyConfig | null;
+  rate_limit: string | null;
   unique: UniqueConfig | null;
   context: JsonObject | null;
 }
@@ -184,6 +185,7 @@ export interface JobConfig {
   scheduled_at?: string | null;
   idempotency_key?: string | null;
   concurrency?: ConcurrencyConfig | null;
+  rate_limit?: string | null;
   unique?: UniqueConfig | null;
 }
 
@@ -273,6 +275,27 @@ export interface WorkerInfo {
 /** @wire WorkersAnswer */
 export interface WorkersAnswer {
   workers: WorkerInfo[];
+}
+
+/** @wire RateLimitRequest */
+export interface RateLimitRequest {
+  limit: number;
+  per_secs: number;
+}
+
+/** A rate limit: at most `limit` claims in any window of `per_secs`;
+ * `next_available_at` is when a held-back job can next be claimed.
+ * @wire RateLimitAnswer */
+export interface RateLimit {
+  name: string;
+  limit: number;
+  per_secs: number;
+  next_available_at: string | null;
+}
+
+/** @wire RateLimitsAnswer */
+export interface RateLimitsAnswer {
+  rate_limits: RateLimit[];
 }
 
 /** @wire HealthAnswer */
