@@ -110,6 +110,9 @@ async def test_claim_uses_the_partial_indexes() -> None:
         # each tenant's share walks the index in lease order, no sort of the backlog
         ready = text.split("CTE ready\n")[1].split("CTE expired")[0]
         assert "Index Scan using qftrio_jobs_claim_idx" in ready and "Sort" not in ready, text
+        # the generic plan too (a prepared claim's, after five runs) finds the chosen rows by key
+        for plan in await plans(url, Q["claim"], "q7", T0, 10, 30.0, "w", "lease expired", 0):
+            assert "Seq Scan on qftrio_jobs " not in plan + " ", plan
         plan = "\n".join(r[0] for r in await sql(url, "EXPLAIN " + Q["next_available"], "q7", T0))
         assert "Seq Scan" not in plan and "qftrio_jobs_scheduled_idx" in plan, plan
         leases = await store.jobs_claim("q7", limit=10, lease_secs=30, worker_id="w", now=T0)

@@ -155,7 +155,10 @@ UPDATE qftrio_jobs AS j SET
         THEN j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'error', $6::text, 'at', $2))
         ELSE j.errors END
 FROM chosen AS c
-WHERE j.id = c.id
+-- The ids as an array too: the rows are then found by their key, whatever
+-- the generic plan guesses of how many the walks above choose (a guess of
+-- thousands would join them to the whole table).
+WHERE j.id = c.id AND j.id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
     j.errors, j.idempotency_key, j.workflow_id, j.step, j.concurrency, j.rate_limit, j."unique", j.context, c.rank, c.turn,
