@@ -167,6 +167,11 @@ class Waker:
                 parked.event.set()
 
 
+def _ended_queues(results: Sequence[ReportResult]) -> set[str]:
+    """The queues of the running jobs *results* ended."""
+    return {r.queue for r in results if r.applied and r.queue is not None}
+
+
 def encode_cursor(item: Job | Workflow) -> str:
     raw = json.dumps([item.created_at, item.id]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -646,8 +651,10 @@ class Engine:
     async def complete(self, items: Sequence[CompleteItem]) -> list[ReportResult]:
         results = await self._completes(items)
         self._count_ended(results, self.clock())
-        # workflow steps these completions unblocked
-        for queue in {q for r in results for q in r.ready_queues}:
+        # workflow steps these completions unblocked, and the places of
+        # concurrency keys they freed (polls are parked on a queue only when
+        # it had nothing to hand out: waking them costs a claim each)
+        for queue in {q for r in results for q in r.ready_queues} | _ended_queues(results):
             self.waker.notify(queue)
         await self._count_conflicts(items, results)
         return results
@@ -655,11 +662,9 @@ class Engine:
     async def fail(self, items: Sequence[FailItem]) -> list[ReportResult]:
         results = await self._fails(items)
         self._count_ended(results, self.clock())
-        for r in results:
-            if r.applied and r.status is Status.PENDING and r.queue is not None:
-                # a retry was scheduled: parked long-polls recompute their wait
-                self.waker.notify(r.queue)
-        for queue in {q for r in results for q in r.ready_queues}:
+        # a retry was scheduled (parked long-polls recompute their wait), a
+        # concurrency key's place freed, workflow steps unblocked
+        for queue in {q for r in results for q in r.ready_queues} | _ended_queues(results):
             self.waker.notify(queue)
         await self._count_conflicts(items, results)
         return results
