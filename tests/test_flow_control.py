@@ -67,6 +67,17 @@ async def test_leases_of_one_job_serve_the_tenants_in_turn(http: httpx.AsyncClie
     assert sorted(tenants) == ["acme"] * 3 + ["globex"] * 3, tenants
 
 
+async def test_each_queue_serves_its_tenants_in_turn_whatever_else_is_claimed(
+    http: httpx.AsyncClient, server: RunningServer
+) -> None:
+    for queue in ("x", "y"):
+        await enqueue_batch(http, server, "acme", [{"queue": queue, "priority": 100}] * 10)
+        await enqueue_batch(http, server, "globex", [{"queue": queue}] * 10)
+    # leases alternate between the queues: each queue's own turn still alternates its tenants
+    tenants = [(await lease(http, server, queue, max_jobs=1))[0]["job"]["tenant"] for _ in range(4) for queue in "xy"]
+    assert sorted(tenants[0::2]) == sorted(tenants[1::2]) == ["acme", "acme", "globex", "globex"], tenants
+
+
 async def test_a_short_share_is_filled_from_the_other_tenants(http: httpx.AsyncClient, server: RunningServer) -> None:
     await enqueue_batch(http, server, "globex", [{"queue": "fill"}] * 2)
     await enqueue_batch(http, server, "acme", [{"queue": "fill"}] * 30)

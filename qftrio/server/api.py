@@ -227,8 +227,14 @@ ROUTES: list[Route] = [
         "PUT", "/api/v1/rate-limits/<name>", rate_limit_set, "tenant", {200: RateLimitAnswer, 201: RateLimitAnswer},
         body=RateLimitRequest, path_params={"name": NAME},
     ),
-    Route("GET", "/api/v1/rate-limits/<name>", rate_limit_get, "tenant", {200: RateLimitAnswer}, (404,), path_params={"name": NAME}),
-    Route("DELETE", "/api/v1/rate-limits/<name>", rate_limit_delete, "tenant", {204: None}, (404,), path_params={"name": NAME}),
+    Route(
+        "GET", "/api/v1/rate-limits/<name>", rate_limit_get, "tenant", {200: RateLimitAnswer}, (404,),
+        path_params={"name": NAME},
+    ),
+    Route(
+        "DELETE", "/api/v1/rate-limits/<name>", rate_limit_delete, "tenant", {204: None}, (404,),
+        path_params={"name": NAME},
+    ),
 ]  # fmt: skip
 
 #: Every route of the API, declared once.

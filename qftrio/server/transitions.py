@@ -223,7 +223,9 @@ def within_limits(
     return out, len(out) < len(ordered)
 
 
-def rate_window(stamps: Sequence[float], limit: int, per_secs: float, now: float) -> tuple[list[float], int, float | None]:
+def rate_window(
+    stamps: Sequence[float], limit: int, per_secs: float, now: float
+) -> tuple[list[float], int, float | None]:
     """A rate limit's state at *now* from the times of its claims: the
     newest *limit* of them (oldest first), what a claim keeps; how many
     units are left (*limit* less the claims in the window ending at *now*);

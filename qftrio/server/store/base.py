@@ -91,6 +91,7 @@ __all__ = [
     "Inserted",
     "new_ids",
     "unique_since",
+    "Turns",
     "new_tokens",
     "issued",
     "ClaimRequest",
@@ -155,6 +156,20 @@ class NewJob:
         """Whether a claim must weigh this job against others: never handed
         straight to a parked long-poll."""
         return self.concurrency is not None or self.rate_limit is not None
+
+
+class Turns:
+    """Each queue's turn: successive claims of a queue serve its tenants
+    from the next one each time (transitions.turns), whatever other queues
+    are claimed in between."""
+
+    def __init__(self) -> None:
+        self._next: dict[str, int] = {}
+
+    def take(self, queue: str) -> int:
+        turn = self._next.get(queue, 0)
+        self._next[queue] = turn + 1
+        return turn
 
 
 def unique_since(unique: dict[str, Any], now: float) -> float:

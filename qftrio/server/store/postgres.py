@@ -48,7 +48,6 @@ stored exactly.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import math
 import uuid
@@ -94,6 +93,7 @@ from .base import (
     ReportResult,
     RetryAt,
     Store,
+    Turns,
     issued,
     new_ids,
     unique_since,
@@ -489,7 +489,7 @@ class PostgresStore(Store):
     ) -> None:
         self._db = db
         # Each claim serves a queue's tenants from the next one in turn.
-        self._turns = itertools.count()
+        self._turns = Turns()
         self._url = url
         self._timeout = timeout
         self._keepalive = listener_keepalive_secs
@@ -641,7 +641,7 @@ class PostgresStore(Store):
                 claimed.append(
                     await _claim(
                         conn.fetch, c.queue, limit=c.limit, lease_secs=c.lease_secs, worker_id=c.worker_id, now=now,
-                        turn=next(self._turns),
+                        turn=self._turns.take(c.queue),
                     )  # fmt: skip
                 )
             return inserted, claimed
@@ -677,7 +677,7 @@ class PostgresStore(Store):
         if rows and rows[0]["older_found"]:
             claimed = await _claim(
                 self._db.fetch, claim.queue, limit=claim.limit, lease_secs=claim.lease_secs,
-                worker_id=claim.worker_id, now=now, turn=next(self._turns),
+                worker_id=claim.worker_id, now=now, turn=self._turns.take(claim.queue),
             )  # fmt: skip
             return inserted, [claimed]
         return inserted, [_leases([row for row in rows if row["status"] == Status.RUNNING.value])]
@@ -888,8 +888,9 @@ class PostgresStore(Store):
         if limit <= 0:
             return []
         return await _claim(
-            self._db.fetch, queue, limit=limit, lease_secs=lease_secs, worker_id=worker_id, now=now, turn=next(self._turns)
-        )
+            self._db.fetch, queue, limit=limit, lease_secs=lease_secs, worker_id=worker_id, now=now,
+            turn=self._turns.take(queue),
+        )  # fmt: skip
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
         return await self._db.fetchval(Q["next_available"], queue, now)

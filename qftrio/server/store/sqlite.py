@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import heapq
-import itertools
 import os
 import re
 import sqlite3
@@ -70,6 +69,7 @@ from .base import (
     ReportResult,
     RetryAt,
     Store,
+    Turns,
     new_ids,
     new_tokens,
     unique_since,
@@ -519,7 +519,7 @@ class SqliteStore(Store):
         )
         self._thread: _StoreThread | None = None
         # Each claim serves a queue's tenants from the next one in turn.
-        self._turns = itertools.count()
+        self._turns = Turns()
         self._conn: sqlite3.Connection | None = sqlite3.connect(
             path, isolation_level=None, check_same_thread=False
         )
@@ -623,7 +623,7 @@ class SqliteStore(Store):
             return inserted, [
                 _claim(
                     conn, c.queue, limit=c.limit, lease_secs=c.lease_secs, worker_id=c.worker_id, now=now,
-                    turn=next(self._turns),
+                    turn=self._turns.take(c.queue),
                 )
                 for c in claims
             ]
@@ -719,11 +719,13 @@ class SqliteStore(Store):
         return await self._run(set_)
 
     async def rate_limits_list(self, *, tenant: str, now: float, names: Sequence[str] | None = None) -> list[RateLimit]:
-        rows = await self._run(
-            lambda conn: conn.execute(Q["rate_limits_of"], (tenant, None if names is None else _dumps(list(names)))).fetchall()
-        )
+        named = None if names is None else _dumps(list(names))
+        rows = await self._run(lambda conn: conn.execute(Q["rate_limits_of"], (tenant, named)).fetchall())
         return [
-            RateLimit(name=name, limit=most, per_secs=per_secs, next_available_at=transitions.rate_window(_json.loads(stamps), most, per_secs, now)[2])
+            RateLimit(
+                name=name, limit=most, per_secs=per_secs,
+                next_available_at=transitions.rate_window(_json.loads(stamps), most, per_secs, now)[2],
+            )  # fmt: skip
             for name, most, per_secs, stamps in rows
         ]
 
@@ -740,8 +742,9 @@ class SqliteStore(Store):
     ) -> list[Lease]:
         return await self._run(
             lambda conn: _claim(
-                conn, queue, limit=limit, lease_secs=lease_secs, worker_id=worker_id, now=now, turn=next(self._turns)
-            )
+                conn, queue, limit=limit, lease_secs=lease_secs, worker_id=worker_id, now=now,
+                turn=self._turns.take(queue),
+            )  # fmt: skip
         )
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
