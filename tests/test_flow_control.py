@@ -346,6 +346,26 @@ async def test_an_unknown_rate_limit_is_refused_and_stores_nothing(http: httpx.A
     assert (await http.get("/api/v1/jobs", headers=server.headers())).json()["jobs"] == []
 
 
+async def test_a_schedules_jobs_carry_its_flow_control(http: httpx.AsyncClient, server: RunningServer) -> None:
+    h = server.headers()
+    config = {"queue": "cron", "concurrency": {"key": "k", "limit": 2}, "rate_limit": "api", "unique": {"key": "u"}}
+    body = {"cron": "0 * * * *", "job": {"kind": "report", "config": config}}
+    r = await http.put("/api/v1/schedules/hourly", json=body, headers=h)
+    assert r.status_code == 422 and "job.config.rate_limit" in r.json()["error"]["message"], r.text
+    assert (await http.get("/api/v1/schedules", headers=h)).json()["schedules"] == []
+
+    assert (await http.put("/api/v1/rate-limits/api", json={"limit": 5, "per_secs": 60}, headers=h)).status_code == 201
+    assert (await http.put("/api/v1/schedules/hourly", json=body, headers=h)).status_code == 201
+    first = (await http.post("/api/v1/schedules/hourly/trigger", headers=h)).json()["job"]
+    assert (first["concurrency"], first["rate_limit"], first["unique"]) == (
+        {"key": "k", "limit": 2}, "api", {"key": "u", "statuses": ["pending", "running"], "period_secs": None}
+    )
+    # while the first is pending, a tick answers it rather than a second job
+    again = (await http.post("/api/v1/schedules/hourly/trigger", headers=h)).json()
+    assert again["job"]["id"] == first["id"] and again["schedule"]["last_job_id"] == first["id"]
+    assert len((await http.get("/api/v1/jobs", headers=h)).json()["jobs"]) == 1
+
+
 async def test_rate_limits_from_the_command_line_and_the_client(server: RunningServer) -> None:
     def qftrio(*argv: str) -> subprocess.CompletedProcess[str]:
         return run_process(*argv, "--url", server.url, "--token", server.tenants["acme"])

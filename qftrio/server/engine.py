@@ -786,6 +786,7 @@ class Engine:
             raise errors.InvalidInput("job.config.scheduled_at: a schedule's job is due at each tick (give delay_secs)")
         if cfg.idempotency_key is not None:
             raise errors.InvalidInput("job.config.idempotency_key: each tick of a schedule enqueues a job of its own")
+        await self._check_rate_limits(tenant, [cfg], "job.config.rate_limit", self.clock())
         new = NewSchedule(
             tenant=tenant, name=name, cron=body.cron, timezone=body.timezone,
             job=body.job.model_dump(mode="json", exclude_none=True), paused=body.paused, catch_up=body.catch_up,
