@@ -66,7 +66,7 @@ def pg_explain(url: str, max_jobs: int) -> tuple[str, float]:
         try:
             rows = await conn.fetch(
                 "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING ON) " + Q["claim"],
-                QUEUE, time.time(), max_jobs, 3600.0, "explain", LEASE_EXPIRED,
+                QUEUE, time.time(), max_jobs, 3600.0, "explain", LEASE_EXPIRED, 0,
             )  # fmt: skip
         finally:
             await tr.rollback()

@@ -215,7 +215,7 @@ def pg_plans(url: str) -> None:
             [b.TENANT, "rare", 51],
         ),
         ("every job", page.format(combos="", running="", keys="", limit="$2"), [b.TENANT, 51]),
-        ("claim", Q["claim"], ["q3", now, 10, 30.0, "w", "lease expired"]),
+        ("claim", Q["claim"], ["q3", now, 10, 30.0, "w", "lease expired", 0]),
     ]
 
     async def explain(conn: Any) -> None:

@@ -118,7 +118,7 @@ def measure(args: argparse.Namespace, url: str) -> dict[str, float]:
         while True:
             w0 = await lsn()
             t0 = backend_cpu(pid)
-            rows = await conn.fetch(Q["claim"], "q", now + 1, args.claim, 60.0, "w", "lease expired")
+            rows = await conn.fetch(Q["claim"], "q", now + 1, args.claim, 60.0, "w", "lease expired", 0)
             spent["claim"] += backend_cpu(pid) - t0
             wal["claim"] += await lsn() - w0
             if rows:
@@ -166,7 +166,7 @@ def explain(args: argparse.Namespace, url: str) -> None:
         await conn.execute("ANALYZE qftrio_jobs")
         leased = []
         while len(leased) < args.running:
-            rows = await conn.fetch(Q["claim"], "q", now + 1, 100, 60.0, "w", "lease expired")
+            rows = await conn.fetch(Q["claim"], "q", now + 1, 100, 60.0, "w", "lease expired", 0)
             if not rows:
                 break
             leased += [(r["id"], r["lease_token"]) for r in rows]

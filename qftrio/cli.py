@@ -1,4 +1,5 @@
-"""The ``qftrio`` command: ``serve | worker | enqueue | jobs | workflows | schedules | queues | stats | workers | migrate``.
+"""The ``qftrio`` command: ``serve | worker | enqueue | jobs | workflows | schedules | queues | rate-limits |
+stats | workers | migrate``.
 
 Answers are JSON. The listings an operator reads (``queues``, ``workers``,
 ``stats`` of every queue) are a table on a terminal and JSON when stdout is
@@ -395,6 +396,18 @@ def _workers(args: argparse.Namespace) -> int:
     return _client_call(args, call)
 
 
+def _rate_limits(args: argparse.Namespace) -> int:
+    async def call(client: Any) -> Any:
+        if args.rate_limits_command == "set":
+            return (await client.rate_limit_set(args.name, args.limit, args.per_secs)).to_wire()
+        if args.rate_limits_command == "delete":
+            await client.rate_limit_delete(args.name)
+            return {"deleted": args.name}
+        return {"rate_limits": [r.to_wire() for r in await client.rate_limits_list()]}
+
+    return _client_call(args, call)
+
+
 class _Rates:
     """Completions per second of each queue, from successive polls."""
 
@@ -685,6 +698,21 @@ def build_parser() -> argparse.ArgumentParser:
         q = queues.add_parser(name, help=text)
         q.add_argument("queue")
         _add_client_options(q, inherited=True)
+
+    p = sub.add_parser("rate-limits", help="list, declare and delete the tenant's rate limits")
+    _add_client_options(p)
+    p.set_defaults(func=_rate_limits, rate_limits_command="list")
+    limits = p.add_subparsers(dest="rate_limits_command", metavar="{list,set,delete}", parser_class=_LoggingParser)
+    q = limits.add_parser("list", help="every rate limit, with when held-back jobs can next run")
+    _add_client_options(q, inherited=True)
+    q = limits.add_parser("set", help="declare or change a rate limit: at most --limit claims in any --per-secs window")
+    q.add_argument("name")
+    q.add_argument("--limit", type=_positive_int, required=True, help="claims allowed in any window")
+    q.add_argument("--per-secs", type=_positive_float, required=True, help="the window, in seconds")
+    _add_client_options(q, inherited=True)
+    q = limits.add_parser("delete", help="forget a rate limit: its jobs are no longer held back")
+    q.add_argument("name")
+    _add_client_options(q, inherited=True)
 
     p = sub.add_parser("stats", help="the backlog of a queue, or of every queue; --watch for a live table")
     p.add_argument("queue", nargs="?", help="one queue (default: every queue)")

@@ -58,6 +58,8 @@ from .models import (
     NAME_PATTERN,
     Outcome,
     QueueStats,
+    RateLimit,
+    RateLimitRequest,
     ReportReply,
     Status,
     WorkerInfo,
@@ -298,6 +300,10 @@ def _count(data: Any) -> int:
 
 def _workers(data: Any) -> list[WorkerInfo]:
     return [WorkerInfo.from_wire(w) for w in data["workers"]]
+
+
+def _rate_limits(data: Any) -> list[RateLimit]:
+    return [RateLimit.from_wire(r) for r in data["rate_limits"]]
 
 
 def _health(data: Any) -> dict[str, Any]:
@@ -591,6 +597,9 @@ class _Api(Generic[X]):
         timeout_secs: int | None = None,
         backoff: Mapping[str, float] | None = None,
         headers: Mapping[str, str] | None = None,
+        concurrency: Mapping[str, Any] | None = None,
+        rate_limit: str | None = None,
+        unique: Mapping[str, Any] | None = None,
     ) -> Call[Job]:
         """Enqueue one job. *scheduled_at* is epoch seconds or an aware
         datetime. A repeated *idempotency_key* returns the first job.
@@ -598,7 +607,9 @@ class _Api(Generic[X]):
         (``{initial_secs, factor, max_secs, jitter}``) replaces the
         server's retry backoff for this job. *headers* go to the worker
         untouched; with OpenTelemetry in use, the current trace context is
-        added to them."""
+        added to them. *concurrency* ``{"key", "limit"}``, *rate_limit* (a
+        declared rate limit's name) and *unique* ``{"key", "statuses",
+        "period_secs"}``: docs/flow-control.md."""
         body = _job_body(
             {
                 "kind": kind,
@@ -612,6 +623,9 @@ class _Api(Generic[X]):
                 "timeout_secs": timeout_secs,
                 "backoff": None if backoff is None else dict(backoff),
                 "headers": headers,
+                "concurrency": concurrency,
+                "rate_limit": rate_limit,
+                "unique": unique,
             }
         )
         return Call("POST", "/api/v1/jobs", Job.from_wire, json_body=_build(EnqueueRequest, **body))
@@ -726,6 +740,29 @@ class _Api(Generic[X]):
     def workers() -> Call[list[WorkerInfo]]:
         """The workers seen lately on the tenant's queues, idle ones included, most jobs first."""
         return Call("GET", "/api/v1/workers", _workers)
+
+    @_method
+    def rate_limit_set(name: str, limit: int, per_secs: float) -> Call[RateLimit]:
+        """Declare or change the rate limit *name*: at most *limit* claims of
+        jobs naming it (``config.rate_limit``) in any window of *per_secs*,
+        across every server."""
+        body = _build(RateLimitRequest, limit=limit, per_secs=per_secs)
+        return Call("PUT", f"/api/v1/rate-limits/{_segment(name)}", RateLimit.from_wire, json_body=body)
+
+    @_method
+    def rate_limit_get(name: str) -> Call[RateLimit]:
+        """A rate limit, with when a job it holds back can next be claimed."""
+        return Call("GET", f"/api/v1/rate-limits/{_segment(name)}", RateLimit.from_wire)
+
+    @_method
+    def rate_limits_list() -> Call[list[RateLimit]]:
+        """The tenant's rate limits, by name."""
+        return Call("GET", "/api/v1/rate-limits", _rate_limits)
+
+    @_method
+    def rate_limit_delete(name: str) -> Call[None]:
+        """Forget the rate limit *name*: jobs naming it are no longer held back."""
+        return Call("DELETE", f"/api/v1/rate-limits/{_segment(name)}", None)
 
     @_method
     def health() -> Call[dict[str, Any]]:

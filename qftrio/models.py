@@ -49,6 +49,7 @@ __all__ = [
     "Job",
     "Lease",
     "QueueStats",
+    "RateLimit",
     "WorkerInfo",
     "ErrorEntry",
     "WorkflowStatus",
@@ -248,6 +249,10 @@ class Job:
     headers: dict[str, str] | None = None
     #: The name of the schedule that enqueued it (docs/schedules.md).
     schedule: str | None = None
+    #: Its flow control, as enqueued (docs/flow-control.md), else None.
+    concurrency: dict[str, Any] | None = None
+    rate_limit: str | None = None
+    unique: dict[str, Any] | None = None
 
     if typing.TYPE_CHECKING:  # generated below, by _WireForm
 
@@ -429,6 +434,35 @@ class QueueStats:
             next_available_at=parse_time(data.get("next_available_at")),
             paused=bool(data.get("paused", False)),
             scheduled=int(data["counts"].get("scheduled", 0)),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RateLimit:
+    """A rate limit a tenant declared: at most ``limit`` claims of its jobs
+    naming it in any window of ``per_secs``. ``next_available_at``: when the
+    next unit frees up, while none is left (else None)."""
+
+    name: str
+    limit: int
+    per_secs: float
+    next_available_at: float | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "limit": self.limit,
+            "per_secs": self.per_secs,
+            "next_available_at": format_time(self.next_available_at),
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> RateLimit:
+        return cls(
+            name=data["name"],
+            limit=int(data["limit"]),
+            per_secs=float(data["per_secs"]),
+            next_available_at=parse_time(data.get("next_available_at")),
         )
 
 
@@ -842,6 +876,24 @@ class BackoffConfig(_Body):
     jitter: Annotated[float, Field(ge=0, le=1), BeforeValidator(_json_number)] = 0.5
 
 
+class ConcurrencyConfig(_Body):
+    """At most ``limit`` running jobs of the tenant carry ``key``."""
+
+    key: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)]
+    limit: Int = Field(1, ge=1, le=1_000_000)
+
+
+class UniqueConfig(_Body):
+    """While a job of the tenant with ``key`` is in one of ``statuses`` (and
+    created less than ``period_secs`` ago), an enqueue answers it."""
+
+    key: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)]
+    statuses: list[typing.Literal["pending", "running", "completed", "failed", "cancelled"]] = Field(
+        default_factory=lambda: ["pending", "running"], min_length=1, max_length=5
+    )
+    period_secs: Annotated[float, Field(gt=0, le=10 * 365 * 86400), BeforeValidator(_json_number)] | None = None
+
+
 class JobConfig(_Body):
     queue: Name = "default"
     priority: Int = Field(0, ge=-(2**31), le=2**31 - 1)
@@ -855,6 +907,10 @@ class JobConfig(_Body):
     timeout_secs: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECS), BeforeValidator(_json_number)] | None = None
     backoff: BackoffConfig | None = None
     headers: Headers | None = None
+    concurrency: ConcurrencyConfig | None = None
+    #: A rate limit the tenant declared: each claim of the job takes a unit.
+    rate_limit: Name | None = None
+    unique: UniqueConfig | None = None
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobConfig:
@@ -865,6 +921,15 @@ class JobConfig(_Body):
         if self.scheduled_at is not None and self.scheduled_at.year > 9998:
             raise ValueError("scheduled_at must be before the year 9999")
         return self
+
+
+#: The largest rate limit: a claim keeps the times of the last window's claims.
+MAX_RATE_LIMIT = 10_000
+
+
+class RateLimitRequest(_Body):
+    limit: Int = Field(ge=1, le=MAX_RATE_LIMIT)
+    per_secs: Annotated[float, Field(gt=0, le=30 * 86400), BeforeValidator(_json_number)]
 
 
 class EnqueueRequest(_Body):
@@ -1188,6 +1253,23 @@ class CountAnswer(_Answer):
     """How many jobs a bulk action changed."""
 
     count: int
+
+
+class RateLimitAnswer(_Answer):
+    """A rate limit: at most ``limit`` claims in any window of ``per_secs``;
+    ``next_available_at`` is when a held-back job can next be claimed (null
+    while units are left)."""
+
+    name: str
+    limit: int
+    per_secs: float
+    next_available_at: Time | None
+
+
+class RateLimitsAnswer(_Answer):
+    """The tenant's rate limits, by name."""
+
+    rate_limits: list[RateLimitAnswer]
 
 
 class WorkerAnswer(_Answer):

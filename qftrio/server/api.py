@@ -28,6 +28,9 @@ from ..models import (
     SchedulesAnswer,
     SchedulesListQuery,
     ScheduleTriggerAnswer,
+    RateLimitAnswer,
+    RateLimitRequest,
+    RateLimitsAnswer,
     Status,
     WorkflowAnswer,
     WorkflowCreateRequest,
@@ -174,6 +177,29 @@ async def jobs_bulk_delete(engine: Engine, call: Call) -> Reply:
     return await _bulk(engine, call, "delete")
 
 
+async def rate_limit_set(engine: Engine, call: Call) -> Reply:
+    """Declare or change a rate limit: at most ``limit`` claims of the tenant's jobs naming it in any window of ``per_secs``, across every server."""
+    body: RateLimitRequest = call.body
+    limit, created = await engine.rate_limit_set(_tenant(call), call.path["name"], body.limit, body.per_secs)
+    return (201 if created else 200), limit.to_wire()
+
+
+async def rate_limit_get(engine: Engine, call: Call) -> Reply:
+    """A rate limit, and when a job it holds back can next be claimed."""
+    return 200, (await engine.rate_limit_get(_tenant(call), call.path["name"])).to_wire()
+
+
+async def rate_limits_list(engine: Engine, call: Call) -> Reply:
+    """The tenant's rate limits, by name."""
+    return 200, {"rate_limits": [r.to_wire() for r in await engine.rate_limits_list(_tenant(call))]}
+
+
+async def rate_limit_delete(engine: Engine, call: Call) -> Reply:
+    """Forget a rate limit: jobs naming it are no longer held back by it."""
+    await engine.rate_limit_delete(_tenant(call), call.path["name"])
+    return 204, None
+
+
 async def workers(engine: Engine, call: Call) -> Reply:
     """The workers seen in the last few minutes that hold the tenant's running jobs or leased a
     queue holding its jobs, idle ones included: the jobs each holds, its queues, when last seen."""
@@ -259,6 +285,19 @@ ROUTES: list[Route] = [
     ),
     Route("POST", "/api/v1/schedules/<name>/trigger", schedule_trigger, "tenant", {201: ScheduleTriggerAnswer}, (404,),
           body=EmptyBody, path_params=_SCHEDULE),
+    Route("GET", "/api/v1/rate-limits", rate_limits_list, "tenant", {200: RateLimitsAnswer}),
+    Route(
+        "PUT", "/api/v1/rate-limits/<name>", rate_limit_set, "tenant", {200: RateLimitAnswer, 201: RateLimitAnswer},
+        body=RateLimitRequest, path_params={"name": NAME},
+    ),
+    Route(
+        "GET", "/api/v1/rate-limits/<name>", rate_limit_get, "tenant", {200: RateLimitAnswer}, (404,),
+        path_params={"name": NAME},
+    ),
+    Route(
+        "DELETE", "/api/v1/rate-limits/<name>", rate_limit_delete, "tenant", {204: None}, (404,),
+        path_params={"name": NAME},
+    ),
 ]  # fmt: skip
 
 #: Every route of the API, declared once.

@@ -57,8 +57,10 @@ from ..models import (
     QUEUES_PAGE,
     EnqueueRequest,
     Job,
+    JobConfig,
     Lease,
     QueueStats,
+    RateLimit,
     Schedule,
     ScheduleRequest,
     Status,
@@ -220,6 +222,11 @@ def token_mac(secret: str, token: str | bytes) -> str:
     return hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
 
 
+def _ended_queues(results: Sequence[ReportResult]) -> set[str]:
+    """The queues of the running jobs *results* ended."""
+    return {r.queue for r in results if r.applied and r.queue is not None}
+
+
 def encode_cursor(key: tuple[float, str]) -> str:
     """The cursor of the page after the item of *key*, ``(created_at, id)``."""
     raw = json.dumps(list(key)).encode()
@@ -274,6 +281,9 @@ def new_job(tenant: str, job: EnqueueRequest, now: float, *, schedule: str | Non
         backoff=None if cfg.backoff is None else cfg.backoff.model_dump(),
         headers=cfg.headers or None,
         schedule=schedule,
+        concurrency=None if cfg.concurrency is None else cfg.concurrency.model_dump(),
+        rate_limit=cfg.rate_limit,
+        unique=None if cfg.unique is None else cfg.unique.model_dump(),
     )
 
 
@@ -429,6 +439,7 @@ class Engine:
         *tenant* in one transaction: a job whose idempotency key the tenant
         used before is not enqueued, its first job is returned."""
         now = self.clock()
+        await self._check_rate_limits(tenant, [job.config for job in jobs], "config.rate_limit", now)
         new = [new_job(tenant, job, now) for job in jobs]
         # Jobs due now go straight to the long-polls parked on their queue:
         # claimed for them in the insert's own transaction.
@@ -476,6 +487,27 @@ class Engine:
             await trio.lowlevel.cancel_shielded_checkpoint()
             await trio.lowlevel.cancel_shielded_checkpoint()
         return inserted
+
+    async def rate_limit_set(self, tenant: str, name: str, limit: int, per_secs: float) -> tuple[RateLimit, bool]:
+        """Declare or change the tenant's rate limit *name*: it and whether it is new."""
+        created = await self.store.rate_limit_set(tenant=tenant, name=name, limit=limit, per_secs=per_secs)
+        self.waker.notify_all()  # a raised limit may free held-back jobs
+        return await self.rate_limit_get(tenant, name), created
+
+    async def rate_limit_get(self, tenant: str, name: str) -> RateLimit:
+        found = await self.store.rate_limits_list(tenant=tenant, now=self.clock(), names=[name])
+        if not found:
+            raise errors.NotFound(f"rate limit {name} not found")
+        return found[0]
+
+    async def rate_limits_list(self, tenant: str) -> list[RateLimit]:
+        return await self.store.rate_limits_list(tenant=tenant, now=self.clock())
+
+    async def rate_limit_delete(self, tenant: str, name: str) -> None:
+        """Forget the rate limit: jobs naming it are no longer held back by it."""
+        if not await self.store.rate_limit_delete(tenant=tenant, name=name):
+            raise errors.NotFound(f"rate limit {name} not found")
+        self.waker.notify_all()
 
     async def job_get(self, tenant: str, job_id: str) -> Job:
         job = await self.store.job_get(job_id, tenant=tenant)
@@ -733,6 +765,15 @@ class Engine:
     #: Due schedules per transaction of a janitor round.
     SCHEDULES_BATCH = 100
 
+    async def _check_rate_limits(self, tenant: str, configs: Sequence[JobConfig], field: str, now: float) -> None:
+        """Refuse (422 naming *field*) a job config naming a rate limit the
+        tenant has not declared: it would hold nothing back."""
+        named = {cfg.rate_limit for cfg in configs if cfg.rate_limit is not None}
+        if named:
+            known = {r.name for r in await self.store.rate_limits_list(tenant=tenant, now=now, names=sorted(named))}
+            if named - known:
+                raise errors.InvalidInput(f"{field}: no rate limit named {min(named - known)!r}")
+
     async def schedule_put(self, tenant: str, name: str, body: ScheduleRequest) -> tuple[Schedule, bool]:
         """Create or replace the tenant's schedule *name*; whether it was
         created. Refused (422 naming the field, nothing stored): a cron that
@@ -745,6 +786,7 @@ class Engine:
             raise errors.InvalidInput("job.config.scheduled_at: a schedule's job is due at each tick (give delay_secs)")
         if cfg.idempotency_key is not None:
             raise errors.InvalidInput("job.config.idempotency_key: each tick of a schedule enqueues a job of its own")
+        await self._check_rate_limits(tenant, [cfg], "job.config.rate_limit", self.clock())
         new = NewSchedule(
             tenant=tenant, name=name, cron=body.cron, timezone=body.timezone,
             job=body.job.model_dump(mode="json", exclude_none=True), paused=body.paused, catch_up=body.catch_up,
@@ -908,8 +950,10 @@ class Engine:
     async def complete(self, items: Sequence[CompleteItem]) -> list[ReportResult]:
         results = await self._completes(items)
         self._count_ended(results, self.clock())
-        # workflow steps these completions unblocked
-        for queue in {q for r in results for q in r.ready_queues}:
+        # workflow steps these completions unblocked, and the places of
+        # concurrency keys they freed (polls are parked on a queue only when
+        # it had nothing to hand out: waking them costs a claim each)
+        for queue in {q for r in results for q in r.ready_queues} | _ended_queues(results):
             self.waker.notify(queue)
         await self._count_conflicts(items, results)
         return results
@@ -917,11 +961,9 @@ class Engine:
     async def fail(self, items: Sequence[FailItem]) -> list[ReportResult]:
         results = await self._fails(items)
         self._count_ended(results, self.clock())
-        for r in results:
-            if r.applied and r.status is Status.PENDING and r.queue is not None:
-                # a retry was scheduled: parked long-polls recompute their wait
-                self.waker.notify(r.queue)
-        for queue in {q for r in results for q in r.ready_queues}:
+        # a retry was scheduled (parked long-polls recompute their wait), a
+        # concurrency key's place freed, workflow steps unblocked
+        for queue in {q for r in results for q in r.ready_queues} | _ended_queues(results):
             self.waker.notify(queue)
         await self._count_conflicts(items, results)
         return results

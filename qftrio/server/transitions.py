@@ -55,6 +55,7 @@ class _Report(Protocol):
 
 
 I = TypeVar("I", bound=_Report)
+C = TypeVar("C", bound=tuple[Any, ...])
 R = TypeVar("R", ReportResult, HeartbeatResult)
 
 __all__ = [
@@ -68,6 +69,11 @@ __all__ = [
     "one_per_lease",
     "answers",
     "lease_order",
+    "turns",
+    "share",
+    "fair_order",
+    "within_limits",
+    "rate_window",
     "LOST_ATTEMPT",
     "cancel",
     "workflow_cancel",
@@ -160,6 +166,87 @@ def lease_order(priority: int, scheduled_at: float, created_at: float) -> tuple[
     this order; each store's claim statements sort by the same columns
     (``ORDER BY priority DESC, scheduled_at, created_at``)."""
     return (-priority, scheduled_at, created_at)
+
+
+def turns(tenants: Sequence[str], turn: int) -> list[str]:
+    """The tenants with ready jobs on a queue, in the order a lease serves
+    them: sorted, then rotated by *turn* (each claim of a store takes the
+    next), so that every tenant comes first in turn, whatever its jobs'
+    priorities or times."""
+    ordered = sorted(tenants)
+    if not ordered:
+        return []
+    start = turn % len(ordered)
+    return ordered[start:] + ordered[:start]
+
+
+def share(limit: int, tenants: int) -> int:
+    """How many ready jobs a lease of *limit* takes from each of *tenants*
+    at most (all of them for a single tenant: today's order). A lease left
+    short by a tenant with fewer ready jobs than its share is filled by a
+    claim after it."""
+    return -(-limit // max(1, min(tenants, limit)))
+
+
+def fair_order(candidates: Sequence[C], served: Sequence[str]) -> list[C]:
+    """*candidates* ``(id, tenant, priority, scheduled_at, created_at)`` in the
+    order a lease hands them out: each tenant's first job in lease order, in
+    the turn of *served*, then each one's second, and so on. For a single
+    tenant, lease order itself. A tenant not in *served* (its only claimable
+    jobs are expired leases) comes after those that are."""
+    position = {tenant: i for i, tenant in enumerate(served)}
+    by_tenant: dict[str, list[C]] = {}
+    for c in candidates:
+        by_tenant.setdefault(c[1], []).append(c)
+    keyed = []
+    for tenant, jobs in by_tenant.items():
+        jobs.sort(key=lambda c: lease_order(c[2], c[3], c[4]))
+        keyed += [((rank, position.get(tenant, len(position)), tenant), c) for rank, c in enumerate(jobs)]
+    keyed.sort(key=lambda k: k[0])
+    return [c for _, c in keyed]
+
+
+def within_limits(
+    ordered: Sequence[C], running: dict[tuple[str, str], int], units: dict[tuple[str, str], int]
+) -> tuple[list[C], bool]:
+    """The candidates ``(id, tenant, priority, scheduled_at, created_at,
+    concurrency_key, concurrency_limit, rate_limit)`` a lease takes, in
+    *ordered*'s order: one with a concurrency key only while fewer than its
+    limit of the tenant's jobs with that key run (*running*, plus those
+    taken before it); one naming a rate limit only while units of it are
+    left (*units*, less those taken before it; a limit no longer declared
+    holds nothing back). And whether any was held back."""
+    taken: dict[tuple[str, str], int] = {}
+    spent: dict[tuple[str, str], int] = {}
+    out = []
+    for c in ordered:
+        key, limit, rate = c[5], c[6], c[7]
+        slot = (c[1], key)
+        if key is not None and running.get(slot, 0) + taken.get(slot, 0) >= limit:
+            continue
+        if rate is not None and (c[1], rate) in units and spent.get((c[1], rate), 0) >= units[c[1], rate]:
+            continue
+        if key is not None:
+            taken[slot] = taken.get(slot, 0) + 1
+        if rate is not None:
+            spent[c[1], rate] = spent.get((c[1], rate), 0) + 1
+        out.append(c)
+    return out, len(out) < len(ordered)
+
+
+def rate_window(
+    stamps: Sequence[float], limit: int, per_secs: float, now: float
+) -> tuple[list[float], int, float | None]:
+    """A rate limit's state at *now* from the times of its claims: the
+    newest *limit* of them (oldest first), what a claim keeps; how many
+    units are left (*limit* less the claims in the window ending at *now*);
+    and when the next one frees up if none is. The newest, not only those
+    of the window: claims need not commit in the order of their times, and
+    a claim of an earlier time must still count those of its own window."""
+    kept = sorted(stamps)[-limit:]
+    window = [t for t in kept if t > now - per_secs]
+    left = max(0, limit - len(window))
+    return kept, left, None if left else window[len(window) - limit] + per_secs
 
 
 #: What a claim records for the attempt a job lost when its lease ran out

@@ -61,6 +61,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
+import math
 import os
 import random
 import re
@@ -79,8 +80,9 @@ from ...models import (
     Lease,
     Outcome,
     QueueStats,
-    SnoozeItem,
+    RateLimit,
     Schedule,
+    SnoozeItem,
     Status,
     WorkerInfo,
     Workflow,
@@ -92,6 +94,8 @@ __all__ = [
     "NewJob",
     "Inserted",
     "new_ids",
+    "unique_since",
+    "Turns",
     "new_tokens",
     "issued",
     "ClaimRequest",
@@ -190,6 +194,42 @@ class NewJob:
     headers: dict[str, str] | None = None
     #: The schedule that enqueues it.
     schedule: str | None = None
+    #: ``{key, limit}``: claimed only while fewer than ``limit`` running jobs
+    #: of the tenant carry ``key`` (a lease that ran out still counts).
+    concurrency: dict[str, Any] | None = None
+    #: ``{key, statuses, period_secs}``: inserted only if no job of the
+    #: tenant with ``key`` is in ``statuses`` (created within
+    #: ``period_secs``); that job is answered instead, as for a repeated
+    #: idempotency key.
+    unique: dict[str, Any] | None = None
+    #: A rate limit of the tenant: each claim of the job takes a unit of it.
+    rate_limit: str | None = None
+
+    @property
+    def flow_controlled(self) -> bool:
+        """Whether a claim must weigh this job against others: never handed
+        straight to a parked long-poll."""
+        return self.concurrency is not None or self.rate_limit is not None
+
+
+class Turns:
+    """Each queue's turn: successive claims of a queue serve its tenants
+    from the next one each time (transitions.turns), whatever other queues
+    are claimed in between."""
+
+    def __init__(self) -> None:
+        self._next: dict[str, int] = {}
+
+    def take(self, queue: str) -> int:
+        turn = self._next.get(queue, 0)
+        self._next[queue] = turn + 1
+        return turn
+
+
+def unique_since(unique: dict[str, Any], now: float) -> float:
+    """The creation time after which a job matches a unique job's key."""
+    period = unique.get("period_secs")
+    return -math.inf if period is None else now - period
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -246,6 +286,9 @@ class Inserted:
             backoff=new.backoff,
             headers=new.headers,
             schedule=new.schedule,
+            concurrency=new.concurrency,
+            rate_limit=new.rate_limit,
+            unique=new.unique,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -270,6 +313,9 @@ class Inserted:
         wire["backoff"] = new.backoff
         wire["headers"] = new.headers
         wire["schedule"] = new.schedule
+        wire["concurrency"] = new.concurrency
+        wire["rate_limit"] = new.rate_limit
+        wire["unique"] = new.unique
         wire["errors"] = []  # the template's own list is shared
         return wire
 
@@ -692,6 +738,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def sessions_purge(self, *, now: float) -> None:
         """Delete the sessions that are no longer valid at *now*."""
+
+    @abc.abstractmethod
+    async def rate_limit_set(self, *, tenant: str, name: str, limit: int, per_secs: float) -> bool:
+        """Declare (or change) the tenant's rate limit *name*; whether it is
+        new. A change keeps the claims of the current window: they count."""
+
+    @abc.abstractmethod
+    async def rate_limits_list(self, *, tenant: str, now: float, names: Sequence[str] | None = None) -> list[RateLimit]:
+        """The tenant's rate limits (those of *names*, if given), by name,
+        each with when its next unit frees up at *now*."""
+
+    @abc.abstractmethod
+    async def rate_limit_delete(self, *, tenant: str, name: str) -> bool:
+        """Forget the tenant's rate limit *name* (its jobs are no longer
+        held back by it); whether it existed."""
 
     async def counts_fold(self) -> None:
         """Compact what keeps the counts of :meth:`queues_stats` (the

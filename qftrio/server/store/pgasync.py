@@ -711,12 +711,16 @@ async def open_database(
     # Client-side bound on each query: past the server's own, so that it only
     # fires when the server cannot answer at all (a dead network path).
     command_timeout = None if timeout is None else (statement_timeout or 30.0) + timeout
+    # No JIT: a claim is one short statement whose plan PostgreSQL may cost
+    # high (a walk per tenant with a limit it cannot know), and compiling it
+    # would take seconds for a millisecond's work.
     settings = _defaults_unless_in_url(
         url,
-        {"application_name": application_name}
+        {"application_name": application_name, "jit": "off"}
         if statement_timeout is None
         else {
             "application_name": application_name,
+            "jit": "off",
             "statement_timeout": str(int(statement_timeout * 1000)),
             "idle_in_transaction_session_timeout": str(int(statement_timeout * 2000)),
         },

@@ -67,6 +67,7 @@ from ...models import (
     Job,
     Lease,
     QueueStats,
+    RateLimit,
     Schedule,
     Status,
     WorkerInfo,
@@ -99,8 +100,10 @@ from .base import (
     RetryPolicy,
     SnoozeItem,
     Store,
+    Turns,
     issued,
     new_ids,
+    unique_since,
     workers_of,
 )
 
@@ -177,6 +180,9 @@ def _job(row: asyncpg.Record) -> Job:
         backoff=row["backoff"],
         headers=row["headers"],
         schedule=row["schedule"],
+        concurrency=row["concurrency"],
+        rate_limit=row["rate_limit"],
+        unique=row["unique"],
     )
 
 
@@ -200,6 +206,7 @@ def _insert_batch(ids: Sequence[str], jobs: Sequence[NewJob]) -> str:
                     None if new.context is None else _json_fragment(new.context), new.timeout_secs,
                     None if new.backoff is None else _json_fragment(new.backoff),
                     None if new.headers is None else _json_fragment(new.headers), new.schedule,
+                    new.concurrency, new.rate_limit, new.unique,
                 ]  # fmt: skip
                 for job_id, new in zip(ids, jobs)
             ]
@@ -217,9 +224,14 @@ async def _notify(conn: asyncpg.Connection, queues: Sequence[str] | set[str]) ->
     await _drive(conn, changes.notify(queues))
 
 
-def _inserter(jobs: Sequence[NewJob], now: float) -> Callable[[asyncpg.Connection], Awaitable[list[Inserted]]]:
+def _inserter(
+    jobs: Sequence[NewJob], now: float, *, locked: bool = False
+) -> Callable[[asyncpg.Connection], Awaitable[list[Inserted]]]:
     """The asyncio-flavoured body of :meth:`PostgresStore.jobs_insert`, to
-    run in a transaction (a plan's insert too: :data:`.changes.Want.INSERTED`)."""
+    run in a transaction (a plan's insert too: :data:`.changes.Want.INSERTED`;
+    *locked*: the unique keys of *jobs* are locked already)."""
+    if not locked and any(new.unique is not None for new in jobs):
+        return _unique_inserter(jobs, now)
     # Within a batch, a repeated (tenant, key) stands for its first occurrence.
     first_of: dict[tuple[str, str], int] = {}
     alias: dict[int, int] = {}
@@ -273,6 +285,33 @@ def _inserter(jobs: Sequence[NewJob], now: float) -> Callable[[asyncpg.Connectio
             else:
                 first = out_fresh[alias[i]]
                 out.append(Inserted(first.id, new, now, first.job))
+        return out
+
+    return insert
+
+
+def _unique_inserter(jobs: Sequence[NewJob], now: float) -> Callable[[asyncpg.Connection], Awaitable[list[Inserted]]]:
+    """:func:`_inserter` for a batch with unique jobs: the (tenant, key)
+    pairs are locked first (advisory, until the transaction ends, in
+    order), then each job is looked up and inserted in turn, so that
+    concurrent inserts of one key on any server take turns and a repeat
+    later in the batch finds the first."""
+
+    async def insert(conn: asyncpg.Connection) -> list[Inserted]:
+        keys = sorted({(new.tenant, new.unique["key"]) for new in jobs if new.unique is not None})
+        await conn.execute(Q["unique_lock"], [t for t, _ in keys], [k for _, k in keys])
+        out: list[Inserted] = []
+        for new in jobs:
+            if new.unique is not None:
+                row = await conn.fetchrow(
+                    Q["job_by_unique_key"], new.tenant, new.unique["key"], new.unique["statuses"],
+                    unique_since(new.unique, now),
+                )  # fmt: skip
+                if row is not None:
+                    job = _job(row)
+                    out.append(Inserted(job.id, new, now, job))
+                    continue
+            out += await _inserter([new], now, locked=True)(conn)
         return out
 
     return insert
@@ -438,6 +477,37 @@ def _leases(rows: Sequence[asyncpg.Record]) -> list[Lease]:
     return leases
 
 
+def _claimed(rows: Sequence[asyncpg.Record]) -> list[Lease]:
+    """The rows of a claim as leases, in the order it hands them out
+    (transitions.fair_order: each tenant's first job in turn, then each one's
+    second, ...)."""
+    rows = sorted(rows, key=lambda row: (row["rank"], row["turn"], row["tenant"]))
+    return [Lease(job=_job(row), lease_token=str(row["lease_token"])) for row in rows]
+
+
+async def _claim(
+    fetch: Callable[..., Awaitable[list[asyncpg.Record]]],
+    queue: str,
+    *,
+    limit: int,
+    lease_secs: float,
+    worker_id: str | None,
+    now: float,
+    turn: int,
+) -> list[Lease]:
+    """A lease: each tenant's share in turn, and while tenants or held-back
+    jobs leave it short, the rest after (one claim each)."""
+    leases: list[Lease] = []
+    while len(leases) < limit:
+        rows = await fetch(
+            Q["claim"], queue, now, limit - len(leases), float(lease_secs), worker_id, transitions.LOST_ATTEMPT, turn
+        )
+        leases += _claimed(rows)
+        if not rows or not rows[0]["more"]:
+            break
+    return leases
+
+
 def _page_keys_where(
     *,
     queue: str | None,
@@ -527,6 +597,8 @@ class PostgresStore(Store):
         listen_idle_secs: float = 60.0,
     ) -> None:
         self._db = db
+        # Each claim serves a queue's tenants from the next one in turn.
+        self._turns = Turns()
         self._url = url
         self._timeout = timeout
         self._keepalive = listener_keepalive_secs
@@ -647,8 +719,10 @@ class PostgresStore(Store):
         if not jobs:
             return []
         # One statement (and, for keys taken already, a read of their jobs):
-        # no transaction around it, which would cost two more round trips.
-        return await self._db.run(_inserter(jobs, now), transaction=False)
+        # no transaction around it, which would cost two more round trips;
+        # unique jobs need one, for their locks.
+        unique = any(new.unique is not None for new in jobs)
+        return await self._db.run(_inserter(jobs, now), transaction=unique)
 
     async def jobs_insert_claiming(
         self, jobs: Sequence[NewJob], *, now: float, claims: Sequence[ClaimRequest]
@@ -658,7 +732,12 @@ class PostgresStore(Store):
             and len(claims) == 1
             and claims[0].limit > 0
             and all(
-                j.queue == claims[0].queue and j.idempotency_key is None and j.workflow_id is None and j.schedule is None
+                j.queue == claims[0].queue
+                and j.idempotency_key is None
+                and j.workflow_id is None
+                and j.schedule is None
+                and j.unique is None
+                and not j.flow_controlled
                 for j in jobs
             )
         ):
@@ -669,10 +748,12 @@ class PostgresStore(Store):
             inserted = await insert(conn) if insert is not None else []
             claimed = []
             for c in claims:
-                rows = await conn.fetch(
-                    Q["claim"], c.queue, now, c.limit, float(c.lease_secs), c.worker_id, transitions.LOST_ATTEMPT
-                ) if c.limit > 0 else []  # fmt: skip
-                claimed.append(_leases(rows))
+                claimed.append(
+                    await _claim(
+                        conn.fetch, c.queue, limit=c.limit, lease_secs=c.lease_secs, worker_id=c.worker_id, now=now,
+                        turn=self._turns.take(c.queue),
+                    )  # fmt: skip
+                )
             return inserted, claimed
 
         return await self._db.run(insert_claiming)
@@ -707,10 +788,11 @@ class PostgresStore(Store):
         )
         inserted = [Inserted(job_id, new, now) for job_id, new in zip(ids, jobs)]
         if rows and rows[0]["older_found"]:
-            claimed = await self._db.fetch(
-                Q["claim"], claim.queue, now, claim.limit, float(claim.lease_secs), claim.worker_id, transitions.LOST_ATTEMPT
-            )
-            return inserted, [_leases(claimed)]
+            claimed = await _claim(
+                self._db.fetch, claim.queue, limit=claim.limit, lease_secs=claim.lease_secs,
+                worker_id=claim.worker_id, now=now, turn=self._turns.take(claim.queue),
+            )  # fmt: skip
+            return inserted, [claimed]
         return inserted, [_leases([row for row in rows if row["status"] == Status.RUNNING.value])]
 
     async def job_get(self, job_id: str, *, tenant: str | None = None) -> Job | None:
@@ -870,6 +952,22 @@ class PostgresStore(Store):
     async def schedules_fire(self, *, now: float, limit: int, job_of: JobOfSchedule) -> tuple[int, list[Inserted]]:
         return await _run_plan(self._db, lambda: changes.schedules_fire(now, limit, job_of))
 
+    async def rate_limit_set(self, *, tenant: str, name: str, limit: int, per_secs: float) -> bool:
+        return bool(await self._db.fetchval(Q["rate_limit_set"], tenant, name, limit, float(per_secs)))
+
+    async def rate_limits_list(self, *, tenant: str, now: float, names: Sequence[str] | None = None) -> list[RateLimit]:
+        rows = await self._db.fetch(Q["rate_limits_of"], tenant, None if names is None else list(names))
+        return [
+            RateLimit(
+                name=row["name"], limit=row["limit"], per_secs=row["per_secs"],
+                next_available_at=transitions.rate_window(row["stamps"], row["limit"], row["per_secs"], now)[2],
+            )  # fmt: skip
+            for row in rows
+        ]
+
+    async def rate_limit_delete(self, *, tenant: str, name: str) -> bool:
+        return await self._db.fetchval(Q["rate_limit_delete"], tenant, name) is not None
+
     # -- worker side -------------------------------------------------------
 
     async def jobs_claim(
@@ -877,8 +975,10 @@ class PostgresStore(Store):
     ) -> list[Lease]:
         if limit <= 0:
             return []
-        rows = await self._db.fetch(Q["claim"], queue, now, limit, float(lease_secs), worker_id, transitions.LOST_ATTEMPT)
-        return _leases(rows)
+        return await _claim(
+            self._db.fetch, queue, limit=limit, lease_secs=lease_secs, worker_id=worker_id, now=now,
+            turn=self._turns.take(queue),
+        )  # fmt: skip
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:
         return await self._db.fetchval(Q["next_available"], queue, now)

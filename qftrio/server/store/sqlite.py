@@ -28,6 +28,7 @@ import os
 import re
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from queue import SimpleQueue
 from typing import Any, TypeVar
@@ -43,6 +44,7 @@ from ...models import (
     Job,
     Lease,
     QueueStats,
+    RateLimit,
     Schedule,
     Status,
     WorkerInfo,
@@ -75,8 +77,10 @@ from .base import (
     RetryPolicy,
     SnoozeItem,
     Store,
+    Turns,
     new_ids,
     new_tokens,
+    unique_since,
     workers_of,
 )
 
@@ -105,7 +109,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     (
         id_, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
         updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context, timeout_secs,
-        backoff, headers, schedule,
+        backoff, headers, schedule, concurrency, rate_limit, unique,
     ) = row  # fmt: skip
     return Job(
         id=id_,
@@ -134,6 +138,9 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         backoff=_loads(backoff),
         headers=_loads(headers),
         schedule=schedule,
+        concurrency=_loads(concurrency),
+        rate_limit=rate_limit,
+        unique=_loads(unique),
     )
 
 
@@ -179,9 +186,16 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
     out: list[Inserted] = []
     rows: list[tuple[Any, ...]] = []
     for job_id, new in zip(new_ids(len(jobs), now), jobs):
-        keyed = new.idempotency_key is not None
+        keyed = new.idempotency_key is not None or new.unique is not None
         if keyed:
-            row = conn.execute(Q["job_by_idempotency_key"], (new.tenant, new.idempotency_key)).fetchone()
+            row = None
+            if new.idempotency_key is not None:
+                row = conn.execute(Q["job_by_idempotency_key"], (new.tenant, new.idempotency_key)).fetchone()
+            if row is None and new.unique is not None:
+                since = unique_since(new.unique, now)
+                row = conn.execute(
+                    Q["job_by_unique_key"], (new.tenant, new.unique["key"], _dumps(new.unique["statuses"]), since)
+                ).fetchone()
             if row is not None:
                 job = _row_to_job(row)
                 out.append(Inserted(job.id, new, now, job))
@@ -191,19 +205,20 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
                 job_id, new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority, new.max_attempts,
                 new.scheduled_at, now, now, new.idempotency_key, new.workflow_id, new.step, _dumps(new.context),
                 new.timeout_secs, _dumps(new.backoff), _dumps(new.headers), new.schedule,
+                _dumps(new.concurrency), new.rate_limit, _dumps(new.unique),
             )  # fmt: skip
         )
         out.append(Inserted(job_id, new, now))
         if keyed:
             # A repeat of the key later in the batch must find this job:
-            # it goes in now, after what came before it, in order.
+            # it goes in now, after what came before it, in order (one
+            # writer owns the file: nothing comes between the read and this).
             conn.executemany(Q["job_insert"], rows)
             rows = []
     conn.executemany(Q["job_insert"], rows)
     return out
 
 
-_CLAIM_READY = Q["claim_ready"].format(paused="")
 _CLAIM_EXPIRED = Q["claim_expired"].format(paused="")
 
 
@@ -215,19 +230,58 @@ def _paused(conn: sqlite3.Connection, queue: str) -> tuple[str, list[str]]:
 
 
 def _claim(
-    conn: sqlite3.Connection, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float
+    conn: sqlite3.Connection, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float, turn: int
 ) -> list[Lease]:
+    """A lease: each tenant's share in turn (transitions.fair_order), and
+    while tenants or held-back jobs leave it short, the rest after."""
+    leases: list[Lease] = []
+    while len(leases) < limit:
+        got, more = _claim_once(
+            conn, queue, limit=limit - len(leases), lease_secs=lease_secs, worker_id=worker_id, now=now, turn=turn
+        )
+        leases += got
+        if not got or not more:
+            break
+    return leases
+
+
+def _claim_once(
+    conn: sqlite3.Connection, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float, turn: int
+) -> tuple[list[Lease], bool]:
+    """One claim, and whether a claim after it may find more (several
+    tenants shared it, or concurrency limits held jobs back)."""
     paused, tenants = _paused(conn, queue)
+    served = transitions.turns(
+        [t for (t,) in conn.execute(Q["claim_tenants"], (queue,)) if t not in tenants], turn
+    )[:limit]
+    each = transitions.share(limit, len(served))
+    candidates = [c for tenant in served for c in conn.execute(Q["claim_ready"], (queue, tenant, now, each))]
     if tenants:
-        candidates = conn.execute(Q["claim_ready"].format(paused=paused), (queue, now, *tenants, limit)).fetchall()
         candidates += conn.execute(Q["claim_expired"].format(paused=paused), (queue, now, *tenants, limit)).fetchall()
     else:
-        candidates = conn.execute(_CLAIM_READY, (queue, now, limit)).fetchall()
         candidates += conn.execute(_CLAIM_EXPIRED, (queue, now, limit)).fetchall()
     if not candidates:
-        return []
-    candidates.sort(key=lambda c: transitions.lease_order(*c[1:]))
-    ids = [c[0] for c in candidates[:limit]]
+        return [], False
+    running: dict[tuple[str, str], int] = {}
+    for tenant in {c[1] for c in candidates if c[5] is not None}:
+        keys = _dumps(sorted({c[5] for c in candidates if c[1] == tenant and c[5] is not None}))
+        running.update(((tenant, key), n) for key, n in conn.execute(Q["concurrency_running"], (tenant, keys)))
+    windows: dict[tuple[str, str], tuple[list[float], int]] = {}
+    units: dict[tuple[str, str], int] = {}
+    for tenant in {c[1] for c in candidates if c[7] is not None}:
+        names = _dumps(sorted({c[7] for c in candidates if c[1] == tenant and c[7] is not None}))
+        for name, most, per_secs, stamps in conn.execute(Q["rate_limits_of"], (tenant, names)):
+            kept, units[tenant, name], _ = transitions.rate_window(_json.loads(stamps), most, per_secs, now)
+            windows[tenant, name] = (kept, most)
+    chosen, held = transitions.within_limits(transitions.fair_order(candidates, served), running, units)
+    chosen = chosen[:limit]
+    ids = [c[0] for c in chosen]
+    if not ids:
+        return [], False
+    spent = Counter((c[1], c[7]) for c in chosen if (c[1], c[7]) in windows)
+    for (tenant, name), n in spent.items():
+        kept, most = windows[tenant, name]
+        conn.execute(Q["rate_limit_stamps"], (tenant, name, _dumps(sorted(kept + [now] * n)[-most:])))
     tokens = dict(zip(ids, new_tokens(len(ids))))
     rows = conn.execute(
         Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
@@ -237,7 +291,7 @@ def _claim(
         ),  # fmt: skip
     ).fetchall()
     by_id = {row[0]: row for row in rows}
-    return [Lease(job=_row_to_job(by_id[job_id]), lease_token=tokens[job_id]) for job_id in ids]
+    return [Lease(job=_row_to_job(by_id[job_id]), lease_token=tokens[job_id]) for job_id in ids], len(served) > 1 or held
 
 
 # -- the executor of changes (changes.py) --------------------------------------
@@ -482,6 +536,8 @@ class SqliteStore(Store):
             self._execute_group, limit=1, split_on=lambda exc: False
         )
         self._thread: _StoreThread | None = None
+        # Each claim serves a queue's tenants from the next one in turn.
+        self._turns = Turns()
         self._conn: sqlite3.Connection | None = sqlite3.connect(
             path, isolation_level=None, check_same_thread=False
         )
@@ -583,7 +639,10 @@ class SqliteStore(Store):
         def insert_claiming(conn: sqlite3.Connection) -> tuple[list[Inserted], list[list[Lease]]]:
             inserted = _insert_jobs(conn, jobs, now)
             return inserted, [
-                _claim(conn, c.queue, limit=c.limit, lease_secs=c.lease_secs, worker_id=c.worker_id, now=now)
+                _claim(
+                    conn, c.queue, limit=c.limit, lease_secs=c.lease_secs, worker_id=c.worker_id, now=now,
+                    turn=self._turns.take(c.queue),
+                )
                 for c in claims
             ]
 
@@ -739,13 +798,38 @@ class SqliteStore(Store):
     async def schedules_fire(self, *, now: float, limit: int, job_of: JobOfSchedule) -> tuple[int, list[Inserted]]:
         return await self._run(lambda conn: _drive(conn, changes.schedules_fire(now, limit, job_of)))
 
+    async def rate_limit_set(self, *, tenant: str, name: str, limit: int, per_secs: float) -> bool:
+        def set_(conn: sqlite3.Connection) -> bool:
+            new = not conn.execute(Q["rate_limits_of"], (tenant, _dumps([name]))).fetchall()
+            conn.execute(Q["rate_limit_set"], (tenant, name, limit, per_secs))
+            return new
+
+        return await self._run(set_)
+
+    async def rate_limits_list(self, *, tenant: str, now: float, names: Sequence[str] | None = None) -> list[RateLimit]:
+        named = None if names is None else _dumps(list(names))
+        rows = await self._run(lambda conn: conn.execute(Q["rate_limits_of"], (tenant, named)).fetchall())
+        return [
+            RateLimit(
+                name=name, limit=most, per_secs=per_secs,
+                next_available_at=transitions.rate_window(_json.loads(stamps), most, per_secs, now)[2],
+            )  # fmt: skip
+            for name, most, per_secs, stamps in rows
+        ]
+
+    async def rate_limit_delete(self, *, tenant: str, name: str) -> bool:
+        return await self._run(lambda conn: conn.execute(Q["rate_limit_delete"], (tenant, name)).fetchone() is not None)
+
     # -- worker side -------------------------------------------------------
 
     async def jobs_claim(
         self, queue: str, *, limit: int, lease_secs: float, worker_id: str | None, now: float
     ) -> list[Lease]:
         return await self._run(
-            lambda conn: _claim(conn, queue, limit=limit, lease_secs=lease_secs, worker_id=worker_id, now=now)
+            lambda conn: _claim(
+                conn, queue, limit=limit, lease_secs=lease_secs, worker_id=worker_id, now=now,
+                turn=self._turns.take(queue),
+            )  # fmt: skip
         )
 
     async def queue_next_available_at(self, queue: str, *, now: float) -> float | None:

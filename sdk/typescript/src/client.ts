@@ -33,6 +33,7 @@ import type {
   QueueStats,
   QueuesAnswer,
   QueuesFilter,
+  RateLimit,
   ReportResult,
   Schedule,
   ScheduleRequest,
@@ -332,6 +333,27 @@ export class Client {
   }
 
   /** The worker ids holding running jobs, most jobs first. */
+  /** Declare or change a rate limit: at most `limit` claims of jobs naming it
+   * (`config.rate_limit`) in any window of `perSecs`, across every server. */
+  async rateLimitSet(name: string, limit: number, perSecs: number): Promise<RateLimit> {
+    return (await this.#call("rateLimitSet", { name }, { limit, per_secs: perSecs })) as RateLimit;
+  }
+
+  /** A rate limit, and when a job it holds back can next be claimed. */
+  async rateLimitGet(name: string): Promise<RateLimit> {
+    return (await this.#call("rateLimitGet", { name }, undefined)) as RateLimit;
+  }
+
+  /** The tenant's rate limits, by name. */
+  async rateLimitsList(): Promise<RateLimit[]> {
+    return field<RateLimit[]>(await this.#call("rateLimitsList", {}, undefined), "rate_limits", "rateLimitsList");
+  }
+
+  /** Forget a rate limit: jobs naming it are no longer held back by it. */
+  async rateLimitDelete(name: string): Promise<void> {
+    await this.#call("rateLimitDelete", { name }, undefined);
+  }
+
   async workers(): Promise<WorkerInfo[]> {
     return field<WorkerInfo[]>(await this.#call("workers", {}, undefined), "workers", "workers");
   }

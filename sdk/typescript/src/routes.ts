@@ -48,6 +48,10 @@ export const ROUTES = {
   queuePause: { method: "POST", path: "/api/v1/queues/{queue}/pause", request: null, answer: "QueueStatsAnswer" },
   queueResume: { method: "POST", path: "/api/v1/queues/{queue}/resume", request: null, answer: "QueueStatsAnswer" },
   workers: { method: "GET", path: "/api/v1/workers", request: null, answer: "WorkersAnswer" },
+  rateLimitsList: { method: "GET", path: "/api/v1/rate-limits", request: null, answer: "RateLimitsAnswer" },
+  rateLimitSet: { method: "PUT", path: "/api/v1/rate-limits/{name}", request: "RateLimitRequest", answer: "RateLimitAnswer" },
+  rateLimitGet: { method: "GET", path: "/api/v1/rate-limits/{name}", request: null, answer: "RateLimitAnswer" },
+  rateLimitDelete: { method: "DELETE", path: "/api/v1/rate-limits/{name}", request: null, answer: null },
   workflowCreate: { method: "POST", path: "/api/v1/workflows", request: "WorkflowCreateRequest", answer: "WorkflowAnswer" },
   workflowGet: { method: "GET", path: "/api/v1/workflows/{workflow_id}", request: null, answer: "WorkflowAnswer" },
   workflowsList: {

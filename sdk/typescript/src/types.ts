@@ -59,6 +59,9 @@ export interface Job {
   headers: Record<string, string> | null;
   /** The schedule whose tick enqueued it. */
   schedule: string | null;
+  concurrency: ConcurrencyConfig | null;
+  rate_limit: string | null;
+  unique: UniqueConfig | null;
 }
 
 /** A job's retry delays: the n-th failed attempt waits
@@ -197,6 +200,22 @@ export interface ReportResultsAnswer {
 
 // -- application API ---------------------------------------------------------
 
+/** At most `limit` running jobs of the tenant carry `key`.
+ * @wire ConcurrencyConfig */
+export interface ConcurrencyConfig {
+  key: string;
+  limit?: number;
+}
+
+/** While a job of the tenant with `key` is in one of `statuses` (created
+ * less than `period_secs` ago), an enqueue answers that job.
+ * @wire UniqueConfig */
+export interface UniqueConfig {
+  key: string;
+  statuses?: Status[];
+  period_secs?: number | null;
+}
+
 /** A job's `config` when enqueued: every field optional.
  * @wire JobConfig */
 export interface JobConfig {
@@ -212,6 +231,9 @@ export interface JobConfig {
   /** Carried to the worker untouched: names are HTTP field names, values
    * hold no control character, at most 8 KiB in all. */
   headers?: Record<string, string> | null;
+  concurrency?: ConcurrencyConfig | null;
+  rate_limit?: string | null;
+  unique?: UniqueConfig | null;
 }
 
 /** @wire EnqueueRequest */
@@ -313,6 +335,27 @@ export interface WorkerInfo {
 /** @wire WorkersAnswer */
 export interface WorkersAnswer {
   workers: WorkerInfo[];
+}
+
+/** @wire RateLimitRequest */
+export interface RateLimitRequest {
+  limit: number;
+  per_secs: number;
+}
+
+/** A rate limit: at most `limit` claims in any window of `per_secs`;
+ * `next_available_at` is when a held-back job can next be claimed.
+ * @wire RateLimitAnswer */
+export interface RateLimit {
+  name: string;
+  limit: number;
+  per_secs: number;
+  next_available_at: string | null;
+}
+
+/** @wire RateLimitsAnswer */
+export interface RateLimitsAnswer {
+  rate_limits: RateLimit[];
 }
 
 /** @wire HealthAnswer */

@@ -6,7 +6,7 @@
 -- by name, and the lease token and idempotency key (tests/test_store_sql.py).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context, timeout_secs, backoff, headers, schedule
+    context, timeout_secs, backoff, headers, schedule, concurrency, rate_limit, "unique"
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -18,7 +18,8 @@ id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, sched
 SELECT id, 1024 + octet_length(payload::text) + coalesce(octet_length(result::text), 0)
     + coalesce(octet_length(context::text), 0) + octet_length(errors::text)
     + 2 * coalesce(octet_length(error), 0) + coalesce(octet_length(worker_id), 0) + coalesce(octet_length(step), 0)
-    + coalesce(octet_length(headers::text), 0)
+    + coalesce(octet_length(headers::text), 0) + coalesce(octet_length(concurrency::text), 0)
+    + coalesce(octet_length("unique"::text), 0)
 FROM qftrio_jobs WHERE id = ANY($1::uuid[]);
 
 -- name: jobs_by_ids
@@ -59,45 +60,108 @@ SELECT version FROM qftrio_schema_migrations;
 INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2);
 
 -- name: claim
--- Candidates are picked with FOR UPDATE SKIP LOCKED, so concurrent claimers
--- never wait on each other and never take the same row. An expired lease
--- (c.status = 'running') records its lost attempt as "lease expired"; one
--- that ran to its deadline timed out, and is the janitor's (transitions.timed_out).
--- A job with timeout_secs gets its deadline, which its lease never runs past.
--- Tenants that paused the queue are left out. Of "ready" and "ready_paused"
--- only one runs (a one-time filter on whether anyone paused the queue):
--- the usual one walks qftrio_jobs_claim_idx in lease order for just the
--- rows it takes; a filter on each row's tenant there would make the planner
--- expect to read the whole backlog, and sort it, on every claim.
-WITH ready AS (
-    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
-    WHERE queue = $1 AND status = 'pending' AND scheduled_at <= $2
-      AND NOT EXISTS (SELECT 1 FROM qftrio_queue_pauses WHERE queue = $1)
-    ORDER BY priority DESC, scheduled_at, created_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-), ready_paused AS (
-    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
-    WHERE queue = $1 AND status = 'pending' AND scheduled_at <= $2
-      AND EXISTS (SELECT 1 FROM qftrio_queue_pauses WHERE queue = $1)
-      AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))
-    ORDER BY priority DESC, scheduled_at, created_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
+-- Fair tenants (transitions.fair_order): the queue's tenants with pending
+-- jobs are found by skipping through qftrio_jobs_claim_idx, one probe each,
+-- and served in turn from the $7-th (rotated: each claim starts at the next
+-- one); each gives at most its share of the lease ($3 over the tenants
+-- served), walking its part of the index in lease order. The jobs are
+-- handed out each tenant's first, then each one's second, and so on; for a
+-- single tenant, lease order itself. Candidates are picked with FOR UPDATE
+-- SKIP LOCKED, so concurrent claimers never wait on each other and never
+-- take the same row. An expired lease (c.status = 'running') records its
+-- lost attempt as "lease expired"; one that ran to its deadline timed out,
+-- and is the janitor's (transitions.timed_out). A job with timeout_secs gets
+-- its deadline, which its lease never runs past. Tenants that paused the
+-- queue are left out. A job whose concurrency key is at its limit is held
+-- back, and the walk goes on past it. "more" answers whether a claim after
+-- this one may find more (several tenants shared it, or limits held jobs
+-- back): a lease left short is filled by claims after it.
+WITH RECURSIVE pending_tenants AS (
+    (SELECT tenant FROM qftrio_jobs WHERE queue = $1 AND status = 'pending' ORDER BY tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.tenant FROM qftrio_jobs AS j
+            WHERE j.queue = $1 AND j.status = 'pending' AND j.tenant > t.tenant ORDER BY j.tenant LIMIT 1)
+    FROM pending_tenants AS t WHERE t.tenant IS NOT NULL
+), tenants AS (
+    SELECT tenant, row_number() OVER (ORDER BY tenant) - 1 AS n, count(*) OVER () AS total FROM pending_tenants
+    WHERE tenant IS NOT NULL AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))
+), served AS (
+    SELECT tenant, (n + $7) % total AS turn, ceil($3::float8 / least(total, $3))::int AS share FROM tenants
+    WHERE (n + $7) % total < $3
+), ready AS (
+    SELECT r.*, s.turn FROM served AS s CROSS JOIN LATERAL (
+        SELECT id, tenant, status, priority, scheduled_at, created_at, concurrency_key, concurrency_limit, rate_limit
+        FROM qftrio_jobs
+        WHERE queue = $1 AND tenant = s.tenant AND status = 'pending' AND scheduled_at <= $2
+          AND (concurrency_key IS NULL OR concurrency_limit > coalesce(
+              (SELECT k.running FROM qftrio_concurrency_running AS k
+               WHERE k.tenant = s.tenant AND k.key = qftrio_jobs.concurrency_key), 0))
+          AND (rate_limit IS NULL OR NOT EXISTS (
+              SELECT 1 FROM qftrio_rate_limits AS r WHERE r.tenant = s.tenant AND r.name = qftrio_jobs.rate_limit
+                AND (SELECT count(*) FROM unnest(r.stamps) AS t WHERE t > $2 - r.per_secs) >= r."limit"))
+        ORDER BY priority DESC, scheduled_at, created_at
+        LIMIT s.share
+        FOR UPDATE SKIP LOCKED
+    ) AS r
 ), expired AS (
-    SELECT id, status, priority, scheduled_at, created_at FROM qftrio_jobs
+    -- An expired lease holds its concurrency key's place already; its claim
+    -- takes a unit of its rate limit.
+    SELECT id, tenant, status, priority, scheduled_at, created_at, NULL::text, NULL::int, rate_limit, NULL::bigint
+    FROM qftrio_jobs
     WHERE queue = $1 AND status = 'running' AND locked_until < $2 AND attempt < max_attempts
       AND (deadline IS NULL OR locked_until < deadline)
       AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))
     ORDER BY priority DESC, scheduled_at, created_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
+), counted AS (
+    -- The running counts of the candidates' concurrency keys, locked in
+    -- order and read as they are now (a claim of the same key elsewhere
+    -- waits here, or is waited for): the ready walk above only skipped the
+    -- keys full as the statement began.
+    SELECT tenant, key, running FROM qftrio_concurrency_running
+    WHERE (tenant, key) IN (SELECT tenant, concurrency_key FROM ready WHERE concurrency_key IS NOT NULL)
+    ORDER BY tenant, key
+    FOR UPDATE
+), rated AS (
+    -- The units left of the candidates' rate limits, locked likewise.
+    SELECT tenant, name, "limit", per_secs, stamps,
+        "limit" - (SELECT count(*) FROM unnest(stamps) AS t WHERE t > $2 - per_secs) AS units
+    FROM qftrio_rate_limits
+    WHERE (tenant, name) IN (
+        SELECT tenant, rate_limit FROM ready WHERE rate_limit IS NOT NULL
+        UNION SELECT tenant, rate_limit FROM expired WHERE rate_limit IS NOT NULL)
+    ORDER BY tenant, name
+    FOR UPDATE
+), weighed AS (
+    SELECT u.id, u.status,
+        row_number() OVER (PARTITION BY u.tenant ORDER BY u.priority DESC, u.scheduled_at, u.created_at) AS rank,
+        coalesce(max(u.turn) OVER (PARTITION BY u.tenant), $3) AS turn, u.tenant,
+        u.rate_limit,
+        (u.concurrency_key IS NULL OR row_number() OVER (
+            PARTITION BY u.tenant, u.concurrency_key ORDER BY u.priority DESC, u.scheduled_at, u.created_at
+        ) <= u.concurrency_limit - coalesce(k.running, 0))
+        AND (r.units IS NULL OR row_number() OVER (
+            PARTITION BY u.tenant, u.rate_limit ORDER BY u.priority DESC, u.scheduled_at, u.created_at
+        ) <= r.units) AS fits
+    FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) AS u
+    LEFT JOIN counted AS k ON k.tenant = u.tenant AND k.key = u.concurrency_key
+    LEFT JOIN rated AS r ON r.tenant = u.tenant AND r.name = u.rate_limit
 ), chosen AS (
-    SELECT * FROM (
-        SELECT * FROM ready UNION ALL SELECT * FROM ready_paused UNION ALL SELECT * FROM expired
-    ) AS c
-    ORDER BY priority DESC, scheduled_at, created_at
+    SELECT id, status, rank, turn, tenant, rate_limit FROM weighed WHERE fits
+    ORDER BY rank, turn, tenant
     LIMIT $3
+), stamped AS (
+    -- Each claim takes a unit: its time joins the newest "limit" ones
+    -- (transitions.rate_window: not those of this claim's window only, as
+    -- claims need not commit in the order of their times).
+    UPDATE qftrio_rate_limits AS r SET stamps = (
+        SELECT coalesce(array_agg(t ORDER BY t), '{}') FROM (
+            SELECT t FROM unnest(r.stamps) AS t
+            UNION ALL SELECT $2 FROM generate_series(1, c.n)
+            ORDER BY 1 DESC LIMIT r."limit") AS w)
+    FROM (SELECT tenant, rate_limit, count(*) AS n FROM chosen WHERE rate_limit IS NOT NULL GROUP BY 1, 2) AS c
+    WHERE r.tenant = c.tenant AND r.name = c.rate_limit
 )
 UPDATE qftrio_jobs AS j SET
     status = 'running',
@@ -113,10 +177,15 @@ UPDATE qftrio_jobs AS j SET
         THEN j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'error', $6::text, 'at', $2))
         ELSE j.errors END
 FROM chosen AS c
-WHERE j.id = c.id
+-- The ids as an array too: the rows are then found by their key, whatever
+-- the generic plan guesses of how many the walks above choose (a guess of
+-- thousands would join them to the whole table).
+WHERE j.id = c.id AND j.id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
-    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.timeout_secs, j.backoff, j.headers, j.schedule;
+    j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.timeout_secs, j.backoff, j.headers, j.schedule,
+    j.concurrency, j.rate_limit, j."unique", c.rank, c.turn,
+    (SELECT count(*) FROM served) > 1 OR EXISTS (SELECT 1 FROM weighed WHERE NOT fits) AS more;
 
 -- name: insert_handing_over
 -- Insert a parked long-poll's queue's new jobs, those it takes (the due
@@ -169,11 +238,15 @@ SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notif
 WITH inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
         scheduled_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers, schedule,
+        concurrency, concurrency_key, concurrency_limit, rate_limit, "unique", unique_key,
         status, attempt, created_at, updated_at)
     SELECT (j->>0)::uuid, j->>1, j->>2, j->>3, j->4, (j->>5)::int, (j->>6)::int,
         (j->>7)::float8, j->>8, (j->>9)::uuid, j->>10, CASE WHEN j->>11 IS NOT NULL THEN j->11 END,
         (j->>12)::int, CASE WHEN j->>13 IS NOT NULL THEN j->13 END, CASE WHEN j->>14 IS NOT NULL THEN j->14 END,
         j->>15,
+        CASE WHEN j->>16 IS NOT NULL THEN j->16 END, j->16->>'key', (j->16->>'limit')::int,
+        j->>17,
+        CASE WHEN j->>18 IS NOT NULL THEN j->18 END, j->18->>'key',
         'pending', 0, $2::float8, $2::float8
     FROM jsonb_array_elements($1::text::jsonb) AS j
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -188,6 +261,35 @@ SELECT inserted.id::text FROM inserted, notified;
 SELECT {job_columns}
 FROM qftrio_jobs
 WHERE (tenant, idempotency_key) IN (SELECT * FROM unnest($1::text[], $2::text[]));
+
+-- name: rate_limits_of
+-- A tenant's rate limits, all of them ($2 null) or those named in $2.
+SELECT name, "limit", per_secs, stamps FROM qftrio_rate_limits
+WHERE tenant = $1 AND ($2::text[] IS NULL OR name = ANY($2::text[])) ORDER BY name;
+
+-- name: rate_limit_set
+-- A changed limit keeps the claims of the window: they still count.
+INSERT INTO qftrio_rate_limits (tenant, name, "limit", per_secs) VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant, name) DO UPDATE SET "limit" = $3, per_secs = $4
+RETURNING xmax = 0 AS created;
+
+-- name: rate_limit_delete
+DELETE FROM qftrio_rate_limits WHERE tenant = $1 AND name = $2 RETURNING 1;
+
+-- name: unique_lock
+-- Unique jobs' (tenant, key) pairs, locked until the transaction ends, in
+-- order (so that two batches never wait on each other in a cycle); the
+-- first number keeps these locks apart from qftrio's others.
+SELECT count(pg_advisory_xact_lock(7265, hashtext(t || chr(1) || k)))
+FROM (SELECT t, k FROM unnest($1::text[], $2::text[]) AS u(t, k) ORDER BY t, k) AS keys;
+
+-- name: job_by_unique_key
+-- The tenant's newest job with the unique key in one of the statuses $3
+-- created after $4 (read after unique_lock: what committed before it is seen).
+SELECT {job_columns}
+FROM qftrio_jobs
+WHERE tenant = $1 AND unique_key = $2 AND created_at > $4 AND status = ANY($3::text[])
+ORDER BY created_at DESC LIMIT 1;
 
 -- name: job_get
 SELECT {job_columns}

@@ -9,7 +9,7 @@
 -- sqlite._row_to_job reads them in (tests/test_store_sql.py checks it).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context, timeout_secs, backoff, headers,
-    schedule
+    schedule, concurrency, rate_limit, "unique"
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -21,6 +21,7 @@ SELECT id, 1024 + length(CAST(payload AS BLOB)) + coalesce(length(CAST(result AS
     + coalesce(length(CAST(context AS BLOB)), 0) + length(CAST(errors AS BLOB))
     + 2 * coalesce(length(CAST(error AS BLOB)), 0) + coalesce(length(CAST(worker_id AS BLOB)), 0)
     + coalesce(length(CAST(step AS BLOB)), 0) + coalesce(length(CAST(headers AS BLOB)), 0)
+    + coalesce(length(CAST(concurrency AS BLOB)), 0) + coalesce(length(CAST("unique" AS BLOB)), 0)
 FROM jobs WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: job_get
@@ -33,8 +34,18 @@ FROM jobs WHERE tenant = ? AND idempotency_key = ?;
 
 -- name: job_insert
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
-    created_at, updated_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers, schedule)
-VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+    created_at, updated_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers, schedule,
+    concurrency, concurrency_key, concurrency_limit, rate_limit, "unique", unique_key)
+VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, 0, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+    ?19, json_extract(?19, '$.key'), json_extract(?19, '$.limit'), ?20, ?21, json_extract(?21, '$.key'));
+
+-- name: job_by_unique_key
+-- The tenant's newest job with the unique key in one of the statuses (?3, a
+-- JSON array) created after ?4.
+SELECT {job_columns}
+FROM jobs INDEXED BY jobs_unique
+WHERE tenant = ?1 AND unique_key = ?2 AND created_at > ?4 AND status IN (SELECT value FROM json_each(?3))
+ORDER BY created_at DESC LIMIT 1;
 
 -- name: reports_of
 -- What a report batch decides on: each job's state and current token.
@@ -45,19 +56,53 @@ FROM jobs WHERE id IN ({marks});
 -- The tenants that paused a queue: claims leave out their jobs of it.
 SELECT tenant FROM queue_pauses WHERE queue = ?;
 
+-- name: claim_tenants
+-- The tenants with pending jobs on a queue (some may be scheduled ahead),
+-- from the counts the triggers of migration 0003 keep.
+SELECT DISTINCT tenant FROM job_counts WHERE queue = ? AND status = 'pending' AND n > 0;
+
 -- name: claim_ready
--- "{paused}" leaves out the tenants that paused the queue (usually none).
-SELECT id, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_ready
-WHERE queue = ? AND status = 'pending' AND scheduled_at <= ? {paused}
-ORDER BY priority DESC, scheduled_at, created_at LIMIT ?;
+-- A tenant's ready jobs of a queue, in lease order: its share of a lease.
+-- A job whose concurrency key is at its limit is held back, and the walk
+-- goes on past it.
+SELECT id, tenant, priority, scheduled_at, created_at, concurrency_key, concurrency_limit, rate_limit
+FROM jobs INDEXED BY jobs_ready
+WHERE queue = ?1 AND tenant = ?2 AND status = 'pending' AND scheduled_at <= ?3
+  AND (concurrency_key IS NULL OR concurrency_limit > coalesce(
+      (SELECT running FROM concurrency_running AS c WHERE c.tenant = ?2 AND c.key = jobs.concurrency_key), 0))
+  AND (rate_limit IS NULL OR NOT EXISTS (
+      SELECT 1 FROM rate_limits AS r WHERE r.tenant = ?2 AND r.name = jobs.rate_limit
+        AND (SELECT count(*) FROM json_each(r.stamps) WHERE value > ?3 - r.per_secs) >= r."limit"))
+ORDER BY priority DESC, scheduled_at, created_at LIMIT ?4;
+
+-- name: concurrency_running
+-- How many jobs of each of a tenant's concurrency keys (?2, a JSON array) run.
+SELECT key, running FROM concurrency_running WHERE tenant = ?1 AND key IN (SELECT value FROM json_each(?2));
 
 -- name: claim_expired
 -- A job whose lease ran to its deadline timed out: the janitor fails it
--- (transitions.timed_out), no claim takes it.
-SELECT id, priority, scheduled_at, created_at FROM jobs INDEXED BY jobs_leased
+-- (transitions.timed_out), no claim takes it. An expired lease holds its
+-- concurrency key's place already; its claim takes a unit of its rate limit.
+SELECT id, tenant, priority, scheduled_at, created_at, NULL, NULL, rate_limit FROM jobs INDEXED BY jobs_leased
 WHERE queue = ? AND status = 'running' AND locked_until < ? AND attempt < max_attempts
     AND (deadline IS NULL OR locked_until < deadline) {paused}
 ORDER BY locked_until LIMIT ?;
+
+-- name: rate_limits_of
+-- A tenant's rate limits, all of them or those named in ?2 (a JSON array).
+SELECT name, "limit", per_secs, stamps FROM rate_limits
+WHERE tenant = ?1 AND (?2 IS NULL OR name IN (SELECT value FROM json_each(?2))) ORDER BY name;
+
+-- name: rate_limit_stamps
+UPDATE rate_limits SET stamps = ?3 WHERE tenant = ?1 AND name = ?2;
+
+-- name: rate_limit_set
+-- A changed limit keeps the claims of the window: they still count.
+INSERT INTO rate_limits (tenant, name, "limit", per_secs) VALUES (?1, ?2, ?3, ?4)
+ON CONFLICT (tenant, name) DO UPDATE SET "limit" = ?3, per_secs = ?4;
+
+-- name: rate_limit_delete
+DELETE FROM rate_limits WHERE tenant = ?1 AND name = ?2 RETURNING 1;
 
 -- name: claim
 -- One statement for the whole batch; "{tokens}" is one "WHEN ? THEN ?" per
