@@ -330,6 +330,22 @@ async def test_rate_limits_are_declared_read_and_deleted(http: httpx.AsyncClient
     assert len(await lease(http, server, "r")) == 1
 
 
+async def test_a_tenant_declares_a_bounded_number_of_rate_limits(
+    http: httpx.AsyncClient, server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server.engine, "MAX_RATE_LIMITS", 2)
+    body = {"limit": 5, "per_secs": 1}
+    for name in ("a", "b"):
+        assert (await http.put(f"/api/v1/rate-limits/{name}", json=body, headers=server.headers())).status_code == 201
+    refused = await http.put("/api/v1/rate-limits/c", json=body, headers=server.headers())
+    assert refused.status_code == 409 and "delete one first" in refused.json()["error"]["message"]
+    # changing one that exists is fine, and another tenant has its own count
+    assert (await http.put("/api/v1/rate-limits/a", json=body, headers=server.headers())).status_code == 200
+    assert (await http.put("/api/v1/rate-limits/c", json=body, headers=server.headers("globex"))).status_code == 201
+    listed = (await http.get("/api/v1/rate-limits", headers=server.headers())).json()
+    assert [r["name"] for r in listed["rate_limits"]] == ["a", "b"]
+
+
 @pytest.mark.parametrize(
     ("body", "field"), [({"limit": 0, "per_secs": 1}, "limit"), ({"limit": 5, "per_secs": 0}, "per_secs"), ({"limit": 5}, "per_secs")]
 )

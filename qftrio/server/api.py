@@ -288,7 +288,7 @@ ROUTES: list[Route] = [
     Route("GET", "/api/v1/rate-limits", rate_limits_list, "tenant", {200: RateLimitsAnswer}),
     Route(
         "PUT", "/api/v1/rate-limits/<name>", rate_limit_set, "tenant", {200: RateLimitAnswer, 201: RateLimitAnswer},
-        body=RateLimitRequest, path_params={"name": NAME},
+        (409,), body=RateLimitRequest, path_params={"name": NAME},
     ),
     Route(
         "GET", "/api/v1/rate-limits/<name>", rate_limit_get, "tenant", {200: RateLimitAnswer}, (404,),

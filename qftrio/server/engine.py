@@ -315,6 +315,9 @@ class Engine:
     MAX_SIGHTINGS = 10_000
     #: Workers one answer lists at most (those holding most jobs first).
     MAX_WORKERS_LISTED = 1000
+    #: Rate limits one tenant may declare: a list of them, with each one's
+    #: claim times, is one answer, so their number is bounded.
+    MAX_RATE_LIMITS = 100
     #: Sightings and expired sessions are purged this often.
     PURGE_EVERY_SECS = 60.0
     #: A dashboard session's id is this long (``secrets.token_urlsafe(32)``);
@@ -489,7 +492,16 @@ class Engine:
         return inserted
 
     async def rate_limit_set(self, tenant: str, name: str, limit: int, per_secs: float) -> tuple[RateLimit, bool]:
-        """Declare or change the tenant's rate limit *name*: it and whether it is new."""
+        """Declare or change the tenant's rate limit *name*: it and whether it is new.
+
+        Raises:
+            Conflict: *name* is new and the tenant has :attr:`MAX_RATE_LIMITS` already.
+        """
+        declared = await self.store.rate_limits_list(tenant=tenant, now=self.clock())
+        if len(declared) >= self.MAX_RATE_LIMITS and name not in {r.name for r in declared}:
+            raise errors.Conflict(
+                f"rate limit {name}: the tenant has {len(declared)} rate limits, the most it may declare; delete one first"
+            )
         created = await self.store.rate_limit_set(tenant=tenant, name=name, limit=limit, per_secs=per_secs)
         self.waker.notify_all()  # a raised limit may free held-back jobs
         return await self.rate_limit_get(tenant, name), created
