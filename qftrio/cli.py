@@ -367,21 +367,26 @@ def _show(wire: Any, table: Callable[[], str]) -> None:
         _print_json(wire)
 
 
-def _queues(args: argparse.Namespace) -> int:
+async def _all_queues(client: Any) -> list[Any]:
+    """Every queue's stats, a page a request: a page's answer is bounded,
+    the list is not."""
     from .models import MAX_QUEUES_PAGE
 
+    stats: list[Any] = []
+    cursor = None
+    while True:
+        page, cursor = await client.queues_page(limit=MAX_QUEUES_PAGE, cursor=cursor)
+        stats += page
+        if cursor is None:
+            return stats
+
+
+def _queues(args: argparse.Namespace) -> int:
     async def call(client: Any) -> Any:
         if args.queues_command is not None:
             method = {"pause": client.queue_pause, "resume": client.queue_resume}[args.queues_command]
             return (await method(args.queue)).to_wire()
-        # Every page, one request each: a page's answer is bounded, the list is not.
-        stats: list[Any] = []
-        cursor = None
-        while True:
-            page, cursor = await client.queues_page(limit=MAX_QUEUES_PAGE, cursor=cursor)
-            stats += page
-            if cursor is None:
-                break
+        stats = await _all_queues(client)
         _show({"queues": [s.to_wire() for s in stats]}, lambda: _queues_table(stats, now=time.time()))
         return None
 
@@ -428,7 +433,7 @@ class _Rates:
 
 def _stats(args: argparse.Namespace) -> int:
     async def poll(client: Any) -> list[Any]:
-        return [await client.queue_stats(args.queue)] if args.queue else await client.queues()
+        return [await client.queue_stats(args.queue)] if args.queue else await _all_queues(client)
 
     def wire(stats: list[Any], rates: dict[str, float | None] | None = None) -> Any:
         items = [s.to_wire() | ({} if rates is None else {"completed_per_sec": rates[s.queue]}) for s in stats]

@@ -223,6 +223,22 @@ def on_a_terminal(*argv: str, until: str, count: int = 1, at_first: Callable[[],
 
 
 @pytest.mark.parametrize("storage", ["sqlite"], indirect=True)  # the table is the command's, whatever the store
+async def test_stats_and_queues_list_every_page_of_queues(server, capsys: pytest.CaptureFixture[str]) -> None:
+    import httpx
+
+    from qftrio.models import MAX_QUEUES_PAGE
+
+    names = [f"q{i:04d}" for i in range(MAX_QUEUES_PAGE + 1)]
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        for start in range(0, len(names), 1000):
+            body = {"jobs": [{"kind": "x", "config": {"queue": q}} for q in names[start : start + 1000]]}
+            assert (await http.post("/api/v1/jobs/batch", json=body, headers=server.headers())).status_code == 201
+    opts = ["--url", server.url, "--token", server.tenants["acme"]]
+    for command in ("stats", "queues"):
+        assert await run_cli(command, *opts) == 0
+        assert [q["queue"] for q in json.loads(capsys.readouterr().out)["queues"]] == names
+
+
 async def test_listings_are_tables_on_a_terminal(server) -> None:
     import httpx
 
