@@ -359,10 +359,13 @@ BEGIN
     RETURN checked;
 END $$;
 
--- A job's time on the wire: RFC 3339, UTC, microseconds.
+-- A job's time on the wire: RFC 3339, UTC, microseconds, rounded as the
+-- server rounds them (qftrio.models.format_time).
 CREATE FUNCTION qftrio_wire_time(t float8) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT to_char(to_timestamp(t) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+    SELECT to_char(to_timestamp(secs + (micros = 1000000)::int) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
+        || '.' || lpad((micros % 1000000)::text, 6, '0') || 'Z'
+    FROM (SELECT floor(t) AS secs, round((t - floor(t)) * 1e6)::int AS micros) AS split
 $$;
 
 -- A job as the HTTP API answers it (qftrio.models.Job.to_wire).
