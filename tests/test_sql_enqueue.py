@@ -10,6 +10,7 @@ the same field) and store the same rows. The application's side is psycopg
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -18,9 +19,11 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from qftrio.client import Client
-from qftrio.models import Job
+from qftrio.models import NAME_PATTERN, Job
 from qftrio.worker import HttpTransport, Registry, open_worker
 
 from .conftest import RunningServer, serve_store
@@ -283,6 +286,100 @@ async def test_the_function_answers_every_case_as_the_route(
         if difference is not None:
             wrong.append(f"{case!r:.200}: {difference}")
     assert not wrong, "\n".join(wrong)
+
+
+# The same over configs hypothesis draws: each field often at its edges,
+# often of a wrong type, or left out.
+
+
+def _often(valid: st.SearchStrategy[Any], *others: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """*valid* three times in four, else one of *others*."""
+    return st.one_of(valid, valid, valid, st.one_of(*others))
+
+
+def _number(lo: float, hi: float) -> st.SearchStrategy[Any]:
+    return _often(
+        st.one_of(st.integers(min_value=math.ceil(lo), max_value=int(hi)), st.floats(min_value=lo, max_value=hi)),
+        st.sampled_from([lo, hi]).flatmap(lambda edge: st.sampled_from([edge, edge - 1, edge + 1, edge + 0.5, float(edge)])),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.integers(),
+        st.sampled_from([True, "1", None, [], {}]),
+    )
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
+_NAME = _often(st.from_regex(NAME_PATTERN, fullmatch=True), _TEXT, st.integers(), st.none())
+_KEY = _often(
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=3),
+    st.just(""), st.text("k", min_size=254, max_size=256), st.integers(), st.none(),
+)
+_TIME = st.one_of(
+    st.builds(
+        lambda day, clock, seconds, fraction, sep, zone: f"{day}{sep}{clock}{seconds}{fraction}{zone}",
+        st.dates().map(lambda d: d.isoformat()),
+        st.times().map(lambda t: t.strftime("%H:%M")),
+        st.sampled_from(["", ":00", ":59", ":60"]),
+        st.sampled_from(["", ".5", ",123456", ".1234567", "."]),
+        st.sampled_from(["T", "t", " ", "_", "x"]),
+        st.sampled_from(["", "Z", "z", "+02:30", "-0230", "+23:59", "+24:00", "+02"]),
+    ),
+    st.dates().map(lambda d: d.isoformat()),
+    st.integers(min_value=-(10**15), max_value=10**15).map(str),
+    st.decimals(min_value=-(10**11), max_value=10**11, places=3, allow_nan=False).map(str),
+    _TEXT,
+    st.integers(),
+)
+CONFIGS = st.fixed_dictionaries(
+    {},
+    optional={
+        "queue": _NAME,
+        "priority": _number(-(2**31), 2**31 - 1),
+        "max_attempts": _number(1, 1000),
+        "delay_secs": _number(0, YEARS_10),
+        "scheduled_at": st.one_of(_TIME, st.none()),
+        "idempotency_key": _KEY,
+        "timeout_secs": _number(1, 7 * 86400),
+        "backoff": st.one_of(
+            st.none(),
+            st.fixed_dictionaries({}, optional={
+                "initial_secs": _number(0, 30 * 86400), "factor": _number(1, 100),
+                "max_secs": _number(0, 30 * 86400), "jitter": _number(0, 1), "other": st.just(1),
+            }),
+        ),  # fmt: skip
+        "headers": st.one_of(st.none(), st.dictionaries(st.one_of(st.from_regex(r"[a-z-]{1,8}", fullmatch=True), _TEXT),
+                                                        st.one_of(_TEXT, st.integers()), max_size=3)),  # fmt: skip
+        "concurrency": st.one_of(
+            st.none(), st.fixed_dictionaries({}, optional={"key": _KEY, "limit": _number(1, 1_000_000)})
+        ),
+        "rate_limit": st.one_of(st.sampled_from(["emails", "nope"]), _NAME),
+        "unique": st.one_of(
+            st.none(),
+            st.fixed_dictionaries({}, optional={
+                "key": _KEY,
+                "statuses": st.lists(st.sampled_from(["pending", "running", "completed", "failed", "cancelled", "x"]),
+                                     max_size=6),
+                "period_secs": _number(0, YEARS_10),
+            }),
+        ),  # fmt: skip
+        "other": st.just(1),
+    },
+)
+
+
+async def test_the_function_answers_drawn_configs_as_the_route(
+    pg_server: RunningServer, http: httpx.AsyncClient, sql: Sql
+) -> None:
+    await declare_rate_limit(http, pg_server, HTTP_TENANT, SQL_TENANT)
+
+    # Run from a thread, each example's calls on this Trio loop, which the
+    # server shares.
+    @settings(max_examples=500, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(kind=_often(st.just("send"), st.from_regex(NAME_PATTERN, fullmatch=True), _TEXT), config=CONFIGS)
+    def check(kind: str, config: dict[str, Any]) -> None:
+        difference = trio.from_thread.run(_compare, http, pg_server, sql, ("send" if kind is None else kind, {}, config))
+        assert difference is None, difference
+
+    await trio.to_thread.run_sync(check)
 
 
 async def test_a_job_too_large_is_refused_by_both(pg_server: RunningServer, http: httpx.AsyncClient, sql: Sql) -> None:
