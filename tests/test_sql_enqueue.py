@@ -645,3 +645,22 @@ async def test_the_asyncpg_example(pg_server: RunningServer, http: httpx.AsyncCl
     r = await http.get(f"/api/v1/jobs/{job_id}", headers=pg_server.headers("acme"))
     assert r.json()["payload"] == {"email": "grace@example.com"}
     assert await sql.fetch("SELECT email FROM users") == [("grace@example.com",)]
+
+
+async def test_a_repeated_key_answers_the_job_as_it_stands(
+    pg_server: RunningServer, http: httpx.AsyncClient, sql: Sql
+) -> None:
+    # claimed and failed since: its attempt, worker and error history as the API shows them
+    job_id, _, _ = await sql.enqueue(SQL_TENANT, "send", {}, {"queue": "mail", "idempotency_key": "k"})
+    r = await http.post("/api/v1/queues/mail/lease", json={"worker_id": "w1"}, headers=pg_server.headers("worker"))
+    (lease,) = r.json()["jobs"]
+    r = await http.post(
+        f"/api/v1/jobs/{job_id}/fail", json={"lease_token": lease["lease_token"], "error": "boom"},
+        headers=pg_server.headers("worker"),
+    )  # fmt: skip
+    assert r.status_code == 204
+    again, created, job = await sql.enqueue(SQL_TENANT, "send", {}, {"idempotency_key": "k"})
+    shown = (await http.get(f"/api/v1/jobs/{job_id}", headers=pg_server.headers(SQL_TENANT))).json()
+    assert (again, created) == (job_id, False)
+    assert job["errors"][0]["error"] == "boom" and job["worker_id"] == "w1"
+    assert _canonical(job) == _canonical(shown)

@@ -360,15 +360,25 @@ BEGIN
 END $$;
 
 -- A job's time on the wire: RFC 3339, UTC, microseconds, rounded as the
--- server rounds them (qftrio.models.format_time).
+-- server rounds them (qftrio.models.format_time). One expression, which
+-- PostgreSQL inlines into the query calling it.
 CREATE FUNCTION qftrio_wire_time(t float8) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT to_char(to_timestamp(secs + (micros = 1000000)::int) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
-        || '.' || lpad((micros % 1000000)::text, 6, '0') || 'Z'
-    FROM (SELECT floor(t) AS secs, round((t - floor(t)) * 1e6)::int AS micros) AS split
+    SELECT to_char(to_timestamp(floor(t) + (round((t - floor(t)) * 1e6) = 1e6)::int) AT TIME ZONE 'UTC',
+                   'YYYY-MM-DD"T"HH24:MI:SS')
+        || '.' || lpad((round((t - floor(t)) * 1e6)::int % 1000000)::text, 6, '0') || 'Z'
 $$;
 
--- A job as the HTTP API answers it (qftrio.models.Job.to_wire).
+-- A job's error history on the wire ([{attempt, error, at}], at as a time).
+CREATE FUNCTION qftrio_wire_errors(errors jsonb) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_agg(jsonb_build_object('attempt', e->'attempt', 'error', e->'error',
+                                                 'at', qftrio_wire_time((e->>'at')::float8)) ORDER BY i), '[]')
+    FROM jsonb_array_elements(errors) WITH ORDINALITY AS x(e, i)
+$$;
+
+-- A job as the HTTP API answers it (qftrio.models.Job.to_wire). One
+-- expression too (a new job has no error history to read).
 CREATE FUNCTION qftrio_job_wire(j qftrio_jobs) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
@@ -377,9 +387,7 @@ LANGUAGE sql STABLE AS $$
         'scheduled_at', qftrio_wire_time(j.scheduled_at), 'created_at', qftrio_wire_time(j.created_at),
         'updated_at', qftrio_wire_time(j.updated_at), 'locked_until', qftrio_wire_time(j.locked_until),
         'worker_id', j.worker_id, 'result', j.result, 'error', j.error,
-        'errors', (SELECT coalesce(jsonb_agg(jsonb_build_object('attempt', e->'attempt', 'error', e->'error',
-                       'at', qftrio_wire_time((e->>'at')::float8)) ORDER BY i), '[]')
-                   FROM jsonb_array_elements(j.errors) WITH ORDINALITY AS x(e, i)),
+        'errors', CASE WHEN j.errors = '[]' THEN j.errors ELSE qftrio_wire_errors(j.errors) END,
         'workflow_id', j.workflow_id::text, 'step', j.step, 'context', j.context,
         'timeout_secs', j.timeout_secs, 'backoff', j.backoff, 'headers', j.headers, 'schedule', j.schedule,
         'concurrency', j.concurrency, 'rate_limit', j.rate_limit, 'unique', j."unique")
@@ -503,9 +511,10 @@ BEGIN
         END LOOP;
     END IF;
 
+    -- each job read by its key (a join may hash the whole table)
     RETURN QUERY
-    SELECT ids[p], made[p], qftrio_job_wire(j)
-    FROM generate_subscripts(ids, 1) AS p JOIN qftrio_jobs AS j ON j.id = ids[p]
+    SELECT ids[p], made[p], (SELECT qftrio_job_wire(j) FROM qftrio_jobs AS j WHERE j.id = ids[p])
+    FROM generate_subscripts(ids, 1) AS p
     ORDER BY p;
 END $$;
 
