@@ -29,6 +29,7 @@ from typing import Any
 import trio
 
 import _bench as b
+from pg_write_cost import backend_cpu
 
 CONFIG = {"queue": "q", "max_attempts": 3}
 
@@ -41,11 +42,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     b.add_common(p)
     return p.parse_args(argv)
-
-
-def backend_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/schedstat") as f:
-        return int(f.read().split()[0]) / 1e9
 
 
 def payload(n: int) -> dict[str, Any]:
