@@ -28,6 +28,8 @@ from qftrio.worker import HttpTransport, Registry, open_worker
 
 from .conftest import RunningServer, serve_store
 from .pg import on_asyncio, open_test_postgres_store, pg_url
+from .test_postgres_setup import database_with_data_role, migrate_as
+from .test_postgres_setup import sql as sql_as
 
 psycopg = pytest.importorskip("psycopg")
 from psycopg.types.json import Jsonb  # noqa: E402
@@ -42,6 +44,9 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "sql-enqueue.md"
 #: idempotency and unique keys are its own, so that neither side finds the
 #: other's jobs.
 HTTP_TENANT, SQL_TENANT = "acme", "globex"
+
+ENQUEUE = "SELECT id::text, created, job FROM qftrio_enqueue(%s, %s, %s, %s)"
+BATCH = "SELECT id::text, created, job FROM qftrio_enqueue_batch(%s, %s)"
 
 
 @pytest.fixture
@@ -78,10 +83,10 @@ class Sql:
     async def execute(self, query: str, *params: Any) -> None:
         await self.run(lambda: self.conn.execute(query, params))
 
-    async def enqueue(self, tenant: str, kind: str, payload: Any = {}, config: Any = {}) -> tuple[Any, ...]:  # noqa: B006
-        (row,) = await self.fetch(
-            "SELECT id::text, created, job FROM qftrio_enqueue(%s, %s, %s, %s)", tenant, kind, Jsonb(payload), Jsonb(config)
-        )
+    async def enqueue(self, tenant: str, kind: str, payload: Any = None, config: Any = None) -> tuple[Any, ...]:
+        """``qftrio_enqueue``'s row (*payload* and *config* left out: ``{}``)."""
+        args = (tenant, kind, Jsonb({} if payload is None else payload), Jsonb({} if config is None else config))
+        (row,) = await self.fetch(ENQUEUE, *args)
         return row
 
     async def jobs(self) -> int:
@@ -100,7 +105,8 @@ def sql(pg_server: RunningServer) -> Iterator[Sql]:
 
 async def declare_rate_limit(http: httpx.AsyncClient, server: RunningServer, *tenants: str) -> None:
     for tenant in tenants:
-        r = await http.put("/api/v1/rate-limits/emails", json={"limit": 10, "per_secs": 60}, headers=server.headers(tenant))
+        body = {"limit": 10, "per_secs": 60}
+        r = await http.put("/api/v1/rate-limits/emails", json=body, headers=server.headers(tenant))
         assert r.status_code == 201, r.text
 
 
@@ -182,7 +188,8 @@ CASES: list[tuple[str, Any, Any]] = [
             {"key": "u-3", "statuses": ["pending", "pending", "running", "failed", "cancelled"]},
             {"key": "u", "statuses": []}, {"key": "u", "statuses": ["pending"] * 6}, {"key": "u", "statuses": ["done"]},
             {"key": "u", "statuses": "pending"}, {"key": "u-4", "period_secs": 60}, {"key": "u-4", "period_secs": 60.5},
-            {"key": "u", "period_secs": 0}, {"key": "u", "period_secs": YEARS_10 + 1}, {"key": "u-5", "period_secs": None},
+            {"key": "u", "period_secs": 0}, {"key": "u", "period_secs": YEARS_10 + 1},
+            {"key": "u-5", "period_secs": None},
             {"statuses": ["pending"]}, {"key": ""}, {"key": "u", "x": 1}, None,
         ]  # fmt: skip
     ],
@@ -237,7 +244,8 @@ async def _compare(http: httpx.AsyncClient, server: RunningServer, sql: Sql, cas
     r = await http.post("/api/v1/jobs", json=body, headers=server.headers(HTTP_TENANT))
     before = await sql.jobs()
     try:
-        job_id, created, job = await sql.enqueue(SQL_TENANT, kind, payload, config)
+        # JSON null too: the route refuses it
+        ((job_id, created, job),) = await sql.fetch(ENQUEUE, SQL_TENANT, kind, Jsonb(payload), Jsonb(config))
     except psycopg.Error as exc:
         if await sql.jobs() != before:
             return f"a refused call stored a job: {exc}"
@@ -300,17 +308,19 @@ def _often(valid: st.SearchStrategy[Any], *others: st.SearchStrategy[Any]) -> st
 def _number(lo: float, hi: float) -> st.SearchStrategy[Any]:
     return _often(
         st.one_of(st.integers(min_value=math.ceil(lo), max_value=int(hi)), st.floats(min_value=lo, max_value=hi)),
-        st.sampled_from([lo, hi]).flatmap(lambda edge: st.sampled_from([edge, edge - 1, edge + 1, edge + 0.5, float(edge)])),
+        st.sampled_from([lo, hi]).flatmap(lambda e: st.sampled_from([e, e - 1, e + 1, e + 0.5, float(e)])),
         st.floats(allow_nan=False, allow_infinity=False),
         st.integers(),
         st.sampled_from([True, "1", None, [], {}]),
     )
 
 
-_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
+# no lone surrogate (not UTF-8) nor U+0000 (tested apart)
+_CHARS = st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00")
+_TEXT = st.text(_CHARS, max_size=12)
 _NAME = _often(st.from_regex(NAME_PATTERN, fullmatch=True), _TEXT, st.integers(), st.none())
 _KEY = _often(
-    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=3),
+    st.text(_CHARS, min_size=1, max_size=3),
     st.just(""), st.text("k", min_size=254, max_size=256), st.integers(), st.none(),
 )
 _TIME = st.one_of(
@@ -376,7 +386,7 @@ async def test_the_function_answers_drawn_configs_as_the_route(
     @settings(max_examples=500, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(kind=_often(st.just("send"), st.from_regex(NAME_PATTERN, fullmatch=True), _TEXT), config=CONFIGS)
     def check(kind: str, config: dict[str, Any]) -> None:
-        difference = trio.from_thread.run(_compare, http, pg_server, sql, ("send" if kind is None else kind, {}, config))
+        difference = trio.from_thread.run(_compare, http, pg_server, sql, (kind, {}, config))
         assert difference is None, difference
 
     await trio.to_thread.run_sync(check)
@@ -423,15 +433,16 @@ async def test_a_rollback_leaves_nothing(pg_server: RunningServer, http: httpx.A
     app = Sql(autocommit=False)
     try:
         before = await _stats(http, pg_server, "mail")
-        job_id, created, _ = await app.enqueue(SQL_TENANT, "send", {"n": 1}, {"queue": "mail", "idempotency_key": "once"})
+        config = {"queue": "mail", "idempotency_key": "once"}
+        job_id, created, _ = await app.enqueue(SQL_TENANT, "send", {"n": 1}, config)
         assert created
         await app.run(app.conn.rollback)
         r = await http.get(f"/api/v1/jobs/{job_id}", headers=pg_server.headers(SQL_TENANT))
         assert r.status_code == 404
         assert await _stats(http, pg_server, "mail") == before
         # the key was not taken: the next enqueue with it is a new job
-        config = {"queue": "mail", "idempotency_key": "once"}
-        r = await http.post("/api/v1/jobs", json={"kind": "send", "config": config}, headers=pg_server.headers(SQL_TENANT))
+        body = {"kind": "send", "config": config}
+        r = await http.post("/api/v1/jobs", json=body, headers=pg_server.headers(SQL_TENANT))
         assert r.status_code == 201
         assert r.json()["id"] != job_id
         assert (await _stats(http, pg_server, "mail"))["pending"] == before["pending"] + 1
@@ -489,10 +500,10 @@ async def test_bad_input_raises_and_the_transaction_stores_nothing(
     # a batch with one bad job stores none of them
     jobs = [{"kind": "send"}, {"kind": "send"}, {"kind": "send", "config": {"priority": "high"}}]
     with pytest.raises(psycopg.Error, match=r"^jobs\.2\.config\.priority: "):
-        await sql.fetch("SELECT * FROM qftrio_enqueue_batch(%s, %s)", SQL_TENANT, Jsonb(jobs))
+        await sql.fetch(BATCH, SQL_TENANT, Jsonb(jobs))
     with pytest.raises(psycopg.Error, match=r"^jobs\.1\.config\.rate_limit: no rate limit named 'nope'"):
         await sql.fetch(
-            "SELECT * FROM qftrio_enqueue_batch(%s, %s)", SQL_TENANT,
+            BATCH, SQL_TENANT,
             Jsonb([{"kind": "send"}, {"kind": "send", "config": {"rate_limit": "nope"}}]),
         )  # fmt: skip
     for tenant in ["", None]:
@@ -520,7 +531,9 @@ async def test_a_job_enqueued_by_sql_is_run_by_a_worker(pg_server: RunningServer
     assert job.headers == {"x-a": "b"}
 
 
-async def test_each_tenant_sees_and_keys_its_own_jobs(pg_server: RunningServer, http: httpx.AsyncClient, sql: Sql) -> None:
+async def test_each_tenant_sees_and_keys_its_own_jobs(
+    pg_server: RunningServer, http: httpx.AsyncClient, sql: Sql
+) -> None:
     mine, created, _ = await sql.enqueue("globex", "send", {}, {"idempotency_key": "k", "unique": {"key": "u"}})
     theirs, created_too, _ = await sql.enqueue("acme", "send", {}, {"idempotency_key": "k", "unique": {"key": "u"}})
     assert created and created_too and mine != theirs
@@ -535,15 +548,16 @@ async def test_the_batch_form_takes_1_to_1000_jobs(pg_server: RunningServer, htt
     for bad, message in [(jobs, "must hold 1 to 1000 jobs, not 1001"), ([], "must hold 1 to 1000 jobs, not 0"),
                          ({"kind": "send"}, "must be a JSON array")]:  # fmt: skip
         with pytest.raises(psycopg.Error) as refused:
-            await sql.fetch("SELECT * FROM qftrio_enqueue_batch(%s, %s)", SQL_TENANT, Jsonb(bad))
+            await sql.fetch(BATCH, SQL_TENANT, Jsonb(bad))
         assert refused.value.diag.message_primary == f"jobs: {message}"
     assert await sql.jobs() == 0
-    rows = await sql.fetch("SELECT id::text, created, job FROM qftrio_enqueue_batch(%s, %s)", SQL_TENANT, Jsonb(jobs[:1000]))
+    rows = await sql.fetch(BATCH, SQL_TENANT, Jsonb(jobs[:1000]))
     assert [job["payload"]["n"] for _, _, job in rows] == list(range(1000))
     assert all(created for _, created, _ in rows)
     assert (await _stats(http, pg_server, "bulk"))["pending"] == 1000
     # time-ordered UUIDv7 ids, as the server's
-    assert all(re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", i) for i, _, _ in rows)
+    uuid7 = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+    assert all(re.fullmatch(uuid7, i) for i, _, _ in rows)
 
 
 async def test_the_batch_form_answers_as_the_batch_route(
@@ -562,7 +576,7 @@ async def test_the_batch_form_answers_as_the_batch_route(
     for jobs in batches:
         r = await http.post("/api/v1/jobs/batch", json={"jobs": jobs}, headers=pg_server.headers(HTTP_TENANT))
         try:
-            rows = await sql.fetch("SELECT id::text, created, job FROM qftrio_enqueue_batch(%s, %s)", SQL_TENANT, Jsonb(jobs))
+            rows = await sql.fetch(BATCH, SQL_TENANT, Jsonb(jobs))
         except psycopg.Error as exc:
             assert r.status_code == 422, (jobs, r.text, exc)
             assert _names(exc.diag.column_name or "", _fields(r.json()["error"]["message"])), (r.text, exc)
@@ -664,3 +678,20 @@ async def test_a_repeated_key_answers_the_job_as_it_stands(
     assert (again, created) == (job_id, False)
     assert job["errors"][0]["error"] == "boom" and job["worker_id"] == "w1"
     assert _canonical(job) == _canonical(shown)
+
+
+async def test_the_data_only_role_enqueues_whatever_its_search_path() -> None:
+    # docs/deploy.md's roles: the tables in the schema qftrio; the application
+    # calls the function schema-qualified from a search_path of its own
+    if pg_url() is None:
+        pytest.skip("QFTRIO_TEST_DATABASE_URL is not set")
+    with trio.fail_after(60):
+        async with database_with_data_role() as (owner, data, _):
+            await migrate_as(owner)
+            config = json.dumps({"queue": "q", "unique": {"key": "u"}, "concurrency": {"key": "c"}})
+            call = f"SELECT id::text, created FROM qftrio.qftrio_enqueue('acme', 'k', '{{}}', '{config}')"
+            (row,) = await sql_as(data, "SET search_path = public", call)
+            assert row["created"]
+            counted = "SELECT sum(n) FROM qftrio_job_counts WHERE queue = 'q' AND status = 'pending'"
+            assert await sql_as(owner, "SELECT id::text FROM qftrio_jobs") == [(row["id"],)]
+            assert [tuple(r) for r in await sql_as(owner, counted)] == [(1,)]
