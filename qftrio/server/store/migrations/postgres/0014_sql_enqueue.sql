@@ -235,6 +235,19 @@ BEGIN
     IF jsonb_typeof(v) <> 'object' THEN
         PERFORM qftrio_enqueue_refuse(qftrio_enqueue_at(field, 'payload'), 'must be a JSON object');
     END IF;
+    -- The numbers the route cannot hold (read only in a payload long
+    -- enough to hold one): a fraction beyond a double's range, an integer
+    -- of more than 4300 digits.
+    IF octet_length(v::text) > 308 THEN
+        SELECT t INTO k FROM jsonb_path_query(v, 'strict $.**') AS n, LATERAL (SELECT n::text AS t) AS written
+        WHERE jsonb_typeof(n) = 'number' AND CASE WHEN strpos(t, '.') > 0
+            THEN abs(t::numeric) > 1.7976931348623157e308 ELSE length(ltrim(t, '-')) > 4300 END
+        LIMIT 1;
+        IF k IS NOT NULL THEN
+            PERFORM qftrio_enqueue_refuse(qftrio_enqueue_at(field, 'payload'), CASE WHEN strpos(k, '.') > 0
+                THEN 'holds a number beyond the range of a JSON number' ELSE 'holds an integer of more than 4300 digits' END);
+        END IF;
+    END IF;
     checked := checked || jsonb_build_object('payload', v);
     config := qftrio_enqueue_object(coalesce(job->'config', '{}'), at, ARRAY[
         'queue', 'priority', 'max_attempts', 'delay_secs', 'scheduled_at', 'idempotency_key', 'timeout_secs',
