@@ -716,3 +716,26 @@ async def test_the_data_only_role_enqueues_whatever_its_search_path() -> None:
             counted = "SELECT sum(n) FROM qftrio_job_counts WHERE queue = 'q' AND status = 'pending'"
             assert await sql_as(owner, "SELECT id::text FROM qftrio_jobs") == [(row["id"],)]
             assert [tuple(r) for r in await sql_as(owner, counted)] == [(1,)]
+
+
+async def test_a_unique_job_needs_read_committed(pg_server: RunningServer, sql: Sql) -> None:
+    # under an older snapshot the lookup after the lock would miss the job
+    # the transaction it waited for committed
+    app = Sql(autocommit=False)
+    try:
+        for level in ["REPEATABLE READ", "SERIALIZABLE"]:
+            await app.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+            with pytest.raises(psycopg.Error) as refused:
+                await app.enqueue(SQL_TENANT, "send", {}, {"unique": {"key": "u"}})
+            assert refused.value.sqlstate == "0A000"
+            assert refused.value.diag.message_primary == (
+                f"config.unique: a unique job is enqueued only in a READ COMMITTED transaction, not {level}"
+            )
+            await app.run(app.conn.rollback)
+            # other jobs are enqueued at any level
+            await app.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+            await app.enqueue(SQL_TENANT, "send", {}, {"idempotency_key": level})
+            await app.run(app.conn.commit)
+    finally:
+        app.conn.close()
+    assert await sql.jobs() == 2

@@ -497,6 +497,14 @@ BEGIN
         ids := one.ids;
         made := one.made;
     ELSE
+        -- The lookup after the lock must see what the transactions it waited
+        -- for committed: a snapshot older than the lock (REPEATABLE READ,
+        -- SERIALIZABLE) would not, and would let a second job of the key in.
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION USING ERRCODE = '0A000', COLUMN = 'config.unique', MESSAGE = format(
+                'config.unique: a unique job is enqueued only in a READ COMMITTED transaction, not %s',
+                upper(current_setting('transaction_isolation')));
+        END IF;
         -- The (tenant, key) pairs of unique jobs, locked in order until the
         -- transaction ends, as the server's unique_lock: concurrent inserts
         -- of one key on any server, or here, take turns. Then each job in
