@@ -52,8 +52,9 @@ BEGIN
     RETURN value;
 END $$;
 
--- A JSON number as the double the route reads it as (a number too small for
--- a double is 0, as the route's JSON parser reads it).
+-- A JSON number as the double the route reads it as (one too large for a
+-- double is infinite here, and out of every field's range; one too small is
+-- 0, as the route's JSON parser reads it).
 CREATE FUNCTION qftrio_enqueue_double(value jsonb, field text) RETURNS float8
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -63,7 +64,7 @@ BEGIN
         PERFORM qftrio_enqueue_refuse(field, 'must be a JSON number');
     END IF;
     n := (value #>> '{}')::numeric;
-    IF abs(n) >= 1e300 THEN
+    IF abs(n) > 1.7976931348623157e308 THEN
         RETURN sign(n) * 'Infinity'::float8;
     ELSIF abs(n) < 1e-320 THEN
         RETURN 0;
