@@ -63,7 +63,8 @@ async def pg_server(nursery: trio.Nursery) -> AsyncIterator[RunningServer]:
 
 @pytest.fixture
 async def http(pg_server: RunningServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=pg_server.url, timeout=60) as client:
+    # past the longest long poll of these tests (60 s)
+    async with httpx.AsyncClient(base_url=pg_server.url, timeout=90) as client:
         yield client
 
 
@@ -487,8 +488,13 @@ async def test_a_commit_counts_the_job_and_wakes_a_long_poll_parked_on_the_serve
         async with trio.open_nursery() as nursery:
             nursery.start_soon(long_poll)
             # parked, and its server listening, before anything is enqueued
-            while not (pg_server.engine.waker._parked.get("mail") and store._listener and store._listener.listening):
-                await trio.sleep(0.01)
+            def parked() -> bool:
+                listener = store._listener
+                return bool(pg_server.engine.waker._parked.get("mail")) and listener is not None and listener.listening
+
+            with trio.fail_after(60):
+                while not parked():
+                    await trio.sleep(0.01)
             job_id, _, _ = await app.enqueue(SQL_TENANT, "send", {"n": 1}, {"queue": "mail"})
             # not committed: no one sees it
             r = await http.get(f"/api/v1/jobs/{job_id}", headers=pg_server.headers(SQL_TENANT))
@@ -626,8 +632,9 @@ async def test_a_unique_key_held_by_an_open_transaction_makes_the_route_wait_for
         job_id, _, _ = await app.enqueue(SQL_TENANT, "send", {}, {"unique": {"key": "once"}})
         async with trio.open_nursery() as nursery:
             nursery.start_soon(enqueue_by_http)
-            while not (await sql.fetch("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")):
-                await trio.sleep(0.01)
+            with trio.fail_after(60):
+                while not (await sql.fetch("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")):
+                    await trio.sleep(0.01)
             assert "r" not in answer
             await app.run(app.conn.commit)
         assert answer["r"].status_code == 200
