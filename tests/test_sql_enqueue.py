@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qftrio.client import Client
-from qftrio.models import NAME_PATTERN, Job
+from qftrio.models import NAME_PATTERN, BackoffConfig, ConcurrencyConfig, EnqueueRequest, Job, JobConfig, UniqueConfig
 from qftrio.worker import HttpTransport, Registry, open_worker
 
 from .conftest import RunningServer, serve_store
@@ -746,3 +746,20 @@ async def test_a_unique_job_needs_read_committed(pg_server: RunningServer, sql: 
     finally:
         app.conn.close()
     assert await sql.jobs() == 2
+
+
+async def test_the_function_knows_every_field_the_route_takes(pg_server: RunningServer, sql: Sql) -> None:
+    # a field added to the route's models and not to the function is refused
+    # by the function as unknown: this names it
+    configs: list[dict[str, Any]] = [{name: None} for name in JobConfig.model_fields]
+    for where, model in [("backoff", BackoffConfig), ("concurrency", ConcurrencyConfig), ("unique", UniqueConfig)]:
+        configs += [{where: {name: None}} for name in model.model_fields]
+    unknown = []
+    for config in configs:
+        try:
+            await sql.enqueue(SQL_TENANT, "send", {}, config)
+        except psycopg.Error as exc:
+            if exc.diag.message_primary and exc.diag.message_primary.endswith(": unknown field"):
+                unknown.append(exc.diag.column_name)
+    assert unknown == []
+    assert set(EnqueueRequest.model_fields) == {"kind", "payload", "config"}
