@@ -14,7 +14,8 @@ of another version: ``git archive REV qftrio | tar -x -C DIR``), each on a
 store of its own, both idle on their long polls, and alternates the two every
 ``--round`` samples: both sides see the same moments of a shared machine. It
 prints each side's percentiles over all its samples and the median of its
-rounds' p50s.
+rounds' p50s. The CPU the server and the worker spent per job (the whole
+job: enqueue, lease, report, the next long poll) is printed with each side.
 
 Examples::
 
@@ -69,6 +70,17 @@ class Side:
         self.sent = 0
         self.latencies: list[float] = []
         self.rounds: list[list[float]] = []
+        self.cpu = {"server": 0.0, "worker": 0.0}  # seconds, over the counted samples
+
+    def cpu_now(self) -> dict[str, float]:
+        return {"server": b.cpu_seconds(self.server.pid), "worker": b.cpu_seconds(self.worker.pid)}
+
+    def round(self, args: argparse.Namespace, procs: b.Procs, n: int) -> None:
+        """*n* counted samples, and the CPU the server and worker spent on them."""
+        before = self.cpu_now()
+        self.rounds.append([self.one(args, procs, count=True) for _ in range(n)])
+        for name, secs in self.cpu_now().items():
+            self.cpu[name] += secs - before[name]
 
     def one(self, args: argparse.Namespace, procs: b.Procs, count: bool) -> float:
         """Enqueue one job and wait for its handler to start: the latency."""
@@ -113,7 +125,7 @@ def measure(args: argparse.Namespace, procs: b.Procs, urls: list[str | None]) ->
             for side in sides:
                 n = min(size, args.samples - len(side.latencies))
                 if n > 0:
-                    side.rounds.append([side.one(args, procs, count=True) for _ in range(n)])
+                    side.round(args, procs, n)
     finally:
         for side in sides:
             side.close()
@@ -139,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         b.say(
             f"{side.name}RESULT latency store={args.store} samples={len(ms)}: p50 {b.percentile(ms, 50):.2f} ms, "
             f"p90 {b.percentile(ms, 90):.2f} ms, p99 {b.percentile(ms, 99):.2f} ms, max {max(ms):.2f} ms, "
-            f"min {min(ms):.2f} ms{rounds} (targets p50 <= 2 ms, p99 <= 5 ms)"
+            f"min {min(ms):.2f} ms{rounds} (targets p50 <= 2 ms, p99 <= 5 ms); CPU µs per job: "
+            + ", ".join(f"{name} {secs / len(ms) * 1e6:,.0f}" for name, secs in side.cpu.items())
         )
     return 0
 

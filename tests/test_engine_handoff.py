@@ -171,3 +171,25 @@ async def test_an_enqueue_cancelled_during_the_hand_off_still_hands_the_job_over
             await engine.enqueue("t", [SPEC])
     ((lease,),) = got
     assert lease.job.status is Status.RUNNING and lease.job.attempt == 1
+
+
+async def test_a_poll_handed_a_job_returns_before_the_enqueue_that_handed_it(engine: Engine) -> None:
+    # On both stores. The worker waits on the poll's answer, the enqueuer
+    # only on a receipt: the poll's answer goes first, whatever order
+    # Trio's scheduler runs the two tasks in (it varies from run to run).
+    for _ in range(20):
+        order: list[str] = []
+
+        async def poll() -> None:
+            (lease,) = await engine.lease("q", max_jobs=1, lease_secs=30, wait_secs=30)
+            order.append("poll")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(poll)
+            # until the poll waits on its wake-up (before that, it reads
+            # when the queue's next job falls due: the store's time)
+            while not any(p.event.statistics().tasks_waiting for p in engine.waker._parked.get("q", ())):
+                await trio.sleep(0.001)
+            await engine.enqueue("t", [SPEC])
+            order.append("enqueue")
+        assert order == ["poll", "enqueue"]

@@ -471,6 +471,13 @@ class Engine:
                     if k < len(claimed) and claimed[k]:
                         parked.leases = claimed[k]
                     parked.event.set()
+            # Let the polls send their jobs before anything else is done
+            # here: a worker is waiting on them, the enqueuer only on a
+            # receipt. A woken poll answers in the next batch of Trio's
+            # scheduler without yielding; the first yield here puts this
+            # task in that batch too (in no set order), the second after it.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()
         created = [i.new for i in inserted if i.existing is None]
         if created:
             self._count_enqueued((job.queue, job.kind) for job in created)
@@ -484,11 +491,6 @@ class Engine:
             for queue in {job.queue for job in created}:
                 if full.get(queue, True) or queue in later:
                     self.waker.notify(queue)
-        if handed:
-            # Let the polls send their jobs before this answer is sent: a
-            # worker is waiting on them, the enqueuer only on a receipt.
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            await trio.lowlevel.cancel_shielded_checkpoint()
         return inserted
 
     async def rate_limit_set(self, tenant: str, name: str, limit: int, per_secs: float) -> tuple[RateLimit, bool]:
@@ -918,9 +920,10 @@ class Engine:
                     timeout = min(timeout, max(0.0, next_at - now) + 0.001)
                 with trio.move_on_after(timeout):
                     await parked.event.wait()
-                if parked.taken:
+                if parked.taken and not parked.event.is_set():
                     # An enqueue is claiming for this poll; its transaction
-                    # ends moments from now.
+                    # ends moments from now. (Once it has, no schedule point
+                    # before the answer: see enqueue.)
                     await parked.event.wait()
             finally:
                 self.waker.unpark(parked)
