@@ -14,8 +14,14 @@ of another version: ``git archive REV qftrio | tar -x -C DIR``), each on a
 store of its own, both idle on their long polls, and alternates the two every
 ``--round`` samples: both sides see the same moments of a shared machine. It
 prints each side's percentiles over all its samples and the median of its
-rounds' p50s. The CPU the server and the worker spent per job (the whole
-job: enqueue, lease, report, the next long poll) is printed with each side.
+rounds' p50s.
+
+``--servers 2`` (PostgreSQL) sends the enqueues to a second server on the
+same database: the parked poll is woken by NOTIFY, through the first
+server's LISTEN connection, and claims the job itself.
+
+The CPU the servers and the worker spent per job (the whole job: enqueue,
+lease, report, the next long poll) is printed with each side.
 
 Examples::
 
@@ -31,7 +37,6 @@ import os
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 
@@ -45,10 +50,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10, help="jobs run first and not counted, per side (default 10)")
     p.add_argument("--gap", type=float, default=0.05, help="idle seconds between a job's start and the next enqueue (default 0.05)")
     p.add_argument("--wait-secs", type=float, default=20, help="the worker's --wait-secs (default 20)")
+    p.add_argument("--servers", type=int, choices=[1, 2], default=1, help="2: enqueue on a second server sharing the database, so that the wake goes through NOTIFY and LISTEN (PostgreSQL only)")
     p.add_argument("--ab", metavar="DIR", help="alternate with a server and worker importing qftrio from DIR (a copy of another version); both sides are printed")
-    p.add_argument("--round", type=int, default=25, help="with --ab, samples of one side before the other's turn (default 25)")
+    p.add_argument("--round", type=int, default=5, help="with --ab, samples of one side before the other's turn (default 5)")
     b.add_common(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.servers == 2 and args.store != "postgres":
+        p.error("--servers 2 needs --store postgres (one process owns a SQLite file)")
+    return args
 
 
 class Side:
@@ -66,14 +75,17 @@ class Side:
             procs, self.server.url, self.queue, lanes=1, batch=1, wait_secs=args.wait_secs, name=f"worker{tag}",
             env={**(env or {}), "QFTRIO_BENCH_STAMPS": str(self.stamps)},
         )  # fmt: skip
-        self.client = httpx.Client(base_url=self.server.url, headers=b.tenant_headers(), timeout=30)
+        self.servers = [self.server]
+        if args.servers == 2:
+            self.servers.append(b.start_server(procs, store=args.store, database_url=database_url, name=f"enqueue{tag}", env=env))
+        self.client = httpx.Client(base_url=self.servers[-1].url, headers=b.tenant_headers(), timeout=30)
         self.sent = 0
         self.latencies: list[float] = []
         self.rounds: list[list[float]] = []
-        self.cpu = {"server": 0.0, "worker": 0.0}  # seconds, over the counted samples
+        self.cpu = {"servers": 0.0, "worker": 0.0}  # seconds, over the counted samples
 
     def cpu_now(self) -> dict[str, float]:
-        return {"server": b.cpu_seconds(self.server.pid), "worker": b.cpu_seconds(self.worker.pid)}
+        return {"servers": sum(b.cpu_seconds(s.pid) for s in self.servers), "worker": b.cpu_seconds(self.worker.pid)}
 
     def round(self, args: argparse.Namespace, procs: b.Procs, n: int) -> None:
         """*n* counted samples, and the CPU the server and worker spent on them."""
@@ -149,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         ms = [x * 1000 for x in side.latencies]
         rounds = f", median of {len(side.rounds)} rounds' p50 {b.median([b.percentile([x * 1000 for x in r], 50) for r in side.rounds]):.2f} ms" if args.ab else ""
         b.say(
-            f"{side.name}RESULT latency store={args.store} samples={len(ms)}: p50 {b.percentile(ms, 50):.2f} ms, "
+            f"{side.name}RESULT latency store={args.store} servers={args.servers} samples={len(ms)}: p50 {b.percentile(ms, 50):.2f} ms, "
             f"p90 {b.percentile(ms, 90):.2f} ms, p99 {b.percentile(ms, 99):.2f} ms, max {max(ms):.2f} ms, "
             f"min {min(ms):.2f} ms{rounds} (targets p50 <= 2 ms, p99 <= 5 ms); CPU µs per job: "
             + ", ".join(f"{name} {secs / len(ms) * 1e6:,.0f}" for name, secs in side.cpu.items())

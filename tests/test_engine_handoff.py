@@ -14,7 +14,7 @@ import trio
 from qftrio import errors
 from qftrio.models import EnqueueRequest, JobConfig, Lease, Status
 from qftrio.server.engine import Engine
-from qftrio.server.store.base import ClaimRequest, Inserted, NewJob
+from qftrio.server.store.base import ClaimRequest, Inserted, NewJob, Store
 from qftrio.server.store.sqlite import SqliteStore
 
 EPOCH = 1_800_000_000.0
@@ -193,3 +193,41 @@ async def test_a_poll_handed_a_job_returns_before_the_enqueue_that_handed_it(eng
             await engine.enqueue("t", [SPEC])
             order.append("enqueue")
         assert order == ["poll", "enqueue"]
+
+
+
+class LateClaim:
+    """A store whose next claim reads the queue, then answers only once
+    ``answer`` is set: work enqueued meanwhile is not in what it read."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.read = trio.Event()
+        self.answer = trio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def jobs_claim(self, queue: str, **kw: Any) -> list[Lease]:
+        leases = await self._store.jobs_claim(queue, **kw)
+        if not self.read.is_set():
+            self.read.set()
+            await self.answer.wait()
+        return leases
+
+
+async def test_work_enqueued_while_a_poll_claims_wakes_it_once_its_claim_ends(storage: Store) -> None:
+    # The poll's claim found nothing; the enqueue's wake-up came before the
+    # claim ended. The poll claims again at once, not at its safety poll
+    # (an hour here).
+    store = LateClaim(storage)
+    engine = Engine(store, clock=lambda: EPOCH + trio.current_time(), safety_poll_secs=3600)  # type: ignore[arg-type]
+    got: list[list[Lease]] = []
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(poll, engine, got, 3600)
+            await store.read.wait()
+            (inserted,) = await engine.enqueue("t", [SPEC])
+            store.answer.set()
+    (lease,) = got[0]
+    assert lease.job.id == inserted.job.id
