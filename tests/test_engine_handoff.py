@@ -231,3 +231,21 @@ async def test_work_enqueued_while_a_poll_claims_wakes_it_once_its_claim_ends(st
             store.answer.set()
     (lease,) = got[0]
     assert lease.job.id == inserted.job.id
+
+
+async def test_an_enqueue_does_not_claim_for_a_poll_whose_own_claim_is_under_way(storage: Store) -> None:
+    # The poll's claim may bring jobs of its own: jobs claimed for it as
+    # well would be held by no one until their lease ran out.
+    store = LateClaim(storage)
+    engine = Engine(store, clock=lambda: EPOCH + trio.current_time())  # type: ignore[arg-type]
+    (first,) = await engine.enqueue("t", [SPEC])
+    got: list[list[Lease]] = []
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(poll, engine, got, 3600)
+            await store.read.wait()  # its claim took the first job
+            (second,) = await engine.enqueue("t", [SPEC])
+            store.answer.set()
+    assert [lease.job.id for lease in got[0]] == [first.job.id]
+    (lease,) = await engine.lease("q", max_jobs=1, lease_secs=30)
+    assert lease.job.id == second.job.id and lease.job.attempt == 1

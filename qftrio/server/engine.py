@@ -151,15 +151,18 @@ class Waker:
         if not polls:
             return []
         taken: list[Parked] = []
-        kept: list[Parked] = []
+        kept: list[Parked] = []  # claiming for themselves, or not needed
         room = 0
-        for parked in polls:
-            if room < jobs and parked.waiting:
+        for k, parked in enumerate(polls):
+            if room >= jobs:
+                kept += polls[k:]
+                break
+            if parked.waiting:
                 parked.taken = True
                 taken.append(parked)
                 room += parked.claim.limit
             else:
-                kept.append(parked)  # claiming for itself, or not needed
+                kept.append(parked)
         if kept:
             self._parked[queue] = kept
         else:
