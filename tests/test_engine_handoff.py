@@ -14,7 +14,7 @@ import trio
 from qftrio import errors
 from qftrio.models import EnqueueRequest, JobConfig, Lease, Status
 from qftrio.server.engine import Engine
-from qftrio.server.store.base import ClaimRequest, Inserted, NewJob
+from qftrio.server.store.base import ClaimRequest, Inserted, NewJob, Store
 from qftrio.server.store.sqlite import SqliteStore
 
 EPOCH = 1_800_000_000.0
@@ -171,3 +171,81 @@ async def test_an_enqueue_cancelled_during_the_hand_off_still_hands_the_job_over
             await engine.enqueue("t", [SPEC])
     ((lease,),) = got
     assert lease.job.status is Status.RUNNING and lease.job.attempt == 1
+
+
+async def test_a_poll_handed_a_job_returns_before_the_enqueue_that_handed_it(engine: Engine) -> None:
+    # On both stores. The worker waits on the poll's answer, the enqueuer
+    # only on a receipt: the poll's answer goes first, whatever order
+    # Trio's scheduler runs the two tasks in (it varies from run to run).
+    for _ in range(20):
+        order: list[str] = []
+
+        async def poll() -> None:
+            (lease,) = await engine.lease("q", max_jobs=1, lease_secs=30, wait_secs=30)
+            order.append("poll")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(poll)
+            # until the poll waits on its wake-up (before that, it reads
+            # when the queue's next job falls due: the store's time)
+            while not any(p.event.statistics().tasks_waiting for p in engine.waker._parked.get("q", ())):
+                await trio.sleep(0.001)
+            await engine.enqueue("t", [SPEC])
+            order.append("enqueue")
+        assert order == ["poll", "enqueue"]
+
+
+
+class LateClaim:
+    """A store whose next claim reads the queue, then answers only once
+    ``answer`` is set: work enqueued meanwhile is not in what it read."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.read = trio.Event()
+        self.answer = trio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def jobs_claim(self, queue: str, **kw: Any) -> list[Lease]:
+        leases = await self._store.jobs_claim(queue, **kw)
+        if not self.read.is_set():
+            self.read.set()
+            await self.answer.wait()
+        return leases
+
+
+async def test_work_enqueued_while_a_poll_claims_wakes_it_once_its_claim_ends(storage: Store) -> None:
+    # The poll's claim found nothing; the enqueue's wake-up came before the
+    # claim ended. The poll claims again at once, not at its safety poll
+    # (an hour here).
+    store = LateClaim(storage)
+    engine = Engine(store, clock=lambda: EPOCH + trio.current_time(), safety_poll_secs=3600)  # type: ignore[arg-type]
+    got: list[list[Lease]] = []
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(poll, engine, got, 3600)
+            await store.read.wait()
+            (inserted,) = await engine.enqueue("t", [SPEC])
+            store.answer.set()
+    (lease,) = got[0]
+    assert lease.job.id == inserted.job.id
+
+
+async def test_an_enqueue_does_not_claim_for_a_poll_whose_own_claim_is_under_way(storage: Store) -> None:
+    # The poll's claim may bring jobs of its own: jobs claimed for it as
+    # well would be held by no one until their lease ran out.
+    store = LateClaim(storage)
+    engine = Engine(store, clock=lambda: EPOCH + trio.current_time())  # type: ignore[arg-type]
+    (first,) = await engine.enqueue("t", [SPEC])
+    got: list[list[Lease]] = []
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(poll, engine, got, 3600)
+            await store.read.wait()  # its claim took the first job
+            (second,) = await engine.enqueue("t", [SPEC])
+            store.answer.set()
+    assert [lease.job.id for lease in got[0]] == [first.job.id]
+    (lease,) = await engine.lease("q", max_jobs=1, lease_secs=30)
+    assert lease.job.id == second.job.id and lease.job.attempt == 1

@@ -41,6 +41,7 @@ from qftrio.server.store.postgres import (
 )
 
 from .pg import on_asyncio, open_test_postgres_store, pg_url
+from .test_engine_handoff import LateClaim
 
 pytestmark = [
     pytest.mark.postgres,
@@ -278,6 +279,8 @@ async def test_listener_signals_all_queues_after_reconnecting() -> None:
             async with trio.open_nursery() as nursery:
                 await nursery.start(store.run_listener, calls.append)
                 await store.notifications_wanted(60)
+                assert calls == [ALL_QUEUES]  # it began to listen: every queue looks again
+                calls.clear()
                 await other.jobs_insert([new("a"), new("b")], now=T0)
                 with trio.fail_after(5):
                     while sorted(calls) != ["a", "b"]:
@@ -308,6 +311,7 @@ async def test_the_listener_passes_on_only_other_servers_notifications() -> None
             async with trio.open_nursery() as nursery:
                 await nursery.start(store.run_listener, calls.append)
                 await store.notifications_wanted(60)
+                calls.remove(ALL_QUEUES)  # it began to listen
                 await store.jobs_insert([new("own")], now=T0)
                 await other.jobs_insert([new("other")], now=T0)
                 with trio.fail_after(5):
@@ -335,9 +339,9 @@ async def test_the_listener_listens_only_while_a_long_poll_may_wait() -> None:
                 await store.notifications_wanted(1.0)
                 await other.jobs_insert([new("wanted")], now=T0)
                 with trio.fail_after(5):
-                    while not calls:
+                    while calls[-1:] != ["wanted"]:
                         await trio.sleep(0.01)
-                assert calls == ["wanted"]
+                assert calls == [ALL_QUEUES, "wanted"]
                 # and still while the announced wait lasts
                 await trio.sleep(0.6)
                 await other.jobs_insert([new("waiting")], now=T0)
@@ -353,7 +357,7 @@ async def test_the_listener_listens_only_while_a_long_poll_may_wait() -> None:
                 with trio.fail_after(5):
                     while calls[-1:] != ["again"]:
                         await trio.sleep(0.01)
-                assert calls == ["wanted", "waiting", "again"]
+                assert calls == [ALL_QUEUES, "wanted", "waiting", ALL_QUEUES, "again"]
                 nursery.cancel_scope.cancel()
 
 
@@ -375,6 +379,35 @@ async def test_a_long_poll_on_a_server_that_was_not_listening_hears_another_serv
                 await trio.sleep(0.3)  # parked by now
                 (inserted,) = await server_b.enqueue("t", [EnqueueRequest(kind="k", payload={}, config=JobConfig(queue="q"))])
                 with trio.fail_after(2):
+                    while not woke:
+                        await trio.sleep(0.01)
+                assert [lease.job.id for lease in woke] == [inserted.job.id]
+                nursery.cancel_scope.cancel()
+
+
+
+async def test_a_long_poll_hears_work_made_ready_between_its_claim_and_the_listen() -> None:
+    # Server A did not listen: its poll claims (nothing), and only then has
+    # the connection listen. What server B enqueued in between was notified
+    # to no one; A's polls claim again once it listens.
+    with trio.fail_after(30):
+        async with open_test_postgres_store() as store_a, other_store() as store_b:
+            late = LateClaim(store_a)
+            # Server A's safety poll is out of reach.
+            server_a = Engine(late, safety_poll_secs=120)  # type: ignore[arg-type]
+            server_b = Engine(store_b)
+            woke: list[Any] = []
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server_a.run_listener)
+
+                async def long_poll() -> None:
+                    woke.extend(await server_a.lease("q", wait_secs=30))
+
+                nursery.start_soon(long_poll)
+                await late.read.wait()  # its claim has read the queue
+                (inserted,) = await server_b.enqueue("t", [EnqueueRequest(kind="k", payload={}, config=JobConfig(queue="q"))])
+                late.answer.set()
+                with trio.fail_after(5):
                     while not woke:
                         await trio.sleep(0.01)
                 assert [lease.job.id for lease in woke] == [inserted.job.id]

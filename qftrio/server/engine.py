@@ -100,13 +100,17 @@ log = logging.getLogger("qftrio.engine")
 
 
 class Parked:
-    """A long-poll parked on a queue, until woken or handed jobs."""
+    """A long-poll parked on a queue, from its claim until woken or handed
+    jobs."""
 
-    __slots__ = ("claim", "event", "leases", "taken")
+    __slots__ = ("claim", "event", "leases", "taken", "waiting")
 
     def __init__(self, claim: ClaimRequest) -> None:
         self.claim = claim
         self.event = trio.Event()
+        #: Its claim found nothing and it waits: only then may an enqueue
+        #: claim for it.
+        self.waiting = False
         #: Jobs an enqueue claimed for this poll, in its own transaction.
         self.leases: list[Lease] = []
         #: An enqueue is claiming for this poll: its event is set once that
@@ -117,11 +121,14 @@ class Parked:
 class Waker:
     """The long-polls parked on each queue, oldest first.
 
-    ``notify(queue)`` wakes every poll parked on that queue; each then tries
-    to claim, and those that find nothing park again. A poll that parks
-    after a notify is not woken by it (it claims before parking, so it cannot
-    miss the work either). ``take(queue, n)`` unparks the oldest polls that
-    can hold *n* jobs between them, for an enqueue to claim for them.
+    A poll parks before it claims, and waits only if its claim found
+    nothing. ``notify(queue)`` wakes every poll parked on that queue; each
+    then claims again, and those that find nothing park again. A notify
+    that comes while a poll claims (for work its claim may not have seen:
+    committed after the claim read the queue) is not lost either: the poll
+    claims again at once instead of waiting. ``take(queue, n)`` unparks the
+    oldest waiting polls that can hold *n* jobs between them, for an
+    enqueue to claim for them.
     """
 
     def __init__(self) -> None:
@@ -141,14 +148,24 @@ class Waker:
 
     def take(self, queue: str, jobs: int) -> list[Parked]:
         polls = self._parked.get(queue)
+        if not polls:
+            return []
         taken: list[Parked] = []
+        kept: list[Parked] = []  # claiming for themselves, or not needed
         room = 0
-        while polls and room < jobs:
-            parked = polls.pop(0)
-            parked.taken = True
-            taken.append(parked)
-            room += parked.claim.limit
-        if polls is not None and not polls:
+        for k, parked in enumerate(polls):
+            if room >= jobs:
+                kept += polls[k:]
+                break
+            if parked.waiting:
+                parked.taken = True
+                taken.append(parked)
+                room += parked.claim.limit
+            else:
+                kept.append(parked)
+        if kept:
+            self._parked[queue] = kept
+        else:
             del self._parked[queue]
         return taken
 
@@ -471,6 +488,13 @@ class Engine:
                     if k < len(claimed) and claimed[k]:
                         parked.leases = claimed[k]
                     parked.event.set()
+            # Let the polls send their jobs before anything else is done
+            # here: a worker is waiting on them, the enqueuer only on a
+            # receipt. A woken poll answers in the next batch of Trio's
+            # scheduler without yielding; the first yield here puts this
+            # task in that batch too (in no set order), the second after it.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()
         created = [i.new for i in inserted if i.existing is None]
         if created:
             self._count_enqueued((job.queue, job.kind) for job in created)
@@ -484,11 +508,6 @@ class Engine:
             for queue in {job.queue for job in created}:
                 if full.get(queue, True) or queue in later:
                     self.waker.notify(queue)
-        if handed:
-            # Let the polls send their jobs before this answer is sent: a
-            # worker is waiting on them, the enqueuer only on a receipt.
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            await trio.lowlevel.cancel_shielded_checkpoint()
         return inserted
 
     async def rate_limit_set(self, tenant: str, name: str, limit: int, per_secs: float) -> tuple[RateLimit, bool]:
@@ -892,22 +911,25 @@ class Engine:
         deadline = started + wait_secs
         unseen = worker_id is not None
         while True:
-            leases = await self._claim(queue, max_jobs, float(lease_secs), worker_id)
-            if unseen and worker_id is not None:
-                # Recorded after the first claim, so that it never delays one.
-                unseen = False
-                if self.sightings.due(worker_id, queue, self.clock()):
-                    await self._sighted([(worker_id, queue)])
-            if leases:
-                self._count_leased(leases)
-                return leases
-            remaining = deadline - trio.current_time()
-            if remaining <= 0 or self.closing:
-                return []
+            # Parked before the claim: work made ready while the claim is
+            # under way, which it may not see, wakes this poll all the same.
             parked = self.waker.park(
                 ClaimRequest(queue=queue, limit=max_jobs, lease_secs=lease_secs, worker_id=worker_id)
             )
             try:
+                leases = await self._claim(queue, max_jobs, float(lease_secs), worker_id)
+                if unseen and worker_id is not None:
+                    # Recorded after the first claim, so that it never delays one.
+                    unseen = False
+                    if self.sightings.due(worker_id, queue, self.clock()):
+                        await self._sighted([(worker_id, queue)])
+                if leases:
+                    self._count_leased(leases)
+                    return leases
+                remaining = deadline - trio.current_time()
+                if remaining <= 0 or self.closing:
+                    return []
+                parked.waiting = True
                 # Listening before the check: work another server makes
                 # ready after it is notified to this poll.
                 await self.store.notifications_wanted(remaining)
@@ -918,9 +940,10 @@ class Engine:
                     timeout = min(timeout, max(0.0, next_at - now) + 0.001)
                 with trio.move_on_after(timeout):
                     await parked.event.wait()
-                if parked.taken:
+                if parked.taken and not parked.event.is_set():
                     # An enqueue is claiming for this poll; its transaction
-                    # ends moments from now.
+                    # ends moments from now. (Once it has, no schedule point
+                    # before the answer: see enqueue.)
                     await parked.event.wait()
             finally:
                 self.waker.unpark(parked)

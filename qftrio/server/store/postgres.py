@@ -641,37 +641,41 @@ class PostgresStore(Store):
         find work at every lease) costs the database no wake-up of its
         backend, and itself none of its thread, for every enqueue elsewhere.
 
+        Whatever was notified while the connection did not listen reached no
+        one, so each time it begins to listen it calls
+        ``on_notify(ALL_QUEUES)`` (``"*"``): every queue's polls claim again.
+        A poll that found nothing and then had the connection listen for it
+        thus sees work made ready between its claim and the ``LISTEN``.
         When the connection is lost (a restart, a failover,
         ``pg_terminate_backend``) it reconnects by itself, with exponential
-        backoff and jitter. Whatever was notified meanwhile is lost, so after
-        every connection but a first one that succeeded at once it calls
-        ``on_notify(ALL_QUEUES)`` (``"*"``) if notifications are wanted:
-        wake every queue. Notifications are coalesced while ``on_notify``
-        catches up; a flood of distinct queues also collapses into ``"*"``.
+        backoff and jitter, and listens again if notifications are wanted.
+        Notifications are coalesced while ``on_notify`` catches up; a flood
+        of distinct queues also collapses into ``"*"``.
 
         ``task_status.started()`` is called once the first attempt to connect
         is over, successful or not: a server can start while the database is
         down, its long-polls falling back on their safety poll.
         """
         started = False
-        missed = False  # whether notifications may have been lost
         failures = 0  # connections lost (or refused) in a row
+
+        async def listen(listener: pgasync.Listener) -> None:
+            await listener.listen()
+            on_notify(ALL_QUEUES)
+
         while True:
             try:
                 async with pgasync.open_listener(
                     self._url, CHANNEL, timeout=self._timeout, ignore=self._db.backends, loop=self._db.loop
                 ) as listener:
                     if self._wanted():
-                        await listener.listen()
+                        await listen(listener)
                     self._listener = listener
                     self.listener_pid = listener.backend_pid
                     log.debug("connected for LISTEN on %s (backend %s)", CHANNEL, self.listener_pid)
                     if not started:
                         task_status.started()
                         started = True
-                    if missed and listener.listening:
-                        on_notify(ALL_QUEUES)
-                    missed = False
                     failures = 0
                     while True:
                         if listener.listening:
@@ -680,7 +684,7 @@ class PostgresStore(Store):
                             for queue in sorted(await listener.receive(keepalive_secs=self._keepalive)):
                                 on_notify(queue)
                         if self._wanted() and not listener.listening:
-                            await listener.listen()
+                            await listen(listener)
                         elif listener.listening and not self._wanted():
                             self._listening = trio.Event()
                             await listener.unlisten()
@@ -694,7 +698,6 @@ class PostgresStore(Store):
                 # Waiters go back to their safety poll.
                 self._listening.set()
                 self._listening = trio.Event()
-            missed = True
             if not started:
                 task_status.started()
                 started = True
