@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import logging
 import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -573,3 +574,51 @@ async def test_on_the_embedded_store_a_poll_waits_exactly_for_its_limits(
         completed = trio.current_time()
     assert [lease.job.concurrency for lease in got] == [{"key": "one", "limit": 1}]
     assert trio.current_time() - completed < 0.01
+
+
+# -- batch reports over shared keys ------------------------------------------------
+
+
+async def test_concurrent_batch_reports_over_shared_keys_never_deadlock(
+    servers: list[RunningServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two batches whose rows (in the table's order) take the same keys in
+    # opposite orders, reported at once on two servers, round after round:
+    # each batch takes the keys' running counts in one order, so neither
+    # waits on the other in a cycle (which PostgreSQL would break by failing
+    # one, and the store would log and run again).
+    caplog.set_level(logging.INFO, logger="qftrio.store.postgres")
+    keys = [f"k{i:02d}" for i in range(40)]
+    clients = [httpx.AsyncClient(base_url=s.url, timeout=60) for s in servers]
+    try:
+        for round_ in range(30):
+            configs = [{"queue": "d", "concurrency": {"key": k, "limit": 100}} for k in keys + keys[::-1]]
+            ids = await enqueue_batch(clients[0], servers[0], "acme", configs)
+            leased = {item["job"]["id"]: item["lease_token"] for item in await lease(clients[0], servers[0], "d", max_jobs=100)}
+            assert len(leased) == 2 * len(keys)
+            halves = [ids[: len(keys)], ids[len(keys) :]]
+            answers: list[dict[str, Any]] = []
+
+            async def report_half(n: int) -> None:
+                http, server = clients[n % len(clients)], servers[n % len(servers)]
+                # completes, and fails (a plan of its own) every other round
+                action, outcome = ("complete", {"result": {}}) if round_ % 2 == 0 else ("fail", {"error": "x", "retryable": False})
+                body = {"items": [{"id": i, "lease_token": leased[i], **outcome} for i in halves[n]]}
+                r = await http.post(f"/api/v1/leases/{action}", json=body, headers=server.headers("worker"))
+                assert r.status_code == 200, r.text
+                answers.extend(r.json()["results"])
+
+            async with trio.open_nursery() as nursery:
+                for n in range(2):
+                    nursery.start_soon(report_half, n)
+            assert [a["code"] for a in answers] == [204] * len(ids)
+        assert not [r for r in caplog.records if "transaction conflict" in r.getMessage()]
+        stats = (await clients[0].get("/api/v1/queues/d/stats", headers=servers[0].headers())).json()
+        assert stats["counts"]["running"] == 0 and stats["counts"]["pending"] == 0
+        # every key's place is free again
+        configs = [{"queue": "d2", "concurrency": {"key": k, "limit": 100}} for k in keys] * 2
+        await enqueue_batch(clients[0], servers[0], "acme", configs)
+        assert len(await lease(clients[0], servers[0], "d2", max_jobs=100)) == 2 * len(keys)
+    finally:
+        for c in clients:
+            await c.aclose()
