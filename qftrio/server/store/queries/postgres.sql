@@ -118,11 +118,16 @@ WITH RECURSIVE pending_tenants AS (
     -- The running counts of the candidates' concurrency keys, locked in
     -- order and read as they are now (a claim of the same key elsewhere
     -- waits here, or is waited for): the ready walk above only skipped the
-    -- keys full as the statement began.
-    SELECT tenant, key, running FROM qftrio_concurrency_running
-    WHERE (tenant, key) IN (SELECT tenant, concurrency_key FROM ready WHERE concurrency_key IS NOT NULL)
-    ORDER BY tenant, key
-    FOR UPDATE
+    -- keys full as the statement began. One probe of the key's row each, in
+    -- order (not a join with every key ever used, which a plan could read
+    -- whole).
+    SELECT k.tenant, k.key, k.running
+    FROM (SELECT DISTINCT tenant, concurrency_key FROM ready WHERE concurrency_key IS NOT NULL ORDER BY 1, 2) AS c
+    CROSS JOIN LATERAL (
+        SELECT tenant, key, running FROM qftrio_concurrency_running AS k
+        WHERE k.tenant = c.tenant AND k.key = c.concurrency_key
+        FOR UPDATE
+    ) AS k
 ), rated AS (
     -- The units left of the candidates' rate limits, locked likewise.
     SELECT tenant, name, "limit", per_secs, stamps,
