@@ -10,9 +10,15 @@ PostgreSQL the claim statement's ``EXPLAIN (ANALYZE, BUFFERS)`` is printed at
 each size too (inside a transaction that is rolled back), and the statement's
 own execution time is reported.
 
+``--flow`` measures flow control at scale on PostgreSQL instead: 1,000,000
+pending jobs of 100 tenants over 10,000 concurrency keys (limit 2; a tenth
+of each tenant's keys at their limit, with two running jobs each), and a lease of 100
+jobs (one per tenant, in turn), its milliseconds per call and its plan.
+
 Example::
 
     .venv/bin/python benchmarks/claim_cost.py --stores sqlite,postgres --sizes 10000,100000,1000000
+    .venv/bin/python benchmarks/claim_cost.py --flow
 """
 
 from __future__ import annotations
@@ -35,11 +41,64 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=200, help="lease calls of 1 job per size (default 200)")
     p.add_argument("--calls25", type=int, default=100, help="lease calls of 25 jobs per size (default 100)")
     p.add_argument("--no-explain", action="store_true", help="skip EXPLAIN on PostgreSQL")
+    p.add_argument("--flow", action="store_true", help="flow control at scale on PostgreSQL (see above); the largest of --sizes is the pending jobs")
+    p.add_argument("--tenants", type=int, default=100, help="with --flow: tenants (default 100)")
+    p.add_argument("--keys", type=int, default=10_000, help="with --flow: concurrency keys (default 10000)")
     b.add_common(p)
     return p.parse_args(argv)
 
 
 QUEUE = "claim"
+
+
+def pg_flow_load(url: str, n: int, tenants: int, keys: int) -> float:
+    """*n* pending jobs of *tenants* tenants over *keys* concurrency keys of
+    limit 2 (job i: tenant i % tenants, key i % keys, so each key is one
+    tenant's), and two running jobs of every tenth key of each tenant, which
+    holds it at its limit (the triggers count them). Returns seconds taken."""
+    now = time.time()
+
+    async def load(conn: Any) -> None:
+        insert = """INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
+                scheduled_at, created_at, updated_at, locked_until, lease_token, concurrency, concurrency_key,
+                concurrency_limit)
+            SELECT gen_random_uuid(), 't' || (i % $6), $1, 'noop', '{}'::jsonb, $5, 0, $7, 5,
+                $2 - 3600 + (i * 1e-6), $2 - 3600 + (i * 1e-6), $2,
+                CASE WHEN $5 = 'running' THEN $2 + 86400 END, CASE WHEN $5 = 'running' THEN gen_random_uuid() END,
+                jsonb_build_object('key', 'k' || (i % $8), 'limit', 2), 'k' || (i % $8), 2
+            FROM generate_series($3::bigint, $4::bigint) AS i
+            WHERE $9 OR (i % $8 / $6) % 10 = 0"""
+        for start in range(0, n, 200_000):
+            await conn.execute(insert, QUEUE, now, start, min(n, start + 200_000) - 1, "pending", tenants, 0, keys, True)
+        # two running jobs of every tenth key of each tenant
+        for copy in range(2):
+            await conn.execute(insert, QUEUE, now, copy * keys, copy * keys + keys - 1, "running", tenants, 1, keys, False)
+        await conn.execute("VACUUM ANALYZE qftrio_jobs")
+        await conn.execute("VACUUM ANALYZE qftrio_concurrency_running")
+
+    t0 = time.perf_counter()
+    b.pg_run(url, load)
+    return time.perf_counter() - t0
+
+
+def run_flow(args: argparse.Namespace, procs: b.Procs, db_url: str) -> None:
+    size = max(int(s) for s in args.sizes.split(","))
+    init = b.start_server(procs, store="postgres", database_url=db_url, name="init")
+    procs.stop(init.proc)
+    t_load = pg_flow_load(db_url, size, args.tenants, args.keys)
+    b.say(f"[postgres] {size:,} pending jobs, {args.tenants} tenants, {args.keys:,} keys (loaded in {t_load:.1f}s)")
+    server = b.start_server(procs, store="postgres", database_url=db_url, name="flow")
+    lease100 = time_calls(server.url, 100, args.calls25)
+    procs.stop(server.proc)
+    b.say(f"[postgres] lease of 100 jobs: median {lease100['median_ms']:.2f} ms per call")
+    plan, _ = pg_explain(db_url, 100, timing=False)
+    b.say("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) claim of 100 jobs:\n" + plan)
+    exec_ms = pg_claim_ms(db_url, 100, args.calls25)
+    b.say(
+        f"RESULT claim_cost flow: lease of 100 from {size:,} pending over {args.keys:,} keys and {args.tenants} tenants: "
+        f"median {lease100['median_ms']:.2f} ms (mean {lease100['mean_ms']:.2f}, p90 {lease100['p90_ms']:.2f}) per call; "
+        f"claim statement alone (median of {args.calls25}, rolled back) {exec_ms:.2f} ms (target <= 20 ms)"
+    )
 
 
 def time_calls(url: str, max_jobs: int, calls: int) -> dict[str, float]:
@@ -57,15 +116,42 @@ def time_calls(url: str, max_jobs: int, calls: int) -> dict[str, float]:
     return {"median_ms": statistics.median(out), "mean_ms": statistics.fmean(out), "p90_ms": b.percentile(out, 90)}
 
 
-def pg_explain(url: str, max_jobs: int) -> tuple[str, float]:
-    from qftrio.server.store.postgres import LEASE_EXPIRED, Q  # the statement the server runs
+def pg_claim_ms(url: str, max_jobs: int, runs: int) -> float:
+    """The claim statement's median time over *runs* runs, each in a
+    transaction rolled back (so each claims from the same backlog)."""
+    from qftrio.server.store.base import LEASE_EXPIRED
+    from qftrio.server.store.postgres import Q
+
+    async def q(conn: Any) -> float:
+        await conn.execute("SET jit = off")  # as the server's connections run
+        times = []
+        statement = await conn.prepare(Q["claim"])
+        for turn in range(runs):
+            tr = conn.transaction()
+            await tr.start()
+            try:
+                t0 = time.perf_counter()
+                rows = await statement.fetch(QUEUE, time.time(), max_jobs, 3600.0, "bench", LEASE_EXPIRED, turn)
+                times.append((time.perf_counter() - t0) * 1000)
+                assert rows, "the claim found nothing"
+            finally:
+                await tr.rollback()
+        return statistics.median(times)
+
+    return b.pg_run(url, q)
+
+
+def pg_explain(url: str, max_jobs: int, *, timing: bool = True) -> tuple[str, float]:
+    from qftrio.server.store.base import LEASE_EXPIRED
+    from qftrio.server.store.postgres import Q  # the statement the server runs
 
     async def q(conn: Any) -> tuple[str, float]:
+        await conn.execute("SET jit = off")  # as the server's connections run
         tr = conn.transaction()
         await tr.start()
         try:
             rows = await conn.fetch(
-                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING ON) " + Q["claim"],
+                f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING {'ON' if timing else 'OFF'}) " + Q["claim"],
                 QUEUE, time.time(), max_jobs, 3600.0, "explain", LEASE_EXPIRED, 0,
             )  # fmt: skip
         finally:
@@ -127,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     results = []
     with b.workdir(args.keep) as wd, b.Procs(wd) as procs:
+        if args.flow:
+            with b.pg_cluster(args.database_url) as base, b.fresh_database(base) as url:
+                b.say("postgresql:", b.pg_version(url))
+                run_flow(args, procs, url)
+            procs.stop_all()
+            return 0
         if "sqlite" in stores:
             results += run_store("sqlite", args, procs, sizes, None)
         if "postgres" in stores:

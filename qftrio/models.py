@@ -415,11 +415,18 @@ class QueueStats:
     #: Of the pending jobs, those whose time has not come (a delay, a retry's
     #: backoff, a snooze), counted up to :data:`MAX_SCHEDULED_COUNT`.
     scheduled: int = 0
+    #: Of the pending jobs whose time has come, those held back by their
+    #: concurrency key at its limit, and by their rate limit with no unit
+    #: left (a job held back by both counts in both), each counted up to
+    #: :data:`MAX_SCHEDULED_COUNT`.
+    held_concurrency: int = 0
+    held_rate_limit: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "queue": self.queue,
             "counts": {**{s.value: self.counts.get(s.value, 0) for s in Status}, "scheduled": self.scheduled},
+            "held_back": {"concurrency": self.held_concurrency, "rate_limit": self.held_rate_limit},
             "oldest_ready_at": format_time(self.oldest_ready_at),
             "next_available_at": format_time(self.next_available_at),
             "paused": self.paused,
@@ -434,6 +441,8 @@ class QueueStats:
             next_available_at=parse_time(data.get("next_available_at")),
             paused=bool(data.get("paused", False)),
             scheduled=int(data["counts"].get("scheduled", 0)),
+            held_concurrency=int(data.get("held_back", {}).get("concurrency", 0)),
+            held_rate_limit=int(data.get("held_back", {}).get("rate_limit", 0)),
         )
 
 
@@ -1231,11 +1240,23 @@ class CountsAnswer(_Answer):
     scheduled: int
 
 
+class HeldBackAnswer(_Answer):
+    """Of the pending jobs whose time has come, those flow control holds
+    back: by a concurrency key at its limit, by a rate limit with no unit
+    left (a job held back by both counts in both; each up to 10,000)."""
+
+    concurrency: int
+    rate_limit: int
+
+
 class QueueStatsAnswer(_Answer):
-    """A queue's backlog, as the tenant sees it."""
+    """A queue's backlog, as the tenant sees it. ``next_available_at`` is
+    when a scheduled job, a running lease or a rate limit's next unit next
+    makes work available."""
 
     queue: str
     counts: CountsAnswer
+    held_back: HeldBackAnswer
     oldest_ready_at: Time | None
     next_available_at: Time | None
     paused: bool

@@ -171,6 +171,28 @@ async def test_pausing_a_queue_stops_its_leases(server: RunningServer) -> None:
 
 
 @needs_chromium
+async def test_the_queue_page_shows_what_flow_control_holds_back_as_it_changes(server: RunningServer) -> None:
+    await enqueue(server.engine, 3, queue="k", concurrency={"key": "one"})
+
+    async def lease_one() -> None:
+        assert len(await server.engine.lease("k", max_jobs=5, lease_secs=600)) == 1
+
+    def scenario(page: Any) -> None:
+        from playwright.sync_api import expect
+
+        sign_in(page, server.url, ACME)
+        page.goto(f"{server.url}/dashboard/queues/k")
+        row = page.locator('tr[data-queue="k"]')
+        expect(row.locator('[data-field="held_concurrency"]')).to_have_text("0")
+        trio.from_thread.run(lease_one)
+        # No reload: the page's refresh brings the count.
+        expect(row.locator('[data-field="held_concurrency"]')).to_have_text("2")
+        expect(row.locator('[data-field="held_rate_limit"]')).to_have_text("0")
+
+    await in_browser(scenario)
+
+
+@needs_chromium
 async def test_a_script_in_a_payload_shows_as_text_and_a_cross_site_post_is_refused(server: RunningServer) -> None:
     markup = "<script>window.pwned = 1</script><img src=x onerror=window.pwned=2>"
     (job_id,) = await enqueue(server.engine, 1, payload={"note": markup})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import logging
 import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -22,14 +23,16 @@ import pytest
 import trio
 
 from qftrio.client import Client
-from qftrio.models import parse_time
+from qftrio.models import CompleteItem, EnqueueRequest, JobConfig, parse_time
 from qftrio.server import transitions
+from qftrio.server.engine import Engine
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import SqliteStore
 
-from .conftest import RunningServer, serve_store
+from .conftest import EPOCH, RunningServer, serve_store
 from .pg import pg_url
 from .test_cli import run_process
+from .test_operations_store import inline_store, sample  # noqa: F401 (a fixture)
 from .test_protocol import lease, report
 
 
@@ -401,3 +404,221 @@ async def test_rate_limits_from_the_command_line_and_the_client(server: RunningS
     assert out.returncode == 0 and json.loads(out.stdout) == {"deleted": "api"}
     gone = await trio.to_thread.run_sync(qftrio, "rate-limits", "delete", "api")
     assert gone.returncode != 0 and "not found" in gone.stderr
+
+
+# -- what flow control holds back, seen -------------------------------------------
+
+
+async def test_stats_the_dashboard_and_metrics_show_the_jobs_each_limit_holds_back(
+    http: httpx.AsyncClient, server: RunningServer
+) -> None:
+    h = server.headers()
+    assert (await http.put("/api/v1/rate-limits/api", json={"limit": 2, "per_secs": 60}, headers=h)).status_code == 201
+    await enqueue_batch(http, server, "acme", [{"queue": "h", "rate_limit": "api"}] * 5)
+    await enqueue_batch(http, server, "acme", [{"queue": "h", "concurrency": {"key": "one"}}] * 3 + [{"queue": "h"}])
+    # a job scheduled ahead is not held back: its time has not come
+    await enqueue_batch(http, server, "acme", [{"queue": "h", "concurrency": {"key": "one"}, "delay_secs": 3600}])
+    # another tenant's key of the same name is its own
+    await enqueue_batch(http, server, "globex", [{"queue": "h", "concurrency": {"key": "one"}}] * 2)
+
+    async def held(tenant: str = "acme") -> dict[str, Any]:
+        r = await http.get("/api/v1/queues/h/stats", headers=server.headers(tenant))
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    assert (await held())["held_back"] == {"concurrency": 0, "rate_limit": 0}
+    got = await lease(http, server, "h", max_jobs=20, lease_secs=600)
+    # acme: 2 of the rate limit, 1 of the key, the free one; globex: 1 of its key
+    assert len(got) == 5
+    claimed_at = parse_time(got[0]["job"]["locked_until"]) - 600  # type: ignore[operator]
+    stats = await held()
+    assert stats["held_back"] == {"concurrency": 2, "rate_limit": 3}
+    assert stats["counts"]["pending"] == 6 and stats["counts"]["scheduled"] == 1
+    # the rate limit's next unit, before any lease runs out
+    assert parse_time(stats["next_available_at"]) == pytest.approx(claimed_at + 60, abs=1e-3)
+    assert (await held("globex"))["held_back"] == {"concurrency": 1, "rate_limit": 0}
+    (listed,) = (await http.get("/api/v1/queues", headers=h)).json()["queues"]
+    assert listed["held_back"] == stats["held_back"]
+
+    text = (await http.get("/metrics")).text
+    assert sample(text, "qftrio_queue_held_back_jobs", tenant="acme", queue="h", limit="concurrency") == 2
+    assert sample(text, "qftrio_queue_held_back_jobs", tenant="acme", queue="h", limit="rate_limit") == 3
+    assert sample(text, "qftrio_queue_held_back_jobs", tenant="globex", queue="h", limit="concurrency") == 1
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as browser:
+        assert (await browser.post("/dashboard/signin", data={"token": server.tenants["acme"]})).status_code == 303
+        page = (await browser.get("/dashboard/queues/h")).text
+        live = (await browser.get("/dashboard/queues.json", params={"queue": "h"})).json()["queues"][0]
+    assert '<td class="num" data-field="held_concurrency">2</td>' in page
+    assert '<td class="num" data-field="held_rate_limit">3</td>' in page
+    assert (live["held_concurrency"], live["held_rate_limit"]) == ("2", "3")
+
+    # the key's place freed: its jobs are ready, no longer held back
+    one = next(item for item in got if item["job"]["concurrency"] and item["job"]["tenant"] == "acme")
+    assert (await report(http, server, one["job"]["id"], "complete", lease_token=one["lease_token"])).status_code == 204
+    assert (await held())["held_back"] == {"concurrency": 0, "rate_limit": 3}
+    # the window passed: units again
+    server.clock.advance(61)
+    assert (await held())["held_back"] == {"concurrency": 0, "rate_limit": 0}
+
+
+# -- a freed place wakes the long polls waiting for it ------------------------------
+
+
+async def parked(engine: Engine, queue: str) -> None:
+    """Until a long poll of *queue* is parked on *engine*."""
+    with trio.fail_after(10):
+        while queue not in engine.waker._parked:
+            await trio.sleep(0.01)
+
+
+async def test_a_freed_concurrency_place_wakes_a_poll_on_another_server(servers: list[RunningServer]) -> None:
+    a, b = servers[0], servers[-1]
+    # only a wake-up can end the poll early: no safety poll, no lease running out
+    b.engine.safety_poll_secs = 120
+    clients = [httpx.AsyncClient(base_url=s.url, timeout=60) for s in (a, b)]
+    try:
+        await enqueue_batch(clients[0], a, "acme", [{"queue": "w", "concurrency": {"key": "one"}}] * 2)
+        (first,) = await lease(clients[0], a, "w", max_jobs=5, lease_secs=600)
+        got: list[dict[str, Any]] = []
+        async with trio.open_nursery() as nursery:
+
+            async def poll() -> None:
+                got.extend(await lease(clients[1], b, "w", max_jobs=5, lease_secs=600, wait_secs=30))
+
+            nursery.start_soon(poll)
+            await parked(b.engine, "w")
+            started = trio.current_time()
+            r = await report(clients[0], a, first["job"]["id"], "complete", lease_token=first["lease_token"])
+            assert r.status_code == 204
+        assert [item["job"]["concurrency"] for item in got] == [{"key": "one", "limit": 1}]
+        assert got[0]["job"]["id"] != first["job"]["id"]
+        assert trio.current_time() - started < 15  # woken, not at its wait's end
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+async def test_a_freed_place_of_a_key_shared_by_queues_wakes_the_other_queue(servers: list[RunningServer]) -> None:
+    if len(servers) == 1:
+        pytest.skip("the embedded store wakes the polls of the ended job's queue (docs/flow-control.md)")
+    a, b = servers
+    b.engine.safety_poll_secs = 120
+    clients = [httpx.AsyncClient(base_url=s.url, timeout=60) for s in (a, b)]
+    try:
+        await enqueue_batch(clients[0], a, "acme", [{"queue": "x", "concurrency": {"key": "shared"}}])
+        await enqueue_batch(clients[0], a, "acme", [{"queue": "y", "concurrency": {"key": "shared"}}])
+        (first,) = await lease(clients[0], a, "x", lease_secs=600)
+        got: list[dict[str, Any]] = []
+        async with trio.open_nursery() as nursery:
+
+            async def poll() -> None:
+                got.extend(await lease(clients[1], b, "y", lease_secs=600, wait_secs=30))
+
+            nursery.start_soon(poll)
+            await parked(b.engine, "y")
+            started = trio.current_time()
+            await report(clients[0], a, first["job"]["id"], "complete", lease_token=first["lease_token"])
+        assert [item["job"]["queue"] for item in got] == ["y"]
+        assert trio.current_time() - started < 15
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+async def test_a_poll_held_back_by_a_rate_limit_claims_when_a_unit_frees(servers: list[RunningServer]) -> None:
+    a, b = servers[0], servers[-1]
+    b.engine.safety_poll_secs = 120
+    clients = [httpx.AsyncClient(base_url=s.url, timeout=60) for s in (a, b)]
+    try:
+        h = a.headers()
+        assert (await clients[0].put("/api/v1/rate-limits/api", json={"limit": 1, "per_secs": 2}, headers=h)).status_code == 201
+        await enqueue_batch(clients[0], a, "acme", [{"queue": "r", "rate_limit": "api"}] * 2)
+        (first,) = await lease(clients[0], a, "r", max_jobs=5, lease_secs=600)
+        claimed_at = parse_time(first["job"]["locked_until"]) - 600  # type: ignore[operator]
+        got = await lease(clients[1], b, "r", max_jobs=5, lease_secs=600, wait_secs=30)
+        assert len(got) == 1
+        # claimed once the window let it, not at the wait's end
+        second = parse_time(got[0]["job"]["locked_until"]) - 600  # type: ignore[operator]
+        assert claimed_at + 2 <= second < claimed_at + 15
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+async def test_on_the_embedded_store_a_poll_waits_exactly_for_its_limits(
+    inline_store: SqliteStore, autojump_clock: trio.abc.Clock
+) -> None:
+    engine = Engine(inline_store, clock=lambda: EPOCH + trio.current_time(), safety_poll_secs=100)
+    await engine.rate_limit_set("t", "api", 1, 30)
+    key = JobConfig(queue="q", concurrency={"key": "one"})
+    rated = JobConfig(queue="q", rate_limit="api")
+    await engine.enqueue("t", [EnqueueRequest(kind="k", payload={}, config=c) for c in (key, key, rated, rated)])
+    first = await engine.lease("q", max_jobs=10, lease_secs=600)
+    assert len(first) == 2
+    started = trio.current_time()
+    # the rate limit's next unit frees 30 s after its claim: the poll claims then
+    (again,) = await engine.lease("q", max_jobs=10, lease_secs=600, wait_secs=60)
+    assert again.job.rate_limit == "api" and trio.current_time() - started == pytest.approx(30, abs=0.01)
+    got: list[Any] = []
+    async with trio.open_nursery() as nursery:
+
+        async def poll() -> None:
+            got.extend(await engine.lease("q", max_jobs=10, lease_secs=600, wait_secs=60))
+
+        nursery.start_soon(poll)
+        await trio.sleep(10)
+        assert got == []
+        held = next(lease for lease in first if lease.job.concurrency)
+        await engine.complete([CompleteItem(held.job.id, held.lease_token, {})])
+        completed = trio.current_time()
+    assert [lease.job.concurrency for lease in got] == [{"key": "one", "limit": 1}]
+    assert trio.current_time() - completed < 0.01
+
+
+# -- batch reports over shared keys ------------------------------------------------
+
+
+async def test_concurrent_batch_reports_over_shared_keys_never_deadlock(
+    servers: list[RunningServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two batches whose rows (in the table's order) take the same keys in
+    # opposite orders, reported at once on two servers, round after round:
+    # each batch takes the keys' running counts in one order, so neither
+    # waits on the other in a cycle (which PostgreSQL would break by failing
+    # one, and the store would log and run again).
+    caplog.set_level(logging.INFO, logger="qftrio.store.postgres")
+    keys = [f"k{i:02d}" for i in range(40)]
+    clients = [httpx.AsyncClient(base_url=s.url, timeout=60) for s in servers]
+    try:
+        for round_ in range(30):
+            configs = [{"queue": "d", "concurrency": {"key": k, "limit": 100}} for k in keys + keys[::-1]]
+            ids = await enqueue_batch(clients[0], servers[0], "acme", configs)
+            leased = {item["job"]["id"]: item["lease_token"] for item in await lease(clients[0], servers[0], "d", max_jobs=100)}
+            assert len(leased) == 2 * len(keys)
+            halves = [ids[: len(keys)], ids[len(keys) :]]
+            answers: list[dict[str, Any]] = []
+
+            async def report_half(n: int) -> None:
+                http, server = clients[n % len(clients)], servers[n % len(servers)]
+                # completes, and fails (a plan of its own) every other round
+                action, outcome = ("complete", {"result": {}}) if round_ % 2 == 0 else ("fail", {"error": "x", "retryable": False})
+                body = {"items": [{"id": i, "lease_token": leased[i], **outcome} for i in halves[n]]}
+                r = await http.post(f"/api/v1/leases/{action}", json=body, headers=server.headers("worker"))
+                assert r.status_code == 200, r.text
+                answers.extend(r.json()["results"])
+
+            async with trio.open_nursery() as nursery:
+                for n in range(2):
+                    nursery.start_soon(report_half, n)
+            assert [a["code"] for a in answers] == [204] * len(ids)
+        assert not [r for r in caplog.records if "transaction conflict" in r.getMessage()]
+        stats = (await clients[0].get("/api/v1/queues/d/stats", headers=servers[0].headers())).json()
+        assert stats["counts"]["running"] == 0 and stats["counts"]["pending"] == 0
+        # every key's place is free again
+        configs = [{"queue": "d2", "concurrency": {"key": k, "limit": 100}} for k in keys] * 2
+        await enqueue_batch(clients[0], servers[0], "acme", configs)
+        assert len(await lease(clients[0], servers[0], "d2", max_jobs=100)) == 2 * len(keys)
+    finally:
+        for c in clients:
+            await c.aclose()

@@ -56,41 +56,49 @@ class _Names:
         return OTHER
 
 
+#: The flow controls that hold ready jobs back: the ``limit`` label.
+_HELD = ("concurrency", "rate_limit")
+
+
 class QueueGauges(Collector):
-    """Jobs by status, the oldest ready job's age and pauses of every queue
-    of every tenant, as the store last answered (:meth:`update`, before each
-    scrape). Queues past the label limit are summed per tenant under
-    ``other`` (their oldest job is the oldest of them; ``paused`` counts the
-    paused ones)."""
+    """Jobs by status, the oldest ready job's age, pauses and the ready jobs
+    flow control holds back of every queue of every tenant, as the store
+    last answered (:meth:`update`, before each scrape). Queues past the label
+    limit are summed per tenant under ``other`` (their oldest job is the
+    oldest of them; ``paused`` counts the paused ones)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
-        self._rows: dict[tuple[str, str], tuple[dict[str, int], float, int]] = {}
+        self._rows: dict[tuple[str, str], tuple[dict[str, int], float, int, dict[str, int]]] = {}
 
     def update(self, queues: Sequence[tuple[str, QueueStats]], *, now: float) -> None:
         self._metrics.forget_queues_but({stats.queue for _, stats in queues})
-        rows: dict[tuple[str, str], tuple[dict[str, int], float, int]] = {}
+        rows: dict[tuple[str, str], tuple[dict[str, int], float, int, dict[str, int]]] = {}
         for tenant, stats in queues:
             key = (tenant, self._metrics.queue_label(stats.queue))
-            counts, age, paused = rows.get(key) or ({s.value: 0 for s in Status}, 0.0, 0)
+            counts, age, paused, held = rows.get(key) or ({s.value: 0 for s in Status}, 0.0, 0, dict.fromkeys(_HELD, 0))
             for status in counts:
                 counts[status] += stats.counts.get(status, 0)
             if stats.oldest_ready_at is not None:
                 age = max(age, now - stats.oldest_ready_at)
-            rows[key] = (counts, age, paused + (1 if stats.paused else 0))
+            held["concurrency"] += stats.held_concurrency
+            held["rate_limit"] += stats.held_rate_limit
+            rows[key] = (counts, age, paused + (1 if stats.paused else 0), held)
         self._rows = rows
 
     def describe(self) -> Iterable[Metric]:
         return self._families()
 
     def collect(self) -> Iterable[Metric]:
-        jobs, oldest, paused = self._families()
-        for (tenant, queue), (counts, age, n_paused) in self._rows.items():
+        jobs, oldest, paused, held_back = self._families()
+        for (tenant, queue), (counts, age, n_paused, held) in self._rows.items():
             for status, count in counts.items():
                 jobs.add_metric([tenant, queue, status], count)
             oldest.add_metric([tenant, queue], age)
             paused.add_metric([tenant, queue], n_paused)
-        return [jobs, oldest, paused]
+            for limit, count in held.items():
+                held_back.add_metric([tenant, queue, limit], count)
+        return [jobs, oldest, paused, held_back]
 
     @staticmethod
     def _families() -> list[GaugeMetricFamily]:
@@ -105,6 +113,12 @@ class QueueGauges(Collector):
             ),
             GaugeMetricFamily(
                 "qftrio_queue_paused", "1 while the queue is paused (under 'other': how many are)", labels=["tenant", "queue"]
+            ),
+            GaugeMetricFamily(
+                "qftrio_queue_held_back_jobs",
+                "Ready jobs held back by a concurrency key at its limit or a rate limit with no unit left (limit: "
+                "concurrency or rate_limit), each counted up to 10,000 per queue",
+                labels=["tenant", "queue", "limit"],
             ),
         ]
 

@@ -487,6 +487,9 @@ def create_dashboard(engine: Engine, credentials: Credentials) -> Blueprint:
                     "counts": {st.value: s.counts.get(st.value, 0) for st in Status},
                     "oldest_ready": _age(s.oldest_ready_at, now),
                     "next_available": _age(s.next_available_at, now),
+                    # ready jobs flow control holds back, counted up to a cap
+                    "held_concurrency": str(s.held_concurrency),
+                    "held_rate_limit": str(s.held_rate_limit),
                     "rate": _rate(rate),
                     "paused": s.paused,
                     "series": series,

@@ -562,6 +562,8 @@ def _stats_row(row: asyncpg.Record) -> QueueStats:
         oldest_ready_at=row["oldest_ready_at"],
         next_available_at=row["next_available_at"],
         scheduled=row["scheduled"],
+        held_concurrency=row["held_concurrency"],
+        held_rate_limit=row["held_rate_limit"],
         paused=row["paused"],
     )
 

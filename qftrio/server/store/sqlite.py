@@ -434,6 +434,39 @@ def _page_keys(
     return heapq.nlargest(limit, keys)
 
 
+def _held_keys(conn: sqlite3.Connection) -> dict[str, list[list[Any]]]:
+    """The concurrency keys with running jobs, by tenant: ``[key, running]``."""
+    keys: dict[str, list[list[Any]]] = {}
+    for tenant, key, running in conn.execute(Q["held_keys"]):
+        keys.setdefault(tenant, []).append([key, running])
+    return keys
+
+
+def _spent(conn: sqlite3.Connection, now: float) -> dict[str, dict[str, float]]:
+    """The rate limits with no unit left at *now*, by tenant, with the time
+    their next unit frees."""
+    spent: dict[str, dict[str, float]] = {}
+    for tenant, name, next_at in conn.execute(Q["rate_limits_spent"], (now,)):
+        spent.setdefault(tenant, {})[name] = next_at
+    return spent
+
+
+def _rate_held(
+    conn: sqlite3.Connection, tenant: str, queue: str, spent: dict[str, float], now: float
+) -> dict[float, int]:
+    """The ready jobs of the tenant's *queue* that its *spent* rate limits
+    hold back, by the time each limit's next unit frees (counted up to
+    :data:`MAX_SCHEDULED_COUNT` each)."""
+    if not spent:
+        return {}
+    held: dict[float, int] = {}
+    args = (tenant, _dumps(sorted(spent)), queue, now, MAX_SCHEDULED_COUNT)
+    for name, n in conn.execute(Q["queue_held_rate_limits"], args):
+        if n:
+            held[spent[name]] = held.get(spent[name], 0) + n
+    return held
+
+
 def _stats(
     conn: sqlite3.Connection, *, tenant: str | None, queue: str | tuple[str, ...] | None, now: float
 ) -> list[tuple[str, QueueStats]]:
@@ -449,13 +482,19 @@ def _stats(
     pairs = sorted(counts.keys() | paused)
     if not pairs and tenant is not None and isinstance(queue, str):
         pairs = [(tenant, queue)]
+    keys, spent = _held_keys(conn), _spent(conn, now)
     out = []
     for t, q in pairs:
         oldest = conn.execute(Q["queue_oldest_ready"], (t, q, now)).fetchone()
         scheduled = conn.execute(Q["queue_next_scheduled"], (t, q, now)).fetchone()
         (waiting,) = conn.execute(Q["queue_scheduled"], (t, q, now, MAX_SCHEDULED_COUNT)).fetchone()
         (lease,) = conn.execute(Q["queue_next_lease"], (q, t)).fetchone()
-        nexts = [x for x in (scheduled[0] if scheduled else None, lease) if x is not None]
+        held_concurrency = 0
+        if t in keys:
+            args = (t, _dumps(keys[t]), q, now, MAX_SCHEDULED_COUNT)
+            (held_concurrency,) = conn.execute(Q["queue_held_concurrency"], args).fetchone()
+        rated = _rate_held(conn, t, q, spent.get(t, {}), now)
+        nexts = [x for x in (scheduled[0] if scheduled else None, lease, *rated) if x is not None]
         found = counts.get((t, q), {})
         out.append(
             (
@@ -467,6 +506,8 @@ def _stats(
                     next_available_at=min(nexts) if nexts else None,
                     paused=(t, q) in paused,
                     scheduled=waiting,
+                    held_concurrency=held_concurrency,
+                    held_rate_limit=min(sum(rated.values()), MAX_SCHEDULED_COUNT),
                 ),
             )
         )
@@ -837,7 +878,9 @@ class SqliteStore(Store):
             paused, tenants = _paused(conn, queue)
             (scheduled,) = conn.execute(Q["next_scheduled"].format(paused=paused), (queue, now, *tenants)).fetchone()
             (lease,) = conn.execute(Q["next_lease"].format(paused=paused), (queue, *tenants)).fetchone()
-            times = [t for t in (scheduled, lease) if t is not None]
+            spent = _spent(conn, now)
+            rated = [t for tenant in spent.keys() - set(tenants) for t in _rate_held(conn, tenant, queue, spent[tenant], now)]
+            times = [t for t in (scheduled, lease, *rated) if t is not None]
             return min(times) if times else None
 
         return await self._run(next_at)

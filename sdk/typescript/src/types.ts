@@ -281,10 +281,19 @@ export interface Counts {
   scheduled: number;
 }
 
+/** Of the pending jobs whose time has come, those a concurrency key at its
+ * limit or a rate limit with no unit left holds back, each up to 10,000.
+ * @wire HeldBackAnswer */
+export interface HeldBack {
+  concurrency: number;
+  rate_limit: number;
+}
+
 /** @wire QueueStatsAnswer */
 export interface QueueStats {
   queue: string;
   counts: Counts;
+  held_back: HeldBack;
   oldest_ready_at: string | null;
   next_available_at: string | null;
   paused: boolean;

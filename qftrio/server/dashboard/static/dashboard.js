@@ -65,6 +65,8 @@ async function refresh(chart, canvas) {
     if (!row) continue;
     for (const [status, n] of Object.entries(q.counts)) setCell(row, status, String(n));
     setCell(row, "oldest_ready", q.oldest_ready);
+    setCell(row, "held_concurrency", q.held_concurrency);
+    setCell(row, "held_rate_limit", q.held_rate_limit);
     setCell(row, "next_available", q.next_available);
     setCell(row, "rate", q.rate);
     setCell(row, "state", q.paused ? "paused" : "active");

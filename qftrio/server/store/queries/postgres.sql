@@ -118,11 +118,16 @@ WITH RECURSIVE pending_tenants AS (
     -- The running counts of the candidates' concurrency keys, locked in
     -- order and read as they are now (a claim of the same key elsewhere
     -- waits here, or is waited for): the ready walk above only skipped the
-    -- keys full as the statement began.
-    SELECT tenant, key, running FROM qftrio_concurrency_running
-    WHERE (tenant, key) IN (SELECT tenant, concurrency_key FROM ready WHERE concurrency_key IS NOT NULL)
-    ORDER BY tenant, key
-    FOR UPDATE
+    -- keys full as the statement began. One probe of the key's row each, in
+    -- order (not a join with every key ever used, which a plan could read
+    -- whole).
+    SELECT k.tenant, k.key, k.running
+    FROM (SELECT DISTINCT tenant, concurrency_key FROM ready WHERE concurrency_key IS NOT NULL ORDER BY 1, 2) AS c
+    CROSS JOIN LATERAL (
+        SELECT tenant, key, running FROM qftrio_concurrency_running AS k
+        WHERE k.tenant = c.tenant AND k.key = c.concurrency_key
+        FOR UPDATE
+    ) AS k
 ), rated AS (
     -- The units left of the candidates' rate limits, locked likewise.
     SELECT tenant, name, "limit", per_secs, stamps,
@@ -359,7 +364,19 @@ SELECT least(
     (SELECT min(locked_until) FROM qftrio_jobs
      WHERE queue = $1 AND status = 'running' AND attempt < max_attempts
        AND (deadline IS NULL OR locked_until < deadline)
-       AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))));
+       AND tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))),
+    -- a rate limit with no unit left holding back ready jobs of the queue
+    -- (its stamps oldest first: the "limit"-th newest frees the next unit);
+    -- the rate limits are few per tenant, each a probe of
+    -- qftrio_jobs_rate_pending_idx
+    (SELECT min(r.stamps[cardinality(r.stamps) - r."limit" + 1] + r.per_secs) FROM qftrio_rate_limits AS r
+     CROSS JOIN LATERAL (
+         SELECT 1 FROM qftrio_jobs AS j
+         WHERE j.tenant = r.tenant AND j.rate_limit = r.name AND j.queue = $1 AND j.status = 'pending'
+           AND j.scheduled_at <= $2
+         LIMIT 1) AS h
+     WHERE cardinality(r.stamps) >= r."limit" AND r.stamps[cardinality(r.stamps) - r."limit" + 1] > $2 - r.per_secs
+       AND r.tenant <> ALL (ARRAY(SELECT tenant FROM qftrio_queue_pauses WHERE queue = $1))));
 
 -- name: heartbeat
 -- One statement, so one transaction, per batch. The current leases are
@@ -624,7 +641,8 @@ SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' OR
 -- name: queue_times
 -- The times of the stats of each queue p (p.tenant, p.queue) at $1: one
 -- probe of an index each; the next lease walks the queue's running jobs,
--- whose number the workers bound.
+-- whose number the workers bound. A rate limit with no unit left that holds
+-- back ready jobs of the queue makes them available when its next unit frees.
 (SELECT j.scheduled_at FROM qftrio_jobs AS j
      WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at <= $1
      ORDER BY j.scheduled_at LIMIT 1) AS oldest_ready_at,
@@ -633,12 +651,55 @@ SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' OR
          WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at > $1
          ORDER BY j.scheduled_at LIMIT 1),
         (SELECT min(j.locked_until) FROM qftrio_jobs AS j
-         WHERE j.queue = p.queue AND j.status = 'running' AND j.tenant = p.tenant)) AS next_available_at,
+         WHERE j.queue = p.queue AND j.status = 'running' AND j.tenant = p.tenant),
+        (SELECT min(r.next_at) FROM spent AS r CROSS JOIN LATERAL (
+            SELECT 1 FROM qftrio_jobs AS j
+            WHERE j.tenant = r.tenant AND j.rate_limit = r.name AND j.queue = p.queue AND j.status = 'pending'
+              AND j.scheduled_at <= $1
+            LIMIT 1) AS h
+         WHERE r.tenant = p.tenant)) AS next_available_at,
     -- the pending jobs whose time has not come, counted up to models.MAX_SCHEDULED_COUNT
     (SELECT count(*) FROM (
         SELECT 1 FROM qftrio_jobs AS j
         WHERE j.tenant = p.tenant AND j.queue = p.queue AND j.status = 'pending' AND j.scheduled_at > $1
-        LIMIT 10000) AS s) AS scheduled
+        LIMIT 10000) AS s) AS scheduled,
+    -- the ready jobs held back by a concurrency key at its limit (one range
+    -- of qftrio_jobs_concurrency_pending_idx per key with running jobs), and
+    -- by a rate limit with no unit left (one range of
+    -- qftrio_jobs_rate_pending_idx per such limit), each counted up to
+    -- models.MAX_SCHEDULED_COUNT
+    (SELECT count(*) FROM (
+        SELECT 1 FROM held_keys AS k CROSS JOIN LATERAL (
+            SELECT 1 FROM qftrio_jobs AS j
+            WHERE j.tenant = k.tenant AND j.concurrency_key = k.key AND j.queue = p.queue AND j.status = 'pending'
+              AND j.scheduled_at <= $1 AND j.concurrency_limit <= k.running
+            LIMIT 10000) AS h
+        WHERE k.tenant = p.tenant LIMIT 10000) AS s) AS held_concurrency,
+    (SELECT count(*) FROM (
+        SELECT 1 FROM spent AS r CROSS JOIN LATERAL (
+            SELECT 1 FROM qftrio_jobs AS j
+            WHERE j.tenant = r.tenant AND j.rate_limit = r.name AND j.queue = p.queue AND j.status = 'pending'
+              AND j.scheduled_at <= $1
+            LIMIT 10000) AS h
+        WHERE r.tenant = p.tenant LIMIT 10000) AS s) AS held_rate_limit
+
+-- name: held_back
+-- What queue_times weighs held-back jobs by, once per statement: the
+-- concurrency keys with running jobs (found from the running jobs, whose
+-- number the workers bound) and their running counts, and the rate limits
+-- with no unit left at $1 (their stamps are kept oldest first, so the
+-- "limit"-th newest decides) with the time their next unit frees.
+held_keys AS (
+    SELECT r.tenant, r.key, k.running
+    FROM (SELECT DISTINCT tenant, concurrency_key AS key FROM qftrio_jobs
+          WHERE status = 'running' AND concurrency_key IS NOT NULL) AS r
+    CROSS JOIN LATERAL (
+        SELECT running FROM qftrio_concurrency_running AS k WHERE k.tenant = r.tenant AND k.key = r.key OFFSET 0
+    ) AS k
+), spent AS (
+    SELECT tenant, name, stamps[cardinality(stamps) - "limit" + 1] + per_secs AS next_at FROM qftrio_rate_limits
+    WHERE cardinality(stamps) >= "limit" AND stamps[cardinality(stamps) - "limit" + 1] > $1 - per_secs
+)
 
 -- name: queues_stats
 -- The queues with jobs (counts from the ledger) or paused, of every tenant
@@ -647,7 +708,7 @@ SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' OR
 -- the workers bound.
 -- Counts and pauses are joined to the pairs (hash joins), not looked up in
 -- the CTEs per pair, which would be quadratic in the number of queues.
-WITH counts AS (
+WITH {held_back}, counts AS (
     SELECT tenant, queue, jsonb_object_agg(status, n) AS counts FROM (
         SELECT tenant, queue, status, sum(n) AS n FROM qftrio_job_counts WHERE true {where}
         GROUP BY tenant, queue, status HAVING sum(n) <> 0
@@ -674,7 +735,7 @@ ORDER BY p.queue COLLATE "C", p.tenant COLLATE "C";
 -- ledger rows sum to nothing, and merged with the paused ones
 -- (qftrio_queue_pauses_tenant_idx of migration 0012); then each name's
 -- counts, pause and times are probes of their own.
-WITH RECURSIVE counted AS (
+WITH RECURSIVE {held_back}, counted AS (
     (SELECT queue FROM qftrio_job_counts WHERE tenant = $2 AND queue > $3 ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT (SELECT c.queue FROM qftrio_job_counts AS c WHERE c.tenant = $2 AND c.queue > w.queue

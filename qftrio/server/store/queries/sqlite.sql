@@ -255,6 +255,45 @@ SELECT count(*) FROM (
     SELECT 1 FROM jobs INDEXED BY jobs_pending_by_tenant
     WHERE tenant = ?1 AND queue = ?2 AND status = 'pending' AND scheduled_at > ?3 LIMIT ?4);
 
+-- name: held_keys
+-- The concurrency keys with running jobs (found from the running jobs,
+-- whose number the workers bound) and their running counts.
+SELECT c.tenant, c.key, c.running
+FROM (SELECT DISTINCT tenant, concurrency_key FROM jobs INDEXED BY jobs_leased
+      WHERE status = 'running' AND concurrency_key IS NOT NULL) AS r
+JOIN concurrency_running AS c ON c.tenant = r.tenant AND c.key = r.concurrency_key;
+
+-- name: rate_limits_spent
+-- The rate limits with no unit left at ?1, and when the next unit of each
+-- frees: stamps are kept oldest first, so the "limit"-th newest decides.
+SELECT tenant, name, next_at FROM (
+    SELECT tenant, name, per_secs,
+        json_extract(stamps, '$[' || (json_array_length(stamps) - "limit") || ']') + per_secs AS next_at
+    FROM rate_limits WHERE json_array_length(stamps) >= "limit")
+WHERE next_at > ?1;
+
+-- name: queue_held_concurrency
+-- A queue's ready jobs held back by a concurrency key at its limit (?2:
+-- [[key, running], ...] of the tenant's keys with running jobs), counted up
+-- to ?5 (models.MAX_SCHEDULED_COUNT): one range of jobs_concurrency_pending
+-- per key.
+SELECT count(*) FROM (
+    SELECT 1 FROM json_each(?2) AS k
+    JOIN jobs AS j INDEXED BY jobs_concurrency_pending
+        ON j.tenant = ?1 AND j.concurrency_key = json_extract(k.value, '$[0]') AND j.queue = ?3
+        AND j.status = 'pending' AND j.scheduled_at <= ?4 AND j.concurrency_limit <= json_extract(k.value, '$[1]')
+    LIMIT ?5);
+
+-- name: queue_held_rate_limits
+-- For each of the tenant's rate limits with no unit left (?2, their names),
+-- the queue's ready jobs it holds back, counted up to ?5: one range of
+-- jobs_rate_pending each.
+SELECT r.value, (SELECT count(*) FROM (
+    SELECT 1 FROM jobs INDEXED BY jobs_rate_pending
+    WHERE tenant = ?1 AND rate_limit = r.value AND queue = ?3 AND status = 'pending' AND scheduled_at <= ?4
+    LIMIT ?5))
+FROM json_each(?2) AS r;
+
 -- name: pending_queues
 -- The queues holding a tenant's pending jobs ("{where}": one queue).
 SELECT DISTINCT queue FROM job_counts WHERE tenant = ? AND status = 'pending' AND n > 0 {where};
