@@ -58,12 +58,18 @@ class ServerClock:
 
     def __init__(self) -> None:
         self.offset = 0.0
+        self.frozen_at: float | None = None
 
     def __call__(self) -> float:
-        return time.time() + self.offset
+        return (time.time() if self.frozen_at is None else self.frozen_at) + self.offset
 
     def advance(self, secs: float) -> None:
         self.offset += secs
+
+    def freeze(self) -> None:
+        """Stop following real time (advance still moves it), for a test
+        that reads ages to the second."""
+        self.frozen_at = time.time()
 
 
 @dataclasses.dataclass

@@ -472,6 +472,7 @@ async def test_a_bulk_action_shows_its_count_and_changes_nothing_until_confirmed
 async def test_the_queues_page_sums_up_pending_running_failed_in_the_last_hour_and_oldest_ready(
     server: RunningServer,
 ) -> None:
+    server.clock.freeze()  # ages are shown to the second
     await dead_letters(server.engine, 1, queue="d")
     server.clock.advance(2 * 3600)
     await enqueue(server.engine, 3)
@@ -493,6 +494,7 @@ async def test_the_queues_page_sums_up_pending_running_failed_in_the_last_hour_a
 
 
 async def test_the_scheduled_page_lists_jobs_whose_time_has_not_come_next_first(server: RunningServer) -> None:
+    server.clock.freeze()  # times are shown to the second
     await enqueue(server.engine, 1)  # ready now: not listed
     later, soon = await enqueue(server.engine, 1, delay_secs=300), await enqueue(server.engine, 1, delay_secs=100)
     other = await enqueue(server.engine, 1, queue="other", delay_secs=200)
