@@ -7,38 +7,46 @@ kinds alternating run after run:
 
 * ``ping``: ``Store.ping`` (on SQLite a transaction of its own with one
   ``SELECT``; on PostgreSQL one pooled round trip);
-* ``insert``: ``Store.jobs_insert`` of one job, what ``POST /api/v1/jobs``
-  asks of the store.
+* ``insert``: ``Store.jobs_insert`` of ``--jobs`` jobs (default one, what
+  ``POST /api/v1/jobs`` asks of the store).
 
-On PostgreSQL two more kinds make the same round trips without asyncpg's
+On PostgreSQL more kinds make the same round trips without asyncpg's
 thread: libpq (psycopg 3's ``pq`` and its non-blocking generators) driven
 from Trio, waiting on the socket with ``trio.lowlevel.wait_readable``:
 
 * ``trio-ping``: ``SELECT 1``;
 * ``trio-insert``: the store's own ``jobs_insert`` statement, prepared once,
-  with the same one-job batch the store would send.
+  with the batch of ``--jobs`` jobs the store would send;
+* ``trio-insert-uncounted``: the same with the triggers that keep the
+  per-queue counts disabled during its runs: what they cost the database.
 
 What is measured is the cost of getting a call to the database and its
 answer back: on SQLite the hand-off to the store's thread, on PostgreSQL the
 trip to asyncpg's thread and pool, or none. Prints µs of CPU (this
-process's, all threads) and of wall time per call, for each of ``--runs``
-runs, and their medians; the ``trio-*`` kinds need psycopg
-(``.venv/bin/pip install 'psycopg[binary]'``; not a qftrio dependency).
+process's, all threads; on PostgreSQL also its server processes') and of
+wall time per call, for each of ``--runs`` runs, and their medians. The
+``trio-*`` kinds need psycopg (``.venv/bin/pip install -e '.[bench]'``; not
+a qftrio dependency). ``--without-listing-indexes`` drops the two indexes
+that only listings and queue statistics read
+(``qftrio_jobs_filter_idx``, ``qftrio_jobs_pending_tenant_idx``) from the
+throwaway database first: what they cost an insert.
 
-Example::
+Examples::
 
     .venv/bin/python benchmarks/store_call.py --store sqlite
     .venv/bin/python benchmarks/store_call.py --store postgres --calls-of ping,insert,trio-ping,trio-insert
+    .venv/bin/python benchmarks/store_call.py --store postgres --calls-of insert,trio-insert,trio-insert-uncounted --jobs 1000 --calls 20 --warmup 5
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Collection, Generator
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +59,19 @@ import trio
 import _bench as b
 from qftrio.server.store.base import NewJob, Store
 
-Call = Callable[[], Awaitable[Any]]
+
+@dataclasses.dataclass
+class Kind:
+    """A kind of call: ``call()`` once per call, ``enter()`` and ``leave()``
+    around each run of it."""
+
+    call: Callable[[], Awaitable[Any]]
+    enter: Callable[[], Awaitable[None]] | None = None
+    leave: Callable[[], Awaitable[None]] | None = None
+
+
+#: (CPU µs of this process, CPU µs of the database's server processes, wall µs) per call
+Figures = tuple[float, float, float]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,46 +80,73 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=5000, help="calls measured per run (default 5000)")
     p.add_argument("--warmup", type=int, default=200, help="calls made first, not counted (default 200)")
     p.add_argument("--runs", type=int, default=3, help="runs of each kind (default 3)")
-    p.add_argument("--calls-of", default="ping", help="kinds of call, comma-separated: ping, insert, trio-ping, trio-insert (default ping)")
+    p.add_argument("--calls-of", default="ping", help="kinds of call, comma-separated: ping, insert, trio-ping, trio-insert, trio-insert-uncounted (default ping)")
+    p.add_argument("--jobs", type=int, default=1, help="jobs per insert call (default 1)")
+    p.add_argument("--without-listing-indexes", action="store_true", help="drop the indexes only listings read, first (PostgreSQL)")
     b.add_common(p)
     return p.parse_args(argv)
 
 
-def one_job() -> NewJob:
-    return NewJob(tenant="bench", queue="store-call", kind="noop", payload={}, scheduled_at=time.time())
+def jobs(n: int) -> list[NewJob]:
+    return [NewJob(tenant="bench", queue="store-call", kind="noop", payload={}, scheduled_at=time.time())] * n
 
 
-async def measure(calls: dict[str, Call], args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
-    for call in calls.values():
+async def measure(
+    kinds: dict[str, Kind], args: argparse.Namespace, backends: Callable[[], Collection[int]] = tuple
+) -> dict[str, list[Figures]]:
+    """Runs of each kind, alternating; *backends*: the database's server
+    processes serving them, whose CPU is counted too."""
+
+    def server_cpu() -> float:
+        return sum(b.cpu_seconds(pid) for pid in backends())
+
+    for kind in kinds.values():
+        if kind.enter:
+            await kind.enter()
         for _ in range(args.warmup):
-            await call()
-    results: dict[str, list[tuple[float, float]]] = {kind: [] for kind in calls}
+            await kind.call()
+        if kind.leave:
+            await kind.leave()
+    results: dict[str, list[Figures]] = {name: [] for name in kinds}
     for run in range(1, args.runs + 1):
-        for kind, call in calls.items() if run % 2 else reversed(calls.items()):
-            cpu, wall = time.process_time(), time.perf_counter()
+        for name, kind in kinds.items() if run % 2 else reversed(kinds.items()):
+            if kind.enter:
+                await kind.enter()
+            cpu, server, wall = time.process_time(), server_cpu(), time.perf_counter()
             for _ in range(args.calls):
-                await call()
-            cpu_us = (time.process_time() - cpu) / args.calls * 1e6
-            wall_us = (time.perf_counter() - wall) / args.calls * 1e6
-            b.say(f"run {run} {kind}: {cpu_us:,.0f} µs CPU, {wall_us:,.0f} µs wall per call")
-            results[kind].append((cpu_us, wall_us))
+                await kind.call()
+            figures = (
+                (time.process_time() - cpu) / args.calls * 1e6,
+                (server_cpu() - server) / args.calls * 1e6,
+                (time.perf_counter() - wall) / args.calls * 1e6,
+            )
+            if kind.leave:
+                await kind.leave()
+            b.say(f"run {run} {name}: " + described(figures, backends()))
+            results[name].append(figures)
     return results
 
 
-def store_calls(store: Store, kinds: list[str]) -> dict[str, Call]:
+def described(figures: Figures, backends: Collection[int]) -> str:
+    cpu, server, wall = figures
+    database = f", database {server:,.0f} µs CPU" if backends else ""
+    return f"{cpu:,.0f} µs CPU{database}, {wall:,.0f} µs wall per call"
+
+
+def store_kinds(store: Store, names: list[str], n: int) -> dict[str, Kind]:
     async def insert() -> None:
-        await store.jobs_insert([one_job()], now=time.time())
+        await store.jobs_insert(jobs(n), now=time.time())
 
-    known = {"ping": store.ping, "insert": insert}
-    return {kind: known[kind] for kind in kinds if kind in known}
+    known = {"ping": Kind(store.ping), "insert": Kind(insert)}
+    return {name: known[name] for name in names if name in known}
 
 
-async def on_sqlite(args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
+async def on_sqlite(args: argparse.Namespace) -> tuple[dict[str, list[Figures]], Collection[int]]:
     from qftrio.server.store.sqlite import open_sqlite_store
 
     with tempfile.TemporaryDirectory() as tmp:
         async with open_sqlite_store(Path(tmp) / "qftrio.db") as store:
-            return await measure(store_calls(store, args.calls_of.split(",")), args)
+            return await measure(store_kinds(store, args.calls_of.split(","), args.jobs), args), ()
 
 
 # -- libpq driven from Trio ------------------------------------------------------------
@@ -123,14 +170,15 @@ async def _drive(gen: Generator[Any, Any, Any], fileno: int) -> Any:
         return done.value
 
 
-async def trio_calls(url: str, kinds: list[str]) -> dict[str, Call]:
+async def trio_kinds(url: str, names: list[str], n: int) -> tuple[dict[str, Kind], int]:
+    """The ``trio-*`` kinds, and the backend pid of their connection."""
     from psycopg import generators, pq
 
     from qftrio.server.store import postgres
 
     conn = pq.PGconn.connect(url.encode())
     if conn.status != pq.ConnStatus.OK:
-        raise SystemExit(f"store_call.py: libpq could not connect: {conn.get_error_message()}")
+        raise SystemExit(f"store_call.py: libpq could not connect: {conn.get_error_message()!r}")
     conn.nonblocking = 1
     fileno = conn.socket
 
@@ -142,30 +190,45 @@ async def trio_calls(url: str, kinds: list[str]) -> dict[str, Call]:
                 raise RuntimeError(result.get_error_message())
         return results
 
-    statement = postgres.Q["jobs_insert"]
-    await execute(lambda: conn.send_prepare(b"jobs_insert", statement.encode()))
+    await execute(lambda: conn.send_prepare(b"jobs_insert", postgres.Q["jobs_insert"].encode()))
 
     async def ping() -> None:
         await execute(lambda: conn.send_query_params(b"SELECT 1", None))
 
     async def insert() -> None:
         now = time.time()
-        batch = postgres._insert_batch(postgres.new_ids(1, now), [one_job()])
+        batch = postgres._insert_batch(postgres.new_ids(n, now), jobs(n))
         params = [batch.encode(), repr(now).encode(), postgres.CHANNEL.encode()]
         (result,) = await execute(lambda: conn.send_query_prepared(b"jobs_insert", params))
-        assert result.ntuples == 1
+        assert result.ntuples == n
 
-    known = {"trio-ping": ping, "trio-insert": insert}
-    return {kind: known[kind] for kind in kinds if kind in known}
+    def counts(state: str) -> Callable[[], Awaitable[None]]:
+        async def alter() -> None:
+            for trigger in ("qftrio_jobs_counted_insert", "qftrio_jobs_counted_update", "qftrio_jobs_counted_delete"):
+                statement = f"ALTER TABLE qftrio_jobs {state} TRIGGER {trigger}"
+                await execute(lambda: conn.send_query_params(statement.encode(), None))
+
+        return alter
+
+    known = {
+        "trio-ping": Kind(ping),
+        "trio-insert": Kind(insert),
+        "trio-insert-uncounted": Kind(insert, enter=counts("DISABLE"), leave=counts("ENABLE")),
+    }
+    return {name: known[name] for name in names if name in known}, conn.backend_pid
 
 
-async def on_postgres(args: argparse.Namespace, url: str) -> dict[str, list[tuple[float, float]]]:
+async def on_postgres(args: argparse.Namespace, url: str) -> tuple[dict[str, list[Figures]], Collection[int]]:
     from qftrio.server.store.postgres import open_postgres_store
 
-    kinds = args.calls_of.split(",")
-    async with open_postgres_store(url, pool_size=2) as store:
-        calls = store_calls(store, kinds) | await trio_calls(url, kinds)
-        return await measure({kind: calls[kind] for kind in kinds}, args)
+    names = args.calls_of.split(",")
+    async with open_postgres_store(url, pool_size=1) as store:
+        if args.without_listing_indexes:
+            await store._db.fetch("DROP INDEX qftrio_jobs_filter_idx, qftrio_jobs_pending_tenant_idx")
+        kinds, pid = await trio_kinds(url, names, args.jobs)
+        kinds |= store_kinds(store, names, args.jobs)
+        backends = lambda: {*store._db.backends, pid}  # noqa: E731
+        return await measure({name: kinds[name] for name in names}, args, backends), backends()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,18 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     b.sigterm_as_exit()
     b.print_settings("one store call", args)
     if args.store == "sqlite":
-        results = trio.run(on_sqlite, args)
+        results, backends = trio.run(on_sqlite, args)
     else:
         with b.pg_cluster(args.database_url) as base, b.fresh_database(base) as url:
             b.say("postgresql:", b.pg_version(url))
-            results = trio.run(on_postgres, args, url)
-    for kind, figures in results.items():
-        cpu = statistics.median(r[0] for r in figures)
-        wall = statistics.median(r[1] for r in figures)
-        b.say(
-            f"RESULT store_call store={args.store} {kind} calls={args.calls}: "
-            f"{cpu:,.0f} µs CPU, {wall:,.0f} µs wall per call (medians)"
+            results, backends = trio.run(on_postgres, args, url)
+    for name, runs in results.items():
+        medians = (
+            statistics.median(r[0] for r in runs),
+            statistics.median(r[1] for r in runs),
+            statistics.median(r[2] for r in runs),
         )
+        b.say(f"RESULT store_call store={args.store} {name} jobs={args.jobs} calls={args.calls}: {described(medians, backends)} (medians)")
     return 0
 
 
