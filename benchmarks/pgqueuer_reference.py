@@ -17,9 +17,10 @@ Both rates are processed jobs per second from the first completion to the
 last (pgqueuer's workers report their first and last job's wall-clock time;
 qftrio's from the rows' ``updated_at``), so process start-up counts for
 neither. Each round runs every configuration once, in order; ``--runs``
-rounds; the table shows medians. One-job-per-call enqueue is measured too:
-pgqueuer's ``Queries.enqueue`` with one job, and ``POST /api/v1/jobs`` from one
-keep-alive ``qftrio.Client``.
+rounds; the table shows medians. One-job-per-call enqueue is measured too,
+``--runs`` rounds of the three in turn: pgqueuer's ``Queries.enqueue`` with
+one job, and ``POST /api/v1/jobs`` from one keep-alive ``qftrio.Client`` and
+from one ``httpx.Client``.
 
 The ``qf-inproc`` configurations run the handlers in the server instead:
 W ``qftrio serve --handlers`` processes on the same database (docs/worker.md: the
@@ -244,34 +245,62 @@ def run_qftrio_inprocess(servers: int, args: argparse.Namespace, procs: b.Procs,
     }
 
 
-#: One job per call from one keep-alive qftrio.Client, in a process of its
-#: own (so that it imports the qftrio its PYTHONPATH names): argv is the URL,
-#: the token and the number of jobs; it prints jobs/s.
+#: One job per call from one keep-alive client, in a process of its own (so
+#: that it imports the qftrio its PYTHONPATH names): argv is the URL, the
+#: token, the number of jobs and the client, ``qftrio`` (``qftrio.Client``)
+#: or ``httpx`` (``httpx.Client`` posting to ``/api/v1/jobs``, as a web
+#: application would); it prints jobs/s.
 _SINGLE_CLIENT = """
-import sys, time, uuid, trio, qftrio
-async def main():
-    async with qftrio.Client(sys.argv[1], sys.argv[2]) as client:
-        queue = "single-" + uuid.uuid4().hex[:8]
-        n = int(sys.argv[3])
+import json, sys, time, uuid
+url, token, n, which = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+queue = "single-" + uuid.uuid4().hex[:8]
+if which == "httpx":
+    import httpx
+    body = json.dumps({"kind": "noop", "payload": {}, "config": {"queue": queue}}).encode()
+    headers = {"authorization": "Bearer " + token, "content-type": "application/json"}
+    with httpx.Client(base_url=url, headers=headers) as client:
         t0 = time.perf_counter()
         for _ in range(n):
-            await client.enqueue("noop", {}, queue=queue)
+            client.post("/api/v1/jobs", content=body).raise_for_status()
         print(n / (time.perf_counter() - t0))
-trio.run(main)
+else:
+    import trio, qftrio
+    async def main():
+        async with qftrio.Client(url, token) as client:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                await client.enqueue("noop", {}, queue=queue)
+            print(n / (time.perf_counter() - t0))
+    trio.run(main)
 """
 
 
-def qftrio_single_rate(url: str, n: int, cwd: Any, env: dict[str, str] | None = None) -> float:
+def qftrio_single_rate(url: str, n: int, cwd: Any, env: dict[str, str] | None = None, *, client: str = "qftrio") -> float:
     """jobs/s of *n* jobs through ``POST /api/v1/jobs`` to *url*, one per
-    call, from :data:`_SINGLE_CLIENT` run with *env* (``None``: this
-    process's)."""
+    call, from :data:`_SINGLE_CLIENT` with *client* (``qftrio`` or
+    ``httpx``) run with *env* (``None``: this process's)."""
     out = subprocess.run(
-        [sys.executable, "-c", _SINGLE_CLIENT, url, b.TENANT_TOKEN, str(n)],
+        [sys.executable, "-c", _SINGLE_CLIENT, url, b.TENANT_TOKEN, str(n), client],
         env=env, capture_output=True, text=True, cwd=cwd, timeout=600,
     )  # fmt: skip
     if out.returncode != 0:
         raise RuntimeError(f"the one-job-per-call client exited with {out.returncode}: {out.stderr[-2000:]}")
     return float(out.stdout.strip())
+
+
+#: The one-job-per-call clients, measured in this order every round.
+SINGLES = ("pgqueuer", "qftrio.Client", "httpx.Client")
+
+
+def single_round(url: str, server: b.Server, n: int, cwd: Any) -> dict[str, float]:
+    """One round of one job per call: pgqueuer's ``Queries.enqueue`` with one
+    job, then ``qftrio.Client``, then ``httpx.Client``; jobs/s of each."""
+    pgq_install(url)
+    return {
+        "pgqueuer": n / pgq_enqueue(url, n, batch=1),
+        "qftrio.Client": qftrio_single_rate(server.url, n, cwd, client="qftrio"),
+        "httpx.Client": qftrio_single_rate(server.url, n, cwd, client="httpx"),
+    }
 
 
 def single_from(base: str, copy: str, args: argparse.Namespace, procs: b.Procs) -> dict[str, float]:
@@ -328,10 +357,13 @@ def main(argv: list[str] | None = None) -> int:
                         + (f", servers' CPU {r['servers_cpu_us_per_job']:,.0f} µs/job" if "servers_cpu_us_per_job" in r else "")
                     )
             if args.single:
-                pgq_install(url)
-                single["pgqueuer"] = args.single / pgq_enqueue(url, args.single, batch=1)
-                single["qftrio"] = qftrio_single_rate(server.url, args.single, wd)
-                b.say(f"one job per call: pgqueuer {single['pgqueuer']:,.0f} jobs/s, qftrio {single['qftrio']:,.0f} jobs/s")
+                singles: dict[str, list[float]] = {name: [] for name in SINGLES}
+                for rnd in range(1, args.runs + 1):
+                    rates = single_round(url, server, args.single, wd)
+                    for name, rate in rates.items():
+                        singles[name].append(rate)
+                    b.say(f"round {rnd} one job per call: " + ", ".join(f"{k} {v:,.0f} jobs/s" for k, v in rates.items()))
+                single = {name: b.median(r) for name, r in singles.items()}
             if args.single and args.single_from:
                 before = single_from(base, args.single_from, args, procs)
             procs.stop_all()
@@ -363,7 +395,9 @@ def main(argv: list[str] | None = None) -> int:
             ratio = medians[num]["processed_jobs_per_s"] / medians[den]["processed_jobs_per_s"]
             b.say(f"RESULT ratio {num} / {den}: {ratio:.2f} (same process count; no target)")
     if single:
-        b.say(f"RESULT one job per call: qftrio {single['qftrio']:,.0f} jobs/s, pgqueuer {single['pgqueuer']:,.0f} jobs/s")
+        b.say("RESULT one job per call: " + ", ".join(f"{k} {v:,.0f} jobs/s" for k, v in single.items()) + " (medians)")
+        for name in SINGLES[1:]:
+            b.say(f"RESULT ratio one job per call, {name} / pgqueuer: {single[name] / single['pgqueuer']:.2f} (target >= 1.00)")
     if before:
         b.say(
             f"RESULT one job per call, alternating: today {before['today']:,.0f} jobs/s, {args.single_from} "
