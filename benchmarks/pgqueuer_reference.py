@@ -103,16 +103,18 @@ def _asyncio_run(main: Any, no_uvloop: bool) -> Any:
     return asyncio.run(main())
 
 
-def pgq_enqueue(url: str, n: int, *, batch: int) -> float:
-    """Enqueue *n* pgqueuer no-op jobs, *batch* per call; the seconds it took."""
+def pgq_enqueue(url: str, n: int, *, batch: int) -> tuple[float, float]:
+    """Enqueue *n* pgqueuer no-op jobs, *batch* per call; the seconds it
+    took, and the CPU seconds its database server process spent."""
     import asyncpg
     from pgqueuer.db import AsyncpgDriver
     from pgqueuer.queries import Queries
 
-    async def main() -> float:
+    async def main() -> tuple[float, float]:
         conn = await asyncpg.connect(url)
         queries = Queries(AsyncpgDriver(conn))
-        t0 = time.perf_counter()
+        backend = conn.get_server_pid()
+        cpu0, t0 = b.cpu_seconds(backend), time.perf_counter()
         left = n
         while left:
             k = min(batch, left)
@@ -121,9 +123,9 @@ def pgq_enqueue(url: str, n: int, *, batch: int) -> float:
             else:
                 await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
             left -= k
-        secs = time.perf_counter() - t0
+        secs, cpu = time.perf_counter() - t0, b.cpu_seconds(backend) - cpu0
         await conn.close()
-        return secs
+        return secs, cpu
 
     return asyncio.run(main())
 
@@ -173,7 +175,7 @@ def pgq_child(url: str, batch: int, no_uvloop: bool) -> int:
 
 def run_pgqueuer(url: str, workers: int, args: argparse.Namespace, wd: Any) -> dict[str, float]:
     pgq_install(url)
-    enqueue_secs = pgq_enqueue(url, args.jobs, batch=1000)
+    enqueue_secs, enqueue_cpu = pgq_enqueue(url, args.jobs, batch=1000)
     argv = [sys.executable, os.path.abspath(__file__), "--pgq-child", url, "--pgq-batch", str(args.pgq_batch)]
     if args.no_uvloop:
         argv.append("--no-uvloop")
@@ -194,6 +196,7 @@ def run_pgqueuer(url: str, workers: int, args: argparse.Namespace, wd: Any) -> d
         "enqueue_jobs_per_s": args.jobs / enqueue_secs,
         "processed_jobs_per_s": (done - 1) / (last - first),
         "postgres_cpu_us_per_job": (b.postgres_cpu_seconds() - pg0) / done * 1e6,
+        "enqueue_database_cpu_us_per_job": enqueue_cpu / args.jobs * 1e6,
     }
 
 
@@ -297,7 +300,7 @@ def single_round(url: str, server: b.Server, n: int, cwd: Any) -> dict[str, floa
     job, then ``qftrio.Client``, then ``httpx.Client``; jobs/s of each."""
     pgq_install(url)
     return {
-        "pgqueuer": n / pgq_enqueue(url, n, batch=1),
+        "pgqueuer": n / pgq_enqueue(url, n, batch=1)[0],
         "qftrio.Client": qftrio_single_rate(server.url, n, cwd, client="qftrio"),
         "httpx.Client": qftrio_single_rate(server.url, n, cwd, client="httpx"),
     }
@@ -355,6 +358,11 @@ def main(argv: list[str] | None = None) -> int:
                         f"round {rnd} {label}: processed {r['processed_jobs_per_s']:,.0f} jobs/s, enqueue "
                         f"{r['enqueue_jobs_per_s']:,.0f} jobs/s, PostgreSQL CPU {r['postgres_cpu_us_per_job']:,.0f} µs/job"
                         + (f", servers' CPU {r['servers_cpu_us_per_job']:,.0f} µs/job" if "servers_cpu_us_per_job" in r else "")
+                        + (
+                            f"; its batch enqueue's database process {r['enqueue_database_cpu_us_per_job']:,.1f} µs/job"
+                            if "enqueue_database_cpu_us_per_job" in r
+                            else ""
+                        )
                     )
             if args.single:
                 singles: dict[str, list[float]] = {name: [] for name in SINGLES}
