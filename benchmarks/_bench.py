@@ -122,6 +122,36 @@ def postgres_cpu_seconds() -> float:
     return total
 
 
+def postmaster_of(url: str) -> int:
+    """The process id of the postmaster of *url*'s cluster: the parent of a
+    backend."""
+
+    async def backend(conn: Any) -> int:
+        return await conn.fetchval("SELECT pg_backend_pid()")
+
+    with open(f"/proc/{pg_run(url, backend)}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def cluster_cpu_seconds(postmaster: int) -> float:
+    """CPU seconds of one PostgreSQL cluster: its postmaster, with what it
+    reaped from exited processes, and its running processes. Unlike
+    :func:`postgres_cpu_seconds`, other clusters on the machine (the
+    test runs of others) count for nothing."""
+    total = cpu_seconds(postmaster, children=True)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != postmaster:
+                    continue
+            total += cpu_seconds(int(entry))
+        except OSError:
+            continue
+    return total
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

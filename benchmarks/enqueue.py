@@ -39,7 +39,6 @@ import os
 import sys
 import time
 import uuid
-from typing import Any
 
 import httpx
 
@@ -66,36 +65,6 @@ def main_thread_cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/task/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def postmaster_of(url: str) -> int:
-    """The process id of the postmaster of *url*'s cluster: the parent of a
-    backend."""
-
-    async def backend(conn: Any) -> int:
-        return await conn.fetchval("SELECT pg_backend_pid()")
-
-    with open(f"/proc/{b.pg_run(url, backend)}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def cluster_cpu_seconds(postmaster: int) -> float:
-    """CPU seconds of one PostgreSQL cluster: its postmaster, with what it
-    reaped from exited processes, and its running processes. Unlike
-    :func:`_bench.postgres_cpu_seconds`, other clusters on the machine (the
-    test runs of others) count for nothing."""
-    total = b.cpu_seconds(postmaster, children=True)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) != postmaster:
-                    continue
-            total += b.cpu_seconds(int(entry))
-        except OSError:
-            continue
-    return total
 
 
 def _post(client: httpx.Client, path: str, body: bytes, want: int) -> httpx.Response:
@@ -169,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.store == "postgres":
             url = stack.enter_context(b.fresh_database(stack.enter_context(b.pg_cluster(args.database_url))))
             b.say("postgresql:", b.pg_version(url))
-            postmaster = postmaster_of(url)
+            postmaster = b.postmaster_of(url)
         sides: list[tuple[str, b.Server]] = []
         envs = {"A": None}
         if args.ab:
@@ -188,14 +157,14 @@ def main(argv: list[str] | None = None) -> int:
                     if args.profile and rnd == 1 and side == "A":
                         spy = b.start_pyspy(procs, f"{args.profile}-{phase}.txt", server.pid, gil=True)
                         time.sleep(0.5)  # py-spy attaching
-                    pg0 = cluster_cpu_seconds(postmaster) if url else 0.0
+                    pg0 = b.cluster_cpu_seconds(postmaster) if url else 0.0
                     main0 = main_thread_cpu_seconds(server.pid)
                     cpu0, t0, own0 = b.cpu_seconds(server.pid), time.perf_counter(), time.process_time()
                     n = PHASES[phase](server, queue, args)
                     wall, cpu = time.perf_counter() - t0, b.cpu_seconds(server.pid) - cpu0
                     own = time.process_time() - own0
                     main = main_thread_cpu_seconds(server.pid) - main0
-                    pg = cluster_cpu_seconds(postmaster) - pg0 if url else 0.0
+                    pg = b.cluster_cpu_seconds(postmaster) - pg0 if url else 0.0
                     if spy is not None:
                         b.stop_pyspy(procs, spy)
                     results.setdefault((side, phase), []).append(
