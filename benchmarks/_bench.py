@@ -126,11 +126,12 @@ def postmaster_of(url: str) -> int:
     """The process id of the postmaster of *url*'s cluster: the parent of a
     backend."""
 
-    async def backend(conn: Any) -> int:
-        return await conn.fetchval("SELECT pg_backend_pid()")
+    async def parent(conn: Any) -> int:
+        # read while connected: the backend ends with its connection
+        with open(f"/proc/{await conn.fetchval('SELECT pg_backend_pid()')}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
 
-    with open(f"/proc/{pg_run(url, backend)}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    return pg_run(url, parent)
 
 
 def cluster_cpu_seconds(postmaster: int) -> float:

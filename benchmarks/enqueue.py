@@ -6,7 +6,9 @@
 * ``single``: M jobs through ``POST /api/v1/jobs``, one per call, over one
   kept-alive connection (httpx);
 * ``client``: the same through one ``qftrio.Client`` (``Client.enqueue``), as
-  an application sends them and as ``pgqueuer_reference.py`` measures them;
+  an application sends them and as ``pgqueuer_reference.py`` measures them
+  (``--clients N``: N clients at once, each with its share of the calls, as
+  the requests of a busy web application come);
 * ``drain``: the batch phase's jobs leased 100 at a time and completed 100 at
   a time (``POST /api/v1/leases/complete``): what the server spends per
   processed job, without a worker's own costs in the way.
@@ -51,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", "-n", type=int, default=10_000, help="jobs per round of the batch phase (default 10000)")
     p.add_argument("--batch", type=int, default=1000, help="jobs per batch call (default 1000)")
     p.add_argument("--single", type=int, default=1000, help="calls per round of the single and client phases (default 1000)")
+    p.add_argument("--clients", type=int, default=1, help="concurrent qftrio.Clients of the client phase, sharing its calls (default 1)")
     p.add_argument("--lease", type=int, default=100, help="max_jobs of each lease of the drain phase (default 100)")
     p.add_argument("--rounds", "-r", type=int, default=3, help="rounds per side; medians are printed (default 3)")
     p.add_argument("--phases", default="batch,single,drain", help="comma-separated phases to run: batch, single, client, drain (default batch,single,drain)")
@@ -95,13 +98,18 @@ def phase_client(server: b.Server, queue: str, args: argparse.Namespace) -> int:
 
     import qftrio
 
-    async def run() -> None:
+    async def one_client(calls: int) -> None:
         async with qftrio.Client(server.url, b.TENANT_TOKEN) as client:
-            for _ in range(args.single):
+            for _ in range(calls):
                 await client.enqueue("noop", {}, queue=queue + "-client")
 
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(args.clients):
+                nursery.start_soon(one_client, args.single // args.clients)
+
     trio.run(run)
-    return args.single
+    return args.single // args.clients * args.clients
 
 
 def phase_drain(server: b.Server, queue: str, args: argparse.Namespace) -> int:
