@@ -80,7 +80,7 @@ def with_payload(payload: dict[str, Any]) -> NewJob:
     return NewJob(tenant="t", queue="q", kind="k", payload=payload, scheduled_at=T0)
 
 
-# -- the claim query stays on its indexes ------------------------------------------
+# -- enqueue ------------------------------------------------------------------------
 
 
 async def test_concurrent_enqueues_share_transactions() -> None:
@@ -98,6 +98,9 @@ async def test_concurrent_enqueues_share_transactions() -> None:
         assert rows[0]["jobs"] == 20 and rows[0]["commits"] <= 3
         (stats,) = await engine.queues_stats("t", "default")
         assert stats.counts["pending"] == 20
+
+
+# -- the claim query stays on its indexes ------------------------------------------
 
 
 async def test_claim_uses_the_partial_indexes() -> None:
