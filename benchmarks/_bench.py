@@ -122,6 +122,37 @@ def postgres_cpu_seconds() -> float:
     return total
 
 
+def postmaster_of(url: str) -> int:
+    """The process id of the postmaster of *url*'s cluster: the parent of a
+    backend."""
+
+    async def parent(conn: Any) -> int:
+        # read while connected: the backend ends with its connection
+        with open(f"/proc/{await conn.fetchval('SELECT pg_backend_pid()')}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    return pg_run(url, parent)
+
+
+def cluster_cpu_seconds(postmaster: int) -> float:
+    """CPU seconds of one PostgreSQL cluster: its postmaster, with what it
+    reaped from exited processes, and its running processes. Unlike
+    :func:`postgres_cpu_seconds`, other clusters on the machine (the
+    test runs of others) count for nothing."""
+    total = cpu_seconds(postmaster, children=True)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != postmaster:
+                    continue
+            total += cpu_seconds(int(entry))
+        except OSError:
+            continue
+    return total
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

@@ -6,7 +6,9 @@
 * ``single``: M jobs through ``POST /api/v1/jobs``, one per call, over one
   kept-alive connection (httpx);
 * ``client``: the same through one ``qftrio.Client`` (``Client.enqueue``), as
-  an application sends them and as ``pgqueuer_reference.py`` measures them;
+  an application sends them and as ``pgqueuer_reference.py`` measures them
+  (``--clients N``: N clients at once, each with its share of the calls, as
+  the requests of a busy web application come);
 * ``drain``: the batch phase's jobs leased 100 at a time and completed 100 at
   a time (``POST /api/v1/leases/complete``): what the server spends per
   processed job, without a worker's own costs in the way.
@@ -14,7 +16,7 @@
 For each phase it prints jobs/s as this one client sees them and the
 server's CPU (user + system, from ``/proc/PID/stat``) per job, of which its
 main thread's (Trio's: HTTP, routes, engine), and on PostgreSQL the
-database's too, and this process's own (the client's: httpx in the batch,
+database's too (its cluster's processes only), and this process's own (the client's: httpx in the batch,
 single and drain phases, ``qftrio.Client`` in the client phase); those figures
 are what matters on a machine whose cores are shared. The rest of the server's CPU is its store's thread (asyncpg's loop,
 SQLite's connection).
@@ -51,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", "-n", type=int, default=10_000, help="jobs per round of the batch phase (default 10000)")
     p.add_argument("--batch", type=int, default=1000, help="jobs per batch call (default 1000)")
     p.add_argument("--single", type=int, default=1000, help="calls per round of the single and client phases (default 1000)")
+    p.add_argument("--clients", type=int, default=1, help="concurrent qftrio.Clients of the client phase, sharing its calls (default 1)")
     p.add_argument("--lease", type=int, default=100, help="max_jobs of each lease of the drain phase (default 100)")
     p.add_argument("--rounds", "-r", type=int, default=3, help="rounds per side; medians are printed (default 3)")
     p.add_argument("--phases", default="batch,single,drain", help="comma-separated phases to run: batch, single, client, drain (default batch,single,drain)")
@@ -95,13 +98,18 @@ def phase_client(server: b.Server, queue: str, args: argparse.Namespace) -> int:
 
     import qftrio
 
-    async def run() -> None:
+    async def one_client(calls: int) -> None:
         async with qftrio.Client(server.url, b.TENANT_TOKEN) as client:
-            for _ in range(args.single):
+            for _ in range(calls):
                 await client.enqueue("noop", {}, queue=queue + "-client")
 
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(args.clients):
+                nursery.start_soon(one_client, args.single // args.clients)
+
     trio.run(run)
-    return args.single
+    return args.single // args.clients * args.clients
 
 
 def phase_drain(server: b.Server, queue: str, args: argparse.Namespace) -> int:
@@ -134,9 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     # The database goes last, once the servers on it have stopped.
     with contextlib.ExitStack() as stack, b.workdir(args.keep) as wd, b.Procs(wd) as procs:
         url = None
+        postmaster = 0
         if args.store == "postgres":
             url = stack.enter_context(b.fresh_database(stack.enter_context(b.pg_cluster(args.database_url))))
             b.say("postgresql:", b.pg_version(url))
+            postmaster = b.postmaster_of(url)
         sides: list[tuple[str, b.Server]] = []
         envs = {"A": None}
         if args.ab:
@@ -155,14 +165,14 @@ def main(argv: list[str] | None = None) -> int:
                     if args.profile and rnd == 1 and side == "A":
                         spy = b.start_pyspy(procs, f"{args.profile}-{phase}.txt", server.pid, gil=True)
                         time.sleep(0.5)  # py-spy attaching
-                    pg0 = b.postgres_cpu_seconds() if url else 0.0
+                    pg0 = b.cluster_cpu_seconds(postmaster) if url else 0.0
                     main0 = main_thread_cpu_seconds(server.pid)
                     cpu0, t0, own0 = b.cpu_seconds(server.pid), time.perf_counter(), time.process_time()
                     n = PHASES[phase](server, queue, args)
                     wall, cpu = time.perf_counter() - t0, b.cpu_seconds(server.pid) - cpu0
                     own = time.process_time() - own0
                     main = main_thread_cpu_seconds(server.pid) - main0
-                    pg = b.postgres_cpu_seconds() - pg0 if url else 0.0
+                    pg = b.cluster_cpu_seconds(postmaster) - pg0 if url else 0.0
                     if spy is not None:
                         b.stop_pyspy(procs, spy)
                     results.setdefault((side, phase), []).append(

@@ -17,9 +17,10 @@ Both rates are processed jobs per second from the first completion to the
 last (pgqueuer's workers report their first and last job's wall-clock time;
 qftrio's from the rows' ``updated_at``), so process start-up counts for
 neither. Each round runs every configuration once, in order; ``--runs``
-rounds; the table shows medians. One-job-per-call enqueue is measured too:
-pgqueuer's ``Queries.enqueue`` with one job, and ``POST /api/v1/jobs`` from one
-keep-alive ``qftrio.Client``.
+rounds; the table shows medians. One-job-per-call enqueue is measured too,
+``--runs`` rounds of the three in turn: pgqueuer's ``Queries.enqueue`` with
+one job, and ``POST /api/v1/jobs`` from one keep-alive ``qftrio.Client`` and
+from one ``httpx.Client``.
 
 The ``qf-inproc`` configurations run the handlers in the server instead:
 W ``qftrio serve --handlers`` processes on the same database (docs/worker.md: the
@@ -44,6 +45,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -102,16 +105,19 @@ def _asyncio_run(main: Any, no_uvloop: bool) -> Any:
     return asyncio.run(main())
 
 
-def pgq_enqueue(url: str, n: int, *, batch: int) -> float:
-    """Enqueue *n* pgqueuer no-op jobs, *batch* per call; the seconds it took."""
+def pgq_enqueue(url: str, n: int, *, batch: int) -> tuple[float, float, float]:
+    """Enqueue *n* pgqueuer no-op jobs, *batch* per call; the seconds it
+    took, the CPU seconds its database server process spent, and this
+    process's (the client's)."""
     import asyncpg
     from pgqueuer.db import AsyncpgDriver
     from pgqueuer.queries import Queries
 
-    async def main() -> float:
+    async def main() -> tuple[float, float, float]:
         conn = await asyncpg.connect(url)
         queries = Queries(AsyncpgDriver(conn))
-        t0 = time.perf_counter()
+        backend = conn.get_server_pid()
+        cpu0, own0, t0 = b.cpu_seconds(backend), time.process_time(), time.perf_counter()
         left = n
         while left:
             k = min(batch, left)
@@ -120,9 +126,9 @@ def pgq_enqueue(url: str, n: int, *, batch: int) -> float:
             else:
                 await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
             left -= k
-        secs = time.perf_counter() - t0
+        secs, cpu, own = time.perf_counter() - t0, b.cpu_seconds(backend) - cpu0, time.process_time() - own0
         await conn.close()
-        return secs
+        return secs, cpu, own
 
     return asyncio.run(main())
 
@@ -172,7 +178,7 @@ def pgq_child(url: str, batch: int, no_uvloop: bool) -> int:
 
 def run_pgqueuer(url: str, workers: int, args: argparse.Namespace, wd: Any) -> dict[str, float]:
     pgq_install(url)
-    enqueue_secs = pgq_enqueue(url, args.jobs, batch=1000)
+    enqueue_secs, enqueue_cpu, _ = pgq_enqueue(url, args.jobs, batch=1000)
     argv = [sys.executable, os.path.abspath(__file__), "--pgq-child", url, "--pgq-batch", str(args.pgq_batch)]
     if args.no_uvloop:
         argv.append("--no-uvloop")
@@ -193,6 +199,7 @@ def run_pgqueuer(url: str, workers: int, args: argparse.Namespace, wd: Any) -> d
         "enqueue_jobs_per_s": args.jobs / enqueue_secs,
         "processed_jobs_per_s": (done - 1) / (last - first),
         "postgres_cpu_us_per_job": (b.postgres_cpu_seconds() - pg0) / done * 1e6,
+        "enqueue_database_cpu_us_per_job": enqueue_cpu / args.jobs * 1e6,
     }
 
 
@@ -244,34 +251,102 @@ def run_qftrio_inprocess(servers: int, args: argparse.Namespace, procs: b.Procs,
     }
 
 
-#: One job per call from one keep-alive qftrio.Client, in a process of its
-#: own (so that it imports the qftrio its PYTHONPATH names): argv is the URL,
-#: the token and the number of jobs; it prints jobs/s.
+#: One job per call from one keep-alive client, in a process of its own (so
+#: that it imports the qftrio its PYTHONPATH names): argv is the URL, the
+#: token, the number of jobs and the client, ``qftrio`` (``qftrio.Client``)
+#: or ``httpx`` (``httpx.Client`` posting to ``/api/v1/jobs``, as a web
+#: application would); it prints jobs/s and its own CPU µs per job.
 _SINGLE_CLIENT = """
-import sys, time, uuid, trio, qftrio
-async def main():
-    async with qftrio.Client(sys.argv[1], sys.argv[2]) as client:
-        queue = "single-" + uuid.uuid4().hex[:8]
-        n = int(sys.argv[3])
-        t0 = time.perf_counter()
+import json, sys, time, uuid
+url, token, n, which = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+queue = "single-" + uuid.uuid4().hex[:8]
+if which == "httpx":
+    import httpx
+    body = json.dumps({"kind": "noop", "payload": {}, "config": {"queue": queue}}).encode()
+    headers = {"authorization": "Bearer " + token, "content-type": "application/json"}
+    with httpx.Client(base_url=url, headers=headers) as client:
+        t0, cpu0 = time.perf_counter(), time.process_time()
         for _ in range(n):
-            await client.enqueue("noop", {}, queue=queue)
-        print(n / (time.perf_counter() - t0))
-trio.run(main)
+            client.post("/api/v1/jobs", content=body).raise_for_status()
+        print(n / (time.perf_counter() - t0), (time.process_time() - cpu0) / n * 1e6)
+else:
+    import trio, qftrio
+    async def main():
+        async with qftrio.Client(url, token) as client:
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            for _ in range(n):
+                await client.enqueue("noop", {}, queue=queue)
+            print(n / (time.perf_counter() - t0), (time.process_time() - cpu0) / n * 1e6)
+    trio.run(main)
 """
 
 
-def qftrio_single_rate(url: str, n: int, cwd: Any, env: dict[str, str] | None = None) -> float:
+def qftrio_single(url: str, n: int, cwd: Any, env: dict[str, str] | None = None, *, client: str = "qftrio") -> tuple[float, float]:
     """jobs/s of *n* jobs through ``POST /api/v1/jobs`` to *url*, one per
-    call, from :data:`_SINGLE_CLIENT` run with *env* (``None``: this
-    process's)."""
+    call, from :data:`_SINGLE_CLIENT` with *client* (``qftrio`` or
+    ``httpx``) run with *env* (``None``: this process's), and the client's
+    CPU µs per job."""
     out = subprocess.run(
-        [sys.executable, "-c", _SINGLE_CLIENT, url, b.TENANT_TOKEN, str(n)],
+        [sys.executable, "-c", _SINGLE_CLIENT, url, b.TENANT_TOKEN, str(n), client],
         env=env, capture_output=True, text=True, cwd=cwd, timeout=600,
     )  # fmt: skip
     if out.returncode != 0:
         raise RuntimeError(f"the one-job-per-call client exited with {out.returncode}: {out.stderr[-2000:]}")
-    return float(out.stdout.strip())
+    rate, cpu = out.stdout.split()
+    return float(rate), float(cpu)
+
+
+#: The one-job-per-call clients, measured in this order every round.
+SINGLES = ("pgqueuer", "qftrio.Client", "httpx.Client")
+
+
+@dataclasses.dataclass
+class Single:
+    """One job per call, one client's run: jobs/s, and CPU µs per job of
+    the client, of ``qftrio serve`` (0 for pgqueuer) and of the database
+    server processes serving them."""
+
+    rate: float
+    client: float
+    server: float
+    database: float
+
+    def __str__(self) -> str:
+        server = f" + server {self.server:,.0f}" if self.server else ""
+        return (
+            f"{self.rate:,.0f} jobs/s, CPU µs/job: client {self.client:,.0f}{server} + database {self.database:,.0f}"
+            f" = {self.client + self.server + self.database:,.0f}"
+        )
+
+
+def qftrio_backends(url: str) -> dict[int, float]:
+    """The database server processes of the ``qftrio serve`` connections,
+    and the CPU seconds of each so far."""
+
+    async def pids(conn: Any) -> list[int]:
+        return [r[0] for r in await conn.fetch("SELECT pid FROM pg_stat_activity WHERE application_name = 'qftrio'")]
+
+    cpu = {}
+    for pid in b.pg_run(url, pids):
+        with contextlib.suppress(OSError):
+            cpu[pid] = b.cpu_seconds(pid)
+    return cpu
+
+
+def single_round(url: str, server: b.Server, n: int, cwd: Any) -> dict[str, Single]:
+    """One round of one job per call: pgqueuer's ``Queries.enqueue`` with one
+    job, then ``qftrio.Client``, then ``httpx.Client``."""
+    pgq_install(url)
+    secs, database, client = pgq_enqueue(url, n, batch=1)
+    out = {"pgqueuer": Single(n / secs, client / n * 1e6, 0.0, database / n * 1e6)}
+    for name, which in (("qftrio.Client", "qftrio"), ("httpx.Client", "httpx")):
+        before, serving = qftrio_backends(url), b.cpu_seconds(server.pid)
+        rate, client_us = qftrio_single(server.url, n, cwd, client=which)
+        serving = b.cpu_seconds(server.pid) - serving
+        # a connection the pool opened meanwhile counts whole
+        database = sum(cpu - before.get(pid, 0.0) for pid, cpu in qftrio_backends(url).items())
+        out[name] = Single(rate, client_us, serving / n * 1e6, database / n * 1e6)
+    return out
 
 
 def single_from(base: str, copy: str, args: argparse.Namespace, procs: b.Procs) -> dict[str, float]:
@@ -287,7 +362,7 @@ def single_from(base: str, copy: str, args: argparse.Namespace, procs: b.Procs) 
         }
         for _ in range(args.runs):
             for side in rates:
-                rates[side].append(qftrio_single_rate(servers[side].url, args.single, procs.workdir, envs[side]))
+                rates[side].append(qftrio_single(servers[side].url, args.single, procs.workdir, envs[side])[0])
                 b.say(f"one job per call, {side}: {rates[side][-1]:,.0f} jobs/s")
         procs.stop_many([s.proc for s in servers.values()])
     return {side: b.median(r) for side, r in rates.items()}
@@ -305,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.configs.split(","))
     configs = [c for c in CONFIGS if c[0] in wanted]
     results: dict[str, list[dict[str, float]]] = {c[0]: [] for c in configs}
-    single: dict[str, float] = {}
+    single: dict[str, Single] = {}
     before: dict[str, float] = {}
     with b.workdir(args.keep) as wd, b.Procs(wd) as procs:
         with b.pg_cluster(args.database_url) as base, b.fresh_database(base) as url:
@@ -326,12 +401,22 @@ def main(argv: list[str] | None = None) -> int:
                         f"round {rnd} {label}: processed {r['processed_jobs_per_s']:,.0f} jobs/s, enqueue "
                         f"{r['enqueue_jobs_per_s']:,.0f} jobs/s, PostgreSQL CPU {r['postgres_cpu_us_per_job']:,.0f} µs/job"
                         + (f", servers' CPU {r['servers_cpu_us_per_job']:,.0f} µs/job" if "servers_cpu_us_per_job" in r else "")
+                        + (
+                            f"; its batch enqueue's database process {r['enqueue_database_cpu_us_per_job']:,.1f} µs/job"
+                            if "enqueue_database_cpu_us_per_job" in r
+                            else ""
+                        )
                     )
             if args.single:
-                pgq_install(url)
-                single["pgqueuer"] = args.single / pgq_enqueue(url, args.single, batch=1)
-                single["qftrio"] = qftrio_single_rate(server.url, args.single, wd)
-                b.say(f"one job per call: pgqueuer {single['pgqueuer']:,.0f} jobs/s, qftrio {single['qftrio']:,.0f} jobs/s")
+                singles: dict[str, list[Single]] = {name: [] for name in SINGLES}
+                for rnd in range(1, args.runs + 1):
+                    for name, figures in single_round(url, server, args.single, wd).items():
+                        singles[name].append(figures)
+                        b.say(f"round {rnd} one job per call, {name}: {figures}")
+                single = {
+                    name: Single(*(b.median([getattr(r, f.name) for r in runs]) for f in dataclasses.fields(Single)))
+                    for name, runs in singles.items()
+                }
             if args.single and args.single_from:
                 before = single_from(base, args.single_from, args, procs)
             procs.stop_all()
@@ -362,8 +447,11 @@ def main(argv: list[str] | None = None) -> int:
         if num in medians and den in medians:
             ratio = medians[num]["processed_jobs_per_s"] / medians[den]["processed_jobs_per_s"]
             b.say(f"RESULT ratio {num} / {den}: {ratio:.2f} (same process count; no target)")
-    if single:
-        b.say(f"RESULT one job per call: qftrio {single['qftrio']:,.0f} jobs/s, pgqueuer {single['pgqueuer']:,.0f} jobs/s")
+    for name, figures in single.items():
+        b.say(f"RESULT one job per call, {name}: {figures} (medians)")
+    for name in SINGLES[1:] if single else ():
+        ratio = single[name].rate / single["pgqueuer"].rate
+        b.say(f"RESULT ratio one job per call, {name} / pgqueuer: {ratio:.2f} (target >= 1.00)")
     if before:
         b.say(
             f"RESULT one job per call, alternating: today {before['today']:,.0f} jobs/s, {args.single_from} "

@@ -6,6 +6,7 @@ import json
 import uuid
 
 import httpx
+import trio
 
 from qftrio import Client
 
@@ -125,6 +126,50 @@ async def test_batch_enqueue(http, server) -> None:
     assert [j["payload"]["i"] for j in r.json()["jobs"]] == list(range(50))
     stats = (await http.get("/api/v1/queues/bulk/stats", headers=server.headers())).json()
     assert stats["counts"]["pending"] == 50
+
+
+async def test_concurrent_enqueues_each_get_their_own_jobs(http, server) -> None:
+    # Concurrent calls share inserts; each still gets exactly its own jobs.
+    answers: dict[int, httpx.Response] = {}
+
+    async def one(i: int) -> None:
+        if i % 4:
+            answers[i] = await post_job(http, server, payload={"i": i}, config={"queue": "together"})
+        else:
+            jobs = [{"kind": "k", "payload": {"i": i, "j": j}, "config": {"queue": "together"}} for j in range(3)]
+            answers[i] = await http.post("/api/v1/jobs/batch", json={"jobs": jobs}, headers=server.headers())
+
+    async with trio.open_nursery() as nursery:
+        for i in range(24):
+            nursery.start_soon(one, i)
+    ids = []
+    for i, r in answers.items():
+        assert r.status_code == 201
+        if i % 4:
+            assert r.json()["payload"] == {"i": i}
+            ids.append(r.json()["id"])
+        else:
+            assert [job["payload"] for job in r.json()["jobs"]] == [{"i": i, "j": j} for j in range(3)]
+            ids += [job["id"] for job in r.json()["jobs"]]
+    assert len(set(ids)) == 18 + 6 * 3
+    stats = (await http.get("/api/v1/queues/together/stats", headers=server.headers())).json()
+    assert stats["counts"]["pending"] == 36
+
+
+async def test_concurrent_enqueues_of_one_idempotency_key_make_one_job(http, server) -> None:
+    answers = []
+
+    async def one(kind: str) -> None:
+        answers.append(await post_job(http, server, kind=kind, config={"idempotency_key": "order-9", "queue": "once"}))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(10):
+            nursery.start_soon(one, f"k{i}")
+    assert sorted(r.status_code for r in answers) == [200] * 9 + [201]
+    assert len({r.json()["id"] for r in answers}) == 1
+    assert all(r.json() == answers[0].json() for r in answers)
+    stats = (await http.get("/api/v1/queues/once/stats", headers=server.headers())).json()
+    assert stats["counts"]["pending"] == 1
 
 
 async def test_batch_is_all_or_nothing(http, server) -> None:

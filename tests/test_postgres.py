@@ -81,6 +81,26 @@ def with_payload(payload: dict[str, Any]) -> NewJob:
     return NewJob(tenant="t", queue="q", kind="k", payload=payload, scheduled_at=T0)
 
 
+# -- enqueue ------------------------------------------------------------------------
+
+
+async def test_concurrent_enqueues_share_transactions() -> None:
+    # Twenty concurrent enqueues share inserts: a few commits (at most two
+    # batches go out at once, the calls made meanwhile join the next), not
+    # twenty.
+    async with open_test_postgres_store() as store:
+        url = pg_url()
+        assert url is not None
+        engine = Engine(store)
+        async with trio.open_nursery() as nursery:
+            for i in range(20):
+                nursery.start_soon(engine.enqueue, "t", [EnqueueRequest(kind="k", payload={"i": i})])
+        rows = await sql(url, "SELECT count(*) AS jobs, count(DISTINCT xmin::text) AS commits FROM qftrio_jobs")
+        assert rows[0]["jobs"] == 20 and rows[0]["commits"] <= 3
+        (stats,) = await engine.queues_stats("t", "default")
+        assert stats.counts["pending"] == 20
+
+
 # -- the claim query stays on its indexes ------------------------------------------
 
 

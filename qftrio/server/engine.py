@@ -54,6 +54,7 @@ from .. import errors
 from .._batching import Batcher
 from ..models import (
     MAX_ANSWER_BYTES,
+    MAX_BATCH,
     QUEUES_PAGE,
     EnqueueRequest,
     Job,
@@ -386,6 +387,16 @@ class Engine:
             lambda items: self.store.jobs_snooze(items, now=self.clock())
         )
         self._claims: dict[tuple[str, float, str | None], Batcher[int, list[Lease]]] = {}
+        # Concurrent enqueues share one insert, one round trip and one commit;
+        # each call's jobs still go in together or not at all (a batch that
+        # fails runs again one call at a time), and a repeated idempotency
+        # key stands for its first job, as within one call. Items are (job,
+        # the enqueue's time); a batch's jobs are created at the latest, so
+        # that a lone call's are created when it was made, as before.
+        self._inserts: Batcher[tuple[NewJob, float], Inserted] = Batcher(
+            lambda items: self.store.jobs_insert([job for job, _ in items], now=max(now for _, now in items)),
+            max_items=MAX_BATCH,
+        )
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -473,7 +484,7 @@ class Engine:
                 handed += self.waker.take(queue, count)
         claimed: list[list[Lease]] = []
         if not handed:
-            inserted = await self.store.jobs_insert(new, now=now)
+            inserted = await self._inserts([(job, now) for job in new])
         else:
             try:
                 # Shielded: the polls' jobs are claimed whether or not this
