@@ -400,9 +400,10 @@ def jobs_snooze(items: Sequence[SnoozeItem], now: float) -> Plan[list[ReportResu
     writes = []
     for item in unique:
         row = found.get(item.job_id)
+        status = None if row is None else STATUS_OF[row[1]]
         result = transitions.snooze(
-            None if row is None else STATUS_OF[row[1]],
-            row is not None and row[2] == item.lease_token,
+            status,
+            row is not None and row[2] == item.lease_token and not transitions.attempt_over(status, row[10], now),
             queue=None if row is None else row[3],
         )
         if result.applied:
@@ -445,6 +446,8 @@ def jobs_fail(items: Sequence[FailItem], now: float, retry_at: RetryAt) -> Plan[
             now=now,
             backoff=None if row is None else row[9],
             retry_in_secs=item.retry_in_secs,
+            deadline=None if row is None else row[10],
+            timeout_secs=None if row is None else row[11],
         )
         result = decided.result
         if result.applied:
@@ -452,7 +455,7 @@ def jobs_fail(items: Sequence[FailItem], now: float, retry_at: RetryAt) -> Plan[
             assert row is not None and after is not None
             result = dataclasses.replace(result, kind=row[7], claimed_at=row[8])
             # PostgreSQL's text cannot hold NUL, which a worker's message might
-            error = item.error.replace("\x00", "\ufffd")
+            error = decided.error or item.error.replace("\x00", "\ufffd")
             writes.append((item.job_id, item.lease_token, after.value, decided.retry_at, error))
             if after is Status.FAILED and row[6] is not None:
                 failing[row[6]] = None

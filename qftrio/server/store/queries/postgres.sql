@@ -368,11 +368,13 @@ SELECT least(
 -- their outcome. Each row is found by one probe of the primary key, as in
 -- complete.
 WITH items AS (
-    SELECT i.ord, i.id, i.token, i.extend, j.row, j.status, j.lease_token,
-        coalesce(j.status = 'running' AND j.lease_token = i.token, false) AS current
+    SELECT i.ord, i.id, i.token, i.extend, j.row, j.status, j.lease_token, j.over,
+        coalesce(j.status = 'running' AND j.lease_token = i.token AND NOT j.over, false) AS current
     FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
     LEFT JOIN LATERAL (
-        SELECT ctid AS row, status, lease_token FROM qftrio_jobs WHERE id = i.id OFFSET 0
+        -- over: the attempt ran to its deadline (transitions.attempt_over)
+        SELECT ctid AS row, status, lease_token, coalesce(status = 'running' AND deadline <= $4, false) AS over
+        FROM qftrio_jobs WHERE id = i.id OFFSET 0
     ) AS j ON true
 ), extended AS (
     -- Never past the attempt's deadline (transitions.heartbeat).
@@ -386,7 +388,7 @@ WITH items AS (
 -- (transitions.heartbeat): 'running' under the token for those extended.
 SELECT e.ord, e.id, true AS changed, e.locked_until, 'running' AS status, true AS current FROM extended AS e
 UNION ALL
-SELECT i.ord, i.id, false, NULL, i.status, coalesce(i.lease_token = i.token, false)
+SELECT i.ord, i.id, false, NULL, i.status, coalesce(i.lease_token = i.token AND NOT i.over, false)
 FROM items AS i
 WHERE i.ord NOT IN (SELECT ord FROM extended);
 
@@ -396,7 +398,10 @@ WHERE i.ord NOT IN (SELECT ord FROM extended);
 WITH items AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
 ), locked AS (
-    SELECT ctid AS row, id, status, lease_token, status = 'running' AS running FROM qftrio_jobs
+    SELECT ctid AS row, id, status, lease_token,
+        status = 'running' AND coalesce(deadline > $4, true) AS running,
+        coalesce(status = 'running' AND deadline <= $4, false) AS over
+    FROM qftrio_jobs
     WHERE id = ANY($1::uuid[])
     ORDER BY id
     FOR UPDATE
@@ -410,7 +415,7 @@ WITH items AS (
     RETURNING j.id, j.locked_until
 )
 SELECT i.ord, i.id, e.id IS NOT NULL AS changed, e.locked_until, l.status,
-    coalesce(l.lease_token = i.token, false) AS current
+    coalesce(l.lease_token = i.token AND NOT l.over, false) AS current
 FROM items AS i
 LEFT JOIN locked AS l ON l.id = i.id
 LEFT JOIN extended AS e ON e.id = i.id
@@ -426,11 +431,14 @@ ORDER BY i.ord;
 WITH items AS (
     -- One primary key probe per item, whatever the planner estimates of the
     -- running jobs (OFFSET 0 keeps it from joining every running job instead).
-    SELECT i.ord, i.token, i.result, j.row, j.status, j.lease_token, j.queue, j.workflow_id,
-        coalesce(j.status = 'running' AND j.lease_token = i.token, false) AS current
+    SELECT i.ord, i.token, i.result, j.row, j.status, j.lease_token, j.queue, j.workflow_id, j.over,
+        coalesce(j.status = 'running' AND j.lease_token = i.token AND NOT j.over, false) AS current
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
     LEFT JOIN LATERAL (
-        SELECT ctid AS row, status, lease_token, queue, workflow_id FROM qftrio_jobs WHERE id = i.id OFFSET 0
+        -- over: the attempt ran to its deadline (transitions.attempt_over)
+        SELECT ctid AS row, status, lease_token, queue, workflow_id,
+            coalesce(status = 'running' AND deadline <= $4, false) AS over
+        FROM qftrio_jobs WHERE id = i.id OFFSET 0
     ) AS j ON true
 ), completed AS (
     -- The rows the probe read, by the addresses of the versions it read (a
@@ -452,7 +460,7 @@ SELECT c.ord, c.queue, true AS applied, 'running' AS status, true AS current, fa
     c.claimed_at
 FROM completed AS c
 UNION ALL
-SELECT i.ord, i.queue, false, i.status, coalesce(i.lease_token = i.token, false), i.workflow_id IS NOT NULL,
+SELECT i.ord, i.queue, false, i.status, coalesce(i.lease_token = i.token AND NOT i.over, false), i.workflow_id IS NOT NULL,
     NULL, NULL
 FROM items AS i
 WHERE i.ord NOT IN (SELECT ord FROM completed);
@@ -462,7 +470,10 @@ WHERE i.ord NOT IN (SELECT ord FROM completed);
 WITH items AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
 ), locked AS (
-    SELECT ctid AS row, id, status, lease_token, queue, status = 'running' AS running FROM qftrio_jobs
+    SELECT ctid AS row, id, status, lease_token, queue,
+        status = 'running' AND coalesce(deadline > $4, true) AS running,
+        coalesce(status = 'running' AND deadline <= $4, false) AS over
+    FROM qftrio_jobs
     WHERE id = ANY($1::uuid[])
     ORDER BY id
     FOR UPDATE
@@ -475,7 +486,7 @@ WITH items AS (
       AND j.status = l.status AND j.lease_token = i.token
     RETURNING j.id, j.tenant, j.queue, j.workflow_id, j.step, j.result, j.kind, j.claimed_at
 )
-SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token, false) AS current,
+SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token AND NOT l.over, false) AS current,
        c.id IS NOT NULL AS applied, c.tenant, c.workflow_id, c.step, c.result, c.kind, c.claimed_at
 FROM items AS i
 LEFT JOIN locked AS l ON l.id = i.id
@@ -483,7 +494,8 @@ LEFT JOIN completed AS c ON c.id = i.id
 ORDER BY i.ord;
 
 -- name: fail_lock
-SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff FROM qftrio_jobs
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff,
+    deadline, timeout_secs FROM qftrio_jobs
 WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE;
 
 -- name: snooze

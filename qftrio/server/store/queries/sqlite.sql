@@ -143,7 +143,8 @@ WHERE id = ? AND status = 'running' AND lease_token = ?;
 
 -- name: fail_lock
 -- What a fail batch decides on (changes.jobs_fail).
-SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff FROM jobs
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff,
+    deadline, timeout_secs FROM jobs
 WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: snooze
