@@ -671,7 +671,7 @@ def schedule_trigger(tenant: str, name: str, now: float, job_of: JobOfSchedule) 
     schedule = yield from schedule_get(tenant, name)
     assert schedule is not None
     (inserted,) = yield from _insert([job_of(tenant, name, schedule.job, now)], now)
-    yield _run("schedule_advance", tenant, name, schedule.next_run_at, now, inserted.id, now)
+    yield _run("schedule_advance", [tenant], [name], [schedule.next_run_at], [now], [inserted.id], now)
     return dataclasses.replace(schedule, last_run_at=now, last_job_id=inserted.id, updated_at=now), inserted
 
 
@@ -696,11 +696,13 @@ def schedules_fire(now: float, limit: int, job_of: JobOfSchedule) -> Plan[tuple[
     inserted = (yield from _insert(jobs, now)) if jobs else []
     # in tick order: each schedule's latest tick and job win
     last = {(i.new.tenant, i.new.schedule): (tick, i.id) for tick, i in zip(fired, inserted)}
-    advances = [
-        (tenant, name, fire.next_run_at, *last.get((tenant, name), (None, None)), now)
-        for (tenant, name, *_), fire in zip(due, fires)
-    ]
-    if advances:
-        yield Call("schedule_advance", advances, many=True)
-        yield Call("schedule_ticks_prune", [(row[0], row[1], row[6]) for row in due], many=True)
+    # One statement each for the whole batch: a schedule's own would cost
+    # its round trip (most of a round of a hundred due schedules).
+    if due:
+        advances = [
+            (tenant, name, fire.next_run_at, *last.get((tenant, name), (None, None)))
+            for (tenant, name, *_), fire in zip(due, fires)
+        ]
+        yield _run("schedule_advance", *map(list, zip(*advances)), now)
+        yield _run("schedule_ticks_prune", *map(list, zip(*((row[0], row[1], row[6]) for row in due))))
     return len(due), inserted

@@ -1022,10 +1022,17 @@ ON CONFLICT DO NOTHING
 RETURNING tenant, schedule, tick;
 
 -- name: schedule_advance
-UPDATE qftrio_schedules SET next_run_at = $3, last_run_at = coalesce($4, last_run_at),
-    last_job_id = coalesce($5::uuid, last_job_id), updated_at = $6
-WHERE tenant = $1 AND name = $2;
+-- Each schedule of the batch (tenant, name, next run, last run, last job:
+-- parallel arrays) moved on, in one statement.
+UPDATE qftrio_schedules AS s SET next_run_at = u.next_run_at, last_run_at = coalesce(u.last_run_at, s.last_run_at),
+    last_job_id = coalesce(u.last_job_id, s.last_job_id), updated_at = $6
+FROM unnest($1::text[], $2::text[], $3::float8[], $4::float8[], $5::uuid[])
+    AS u(tenant, name, next_run_at, last_run_at, last_job_id)
+WHERE s.tenant = u.tenant AND s.name = u.name;
 
 -- name: schedule_ticks_prune
--- Ticks before the schedule's first unfired one: no round can try them again.
-DELETE FROM qftrio_schedule_ticks WHERE tenant = $1 AND schedule = $2 AND tick < $3;
+-- Ticks before each schedule's first unfired one (parallel arrays): no
+-- round can try them again.
+DELETE FROM qftrio_schedule_ticks AS k
+USING unnest($1::text[], $2::text[], $3::float8[]) AS u(tenant, schedule, tick)
+WHERE k.tenant = u.tenant AND k.schedule = u.schedule AND k.tick < u.tick;
