@@ -113,6 +113,9 @@ class FakeTransport(Transport):
         self._count(len(items))
         return [ReportReply(job_id=i.job_id, outcome=Outcome.OK) for i in items]
 
+    async def snooze(self, items: Sequence[Any]) -> list[ReportReply]:
+        return await self.fail(items)
+
 
 def make_registry() -> Registry:
     reg = Registry()

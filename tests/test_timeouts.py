@@ -5,11 +5,16 @@ the engine's janitor on Trio's autojump clock."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from qftrio.models import EnqueueRequest, Status
 from qftrio.server.engine import Engine, RetryPolicy
-from qftrio.server.store.base import ClaimRequest, CompleteItem, FailItem, HeartbeatItem, NewJob, Outcome, Store
+
+from .conftest import EPOCH
+from qftrio.server.store.base import (
+    ClaimRequest, CompleteItem, FailItem, HeartbeatItem, NewJob, Outcome, SnoozeItem, Store,
+)  # fmt: skip
 
 T0 = 1_800_000_000.0
 RETRY_IN_10 = RetryPolicy(base_secs=10, cap_secs=10, jitter=0).retry_at
@@ -121,9 +126,47 @@ async def test_the_janitor_ends_a_hung_attempt_whatever_its_heartbeats(engine: E
                 break
             beats.append(beat.locked_until)
             await trio.sleep(3)
+        assert beat.outcome is Outcome.CONFLICT  # the attempt is over: the token is stale
+        while (await engine.store.job_get(ins.id)).status is Status.RUNNING:
+            await trio.sleep(1)  # the janitor's next round
         nursery.cancel_scope.cancel()
     assert all(until == lease.job.updated_at + 30 for until in beats)
-    assert beat.outcome is Outcome.CONFLICT  # the janitor took it back: the token is stale
     job = await engine.store.job_get(ins.id)
     assert job.status is Status.PENDING and job.error == "timed out after 30 s" and job.attempt == 1
     assert job.scheduled_at > lease.job.updated_at + 30
+
+
+async def test_the_attempt_is_over_at_its_deadline_before_any_janitor_round(engine: Engine, autojump_clock) -> None:
+    # No janitor runs here: past the deadline, a heartbeat, a completion and
+    # a snooze are refused at once, and a fail ends the attempt as timed out.
+    backoff = {"initial_secs": 30, "jitter": 0}
+    body = {"kind": "k", "config": {"queue": "q", "timeout_secs": 5, "max_attempts": 3, "backoff": backoff}}
+    await engine.enqueue("t1", [EnqueueRequest.model_validate(body)] * 5)
+    leases = await engine.lease("q", max_jobs=5, lease_secs=600)
+    on_time, beaten, completed, snoozed, failed = [(lease.job.id, lease.lease_token) for lease in leases]
+    await trio.sleep(4.5)
+    (done,) = await engine.complete([CompleteItem(*on_time, {"ok": 1})])
+    assert done.outcome is Outcome.OK
+    await trio.sleep(0.5)  # the deadline, to the instant
+    (beat,) = await engine.heartbeat([HeartbeatItem(*beaten, 60)])
+    (late,) = await engine.complete([CompleteItem(*completed, {"late": 1})])
+    (later,) = await engine.snooze([SnoozeItem(*snoozed, 10)])
+    assert [r.outcome for r in (beat, late, later)] == [Outcome.CONFLICT] * 3
+    for job_id, _ in (beaten, completed, snoozed):
+        job = await engine.store.job_get(job_id)
+        assert (job.status, job.result, job.attempt) == (Status.RUNNING, None, 1)  # for the janitor to end
+    (fail,) = await engine.fail([FailItem(*failed, "boom", retryable=False, retry_in_secs=1)])
+    assert fail.outcome is Outcome.OK
+    job = await engine.store.job_get(failed[0])
+    # exactly what the janitor would have made of it: retried, by the backoff
+    assert job.status is Status.PENDING and job.error == "timed out after 5 s"
+    assert [e.error for e in job.errors] == ["timed out after 5 s"]
+    assert job.scheduled_at == pytest.approx(EPOCH + trio.current_time() + 30)
+    assert (await engine.store.job_get(on_time[0])).result == {"ok": 1}
+    # the janitor ends the others as timed out, none of them completed
+    assert await engine.reap_expired() == 0  # their leases end at the deadline, not before
+    await trio.sleep(1)
+    assert await engine.reap_expired() == 3
+    for job_id, _ in (beaten, completed, snoozed):
+        job = await engine.store.job_get(job_id)
+        assert (job.status, job.error) == (Status.PENDING, "timed out after 5 s")

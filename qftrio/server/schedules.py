@@ -117,9 +117,11 @@ def due(
     cutoff = now - grace
     start = max(next_run_at, cutoff)
     recent = []
+    after = None  # the first tick after now: the next run (one walk for both)
     for tick in _ticks(cron, tz, start - 1):
         at = tick.timestamp()
         if at > now:
+            after = at
             break
         if at >= start:
             recent.append(at)
@@ -133,7 +135,7 @@ def due(
             if at < cutoff:  # a walk in reverse may start on the cutoff
                 missed.append(at)
         missed.reverse()
-    return Fire(ticks=tuple(missed + recent), next_run_at=next_after(cron, timezone, now))
+    return Fire(ticks=tuple(missed + recent), next_run_at=after)
 
 
 def next_on_put(

@@ -64,6 +64,7 @@ __all__ = [
     "Failed",
     "snooze",
     "timed_out",
+    "attempt_over",
     "timeout_error",
     "heartbeat",
     "one_per_lease",
@@ -102,6 +103,16 @@ _CONFLICT_BEAT = HeartbeatResult(outcome=Outcome.CONFLICT)
 
 
 # -- reports ----------------------------------------------------------------
+
+
+def attempt_over(status: Status | None, deadline: float | None, now: float) -> bool:
+    """Whether a job in *status* is running past its attempt's *deadline*:
+    the attempt is over at that instant, whether or not the janitor has
+    taken the job back yet. Its token is then no longer current for a
+    heartbeat, a completion or a snooze (each store asks the same in its
+    statements), and a fail ends the attempt as the janitor would
+    (:func:`fail`)."""
+    return status is Status.RUNNING and deadline is not None and now >= deadline
 
 
 def heartbeat(
@@ -287,6 +298,8 @@ class Failed:
 
     result: ReportResult
     retry_at: float | None = None
+    #: The error to record instead of the worker's: the attempt timed out.
+    error: str | None = None
 
 
 def fail(
@@ -301,21 +314,27 @@ def fail(
     now: float,
     backoff: dict[str, Any] | None = None,
     retry_in_secs: float | None = None,
+    deadline: float | None = None,
+    timeout_secs: int | None = None,
 ) -> Failed:
     """The answer to a fail: a retry when the engine's *retry_at* gives a
     time (by the job's own *backoff*, if it has one), else a dead letter.
     A worker's *retry_in_secs* replaces the backoff's delay, never the
-    decision to retry."""
+    decision to retry. A fail that comes when the attempt is over (past its
+    *deadline*) fails it as timed out, exactly as the janitor would
+    (:func:`reap`): whichever comes first, the outcome is the same."""
     if status is None:
         return Failed(result=_NOT_FOUND_REPORT)
     if not current:
         return Failed(result=_CONFLICT_REPORT)
     if status is Status.RUNNING:
-        when = retry_at(attempt, max_attempts, retryable, now, backoff)
-        if when is not None and retry_in_secs is not None:
+        late = attempt_over(status, deadline, now)
+        when = retry_at(attempt, max_attempts, retryable or late, now, backoff)
+        if when is not None and retry_in_secs is not None and not late:
             when = now + retry_in_secs
         after = Status.FAILED if when is None else Status.PENDING
-        return Failed(result=ReportResult(outcome=Outcome.OK, queue=queue, status=after, applied=True), retry_at=when)
+        result = ReportResult(outcome=Outcome.OK, queue=queue, status=after, applied=True)
+        return Failed(result=result, retry_at=when, error=timeout_error(timeout_secs) if late else None)
     if status in (Status.PENDING, Status.FAILED):
         return Failed(result=ReportResult(outcome=Outcome.OK, queue=queue, status=status))
     return Failed(result=_CONFLICT_REPORT)

@@ -400,9 +400,10 @@ def jobs_snooze(items: Sequence[SnoozeItem], now: float) -> Plan[list[ReportResu
     writes = []
     for item in unique:
         row = found.get(item.job_id)
+        status = None if row is None else STATUS_OF[row[1]]
         result = transitions.snooze(
-            None if row is None else STATUS_OF[row[1]],
-            row is not None and row[2] == item.lease_token,
+            status,
+            row is not None and row[2] == item.lease_token and not transitions.attempt_over(status, row[10], now),
             queue=None if row is None else row[3],
         )
         if result.applied:
@@ -445,6 +446,8 @@ def jobs_fail(items: Sequence[FailItem], now: float, retry_at: RetryAt) -> Plan[
             now=now,
             backoff=None if row is None else row[9],
             retry_in_secs=item.retry_in_secs,
+            deadline=None if row is None else row[10],
+            timeout_secs=None if row is None else row[11],
         )
         result = decided.result
         if result.applied:
@@ -452,7 +455,7 @@ def jobs_fail(items: Sequence[FailItem], now: float, retry_at: RetryAt) -> Plan[
             assert row is not None and after is not None
             result = dataclasses.replace(result, kind=row[7], claimed_at=row[8])
             # PostgreSQL's text cannot hold NUL, which a worker's message might
-            error = item.error.replace("\x00", "\ufffd")
+            error = decided.error or item.error.replace("\x00", "\ufffd")
             writes.append((item.job_id, item.lease_token, after.value, decided.retry_at, error))
             if after is Status.FAILED and row[6] is not None:
                 failing[row[6]] = None
@@ -668,7 +671,7 @@ def schedule_trigger(tenant: str, name: str, now: float, job_of: JobOfSchedule) 
     schedule = yield from schedule_get(tenant, name)
     assert schedule is not None
     (inserted,) = yield from _insert([job_of(tenant, name, schedule.job, now)], now)
-    yield _run("schedule_advance", tenant, name, schedule.next_run_at, now, inserted.id, now)
+    yield _run("schedule_advance", [tenant], [name], [schedule.next_run_at], [now], [inserted.id], now)
     return dataclasses.replace(schedule, last_run_at=now, last_job_id=inserted.id, updated_at=now), inserted
 
 
@@ -693,11 +696,13 @@ def schedules_fire(now: float, limit: int, job_of: JobOfSchedule) -> Plan[tuple[
     inserted = (yield from _insert(jobs, now)) if jobs else []
     # in tick order: each schedule's latest tick and job win
     last = {(i.new.tenant, i.new.schedule): (tick, i.id) for tick, i in zip(fired, inserted)}
-    advances = [
-        (tenant, name, fire.next_run_at, *last.get((tenant, name), (None, None)), now)
-        for (tenant, name, *_), fire in zip(due, fires)
-    ]
-    if advances:
-        yield Call("schedule_advance", advances, many=True)
-        yield Call("schedule_ticks_prune", [(row[0], row[1], row[6]) for row in due], many=True)
+    # One statement each for the whole batch: a schedule's own would cost
+    # its round trip (most of a round of a hundred due schedules).
+    if due:
+        advances = [
+            (tenant, name, fire.next_run_at, *last.get((tenant, name), (None, None)))
+            for (tenant, name, *_), fire in zip(due, fires)
+        ]
+        yield _run("schedule_advance", *map(list, zip(*advances)), now)
+        yield _run("schedule_ticks_prune", *map(list, zip(*((row[0], row[1], row[6]) for row in due))))
     return len(due), inserted

@@ -175,11 +175,14 @@ def _report_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, _Row
     return out
 
 
-def _state(rows: dict[str, _Row], job_id: str, token: str) -> tuple[_Row | None, Status | None, bool]:
+def _state(rows: dict[str, _Row], job_id: str, token: str, now: float) -> tuple[_Row | None, Status | None, bool]:
+    """A report's row, its status, and whether *token* is current: the
+    job's token, and the attempt not over (transitions.attempt_over)."""
     row = rows.get(job_id)
     if row is None:
         return None, None, False
-    return row, row.status, row.token is not None and row.token == token
+    current = row.token == token and not transitions.attempt_over(row.status, row.deadline, now)
+    return row, row.status, current
 
 
 def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[Inserted]:
@@ -893,7 +896,7 @@ class SqliteStore(Store):
             updates = []
             out = []
             for item in unique:
-                row, status, current = _state(rows, item.job_id, item.lease_token)
+                row, status, current = _state(rows, item.job_id, item.lease_token, now)
                 result = transitions.heartbeat(
                     status, current, extend_secs=item.extend_secs, now=now, deadline=row.deadline if row else None
                 )
@@ -913,7 +916,7 @@ class SqliteStore(Store):
             updates = []
             out = []
             for item in unique:
-                row, status, current = _state(rows, item.job_id, item.lease_token)
+                row, status, current = _state(rows, item.job_id, item.lease_token, now)
                 result = transitions.complete(status, current, queue=row.queue if row else None)
                 if result.applied:
                     assert row is not None

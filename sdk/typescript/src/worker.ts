@@ -161,6 +161,12 @@ interface Outcome {
 
 type Report = "complete" | "fail" | "snooze";
 
+/** The error of an attempt that ran past its job's `timeout_secs`: the
+ * server's text, which the runtime reports when it ends the handler. */
+function timeoutError(timeoutSecs: number | null): string {
+  return `timed out after ${timeoutSecs} s`;
+}
+
 function reportOf(outcome: Outcome): Report {
   if (outcome.error !== undefined) return "fail";
   return outcome.againIn === undefined ? "complete" : "snooze";
@@ -172,6 +178,8 @@ interface Held {
   token: string;
   lane: number;
   deadline: number; // when our lease ends, by our own reckoning
+  timeoutAt: number; // the job's own deadline (`timeout_secs` after its claim), by our reckoning
+  timedOut: boolean; // aborted at that deadline: the attempt is over
   nextBeat: number; // when its next renewal falls due
   controller: AbortController; // its handler's signal
   beating: boolean; // renewed until its handler is done, or it is given up
@@ -433,12 +441,12 @@ class WorkerRun {
       // A long poll may have waited long before anything came: the claim
       // was just before the answer, not when we asked.
       const deadline = Math.max(sentAt, now - CLAIM_SLACK_MS) + this.leaseMs;
-      for (const lease of leases) this.start(lease, deadline);
+      for (const lease of leases) this.start(lease, deadline, deadline - this.leaseMs);
       this.scheduleBeats();
     }
   }
 
-  start(lease: Lease, deadline: number): void {
+  start(lease: Lease, deadline: number, claimed: number): void {
     this.freeLanes.sort((a, b) => a - b);
     const lane = this.freeLanes.shift()!;
     this.busy += 1;
@@ -447,6 +455,8 @@ class WorkerRun {
       token: lease.lease_token,
       lane,
       deadline,
+      timeoutAt: lease.job.timeout_secs == null ? Infinity : claimed + lease.job.timeout_secs * 1000,
+      timedOut: false,
       nextBeat: deadline - this.leaseMs / 2,
       controller: new AbortController(),
       beating: true,
@@ -476,15 +486,32 @@ class WorkerRun {
       return { error: `no handler for kind ${JSON.stringify(job.kind)} on this worker (it handles: ${known})`, retryable: false };
     }
     let result: unknown;
+    // At the job's deadline the handler's signal is aborted and the job
+    // failed with the server's text at once, whatever the handler does
+    // after: the server ends the attempt then (as the Python runtime does).
+    const signal = held.controller.signal;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timedOut = new Promise<void>((resolve) => {
+      if (held.timeoutAt === Infinity) return;
+      timer = setTimeout(() => {
+        held.timedOut = true;
+        held.controller.abort(new Error(timeoutError(job.timeout_secs)));
+        resolve();
+      }, Math.max(0, held.timeoutAt - performance.now()));
+    });
     try {
-      const ctx = { signal: held.controller.signal, lane: held.lane };
-      result = await inHandlerSpan(job, () => this.handlers[job.kind]!(job, ctx));
+      const ctx = { signal, lane: held.lane };
+      result = await Promise.race([inHandlerSpan(job, () => this.handlers[job.kind]!(job, ctx)), timedOut]);
     } catch (error) {
+      if (held.timedOut) return { error: timeoutError(job.timeout_secs), retryable: true };
       if (error instanceof PermanentError) return { error: error.message || "PermanentError", retryable: false };
       if (error instanceof Snooze) return { againIn: error.seconds };
       if (error instanceof RetryIn) return { error: error.message || "RetryIn", retryable: true, againIn: error.seconds };
       return { error: describe(error), retryable: true };
+    } finally {
+      clearTimeout(timer);
     }
+    if (held.timedOut) return { error: timeoutError(job.timeout_secs), retryable: true };
     if (result === undefined || result === null) return { result: {} };
     if (typeof result !== "object" || Array.isArray(result)) {
       const type = Array.isArray(result) ? "an array" : typeof result;

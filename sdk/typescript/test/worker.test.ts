@@ -203,6 +203,31 @@ test("cancelling a running job aborts its signal, and what its handler answers i
   assert.deepEqual([after.status, after.result], ["cancelled", null]);
 });
 
+test("a job's timeout aborts its handler at the deadline and fails it with the server's text", async () => {
+  const job = await client.enqueue("hang", {}, { queue: "timeout", timeout_secs: 1, max_attempts: 1 });
+  let reason: unknown;
+  let abortedAfter = NaN;
+  const worker = start("timeout", {
+    hang: async (_job, ctx) => {
+      const started = performance.now();
+      await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve));
+      abortedAfter = performance.now() - started;
+      reason = ctx.signal.reason;
+      await new Promise(() => {}); // a handler that never ends: the report does not wait for it
+    },
+  }, { leaseSecs: 30 });
+  const ended = await until(worker.events, settled(job.id));
+  await worker.stop();
+  // at the deadline, not when the 30 s lease would have run out
+  assert.ok(abortedAfter < 5_000, `aborted after ${abortedAfter} ms`);
+  assert.match(String(reason), /timed out after 1 s/);
+  // the worker's report, or the server's janitor if it came first: the same end
+  if (ended.type === "failed") assert.equal(ended.error, "timed out after 1 s");
+  else assert.equal(ended.type, "lost");
+  const after = await client.jobGet(job.id);
+  assert.deepEqual([after.status, after.error], ["failed", "timed out after 1 s"]);
+});
+
 test("a stale token never changes a job", async () => {
   const job = await client.enqueue("twice", {}, { queue: "stale" });
   let calls = 0;

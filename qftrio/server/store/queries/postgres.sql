@@ -92,14 +92,23 @@ WITH RECURSIVE pending_tenants AS (
     SELECT r.*, s.turn FROM served AS s CROSS JOIN LATERAL (
         SELECT id, tenant, status, priority, scheduled_at, created_at, concurrency_key, concurrency_limit, rate_limit
         FROM qftrio_jobs
-        WHERE queue = $1 AND tenant = s.tenant AND status = 'pending' AND scheduled_at <= $2
+        -- The walk reads just the rows it takes, in the order of
+        -- qftrio_jobs_claim_idx (queue, tenant, then lease order), whatever
+        -- the statistics: the tenant is bounded as a row comparison on
+        -- (queue, tenant), which an index led by tenant cannot take, and the
+        -- order names the tenant, which only this index gives. With
+        -- "tenant = s.tenant" and lease order alone, a queue the statistics
+        -- do not know yet (a new one, a burst) is planned as one row from an
+        -- index led by tenant: its whole backlog read and sorted each claim.
+        WHERE queue = $1 AND (queue, tenant) >= ($1, s.tenant) AND (queue, tenant) <= ($1, s.tenant)
+          AND status = 'pending' AND scheduled_at <= $2
           AND (concurrency_key IS NULL OR concurrency_limit > coalesce(
               (SELECT k.running FROM qftrio_concurrency_running AS k
                WHERE k.tenant = s.tenant AND k.key = qftrio_jobs.concurrency_key), 0))
           AND (rate_limit IS NULL OR NOT EXISTS (
               SELECT 1 FROM qftrio_rate_limits AS r WHERE r.tenant = s.tenant AND r.name = qftrio_jobs.rate_limit
                 AND (SELECT count(*) FROM unnest(r.stamps) AS t WHERE t > $2 - r.per_secs) >= r."limit"))
-        ORDER BY priority DESC, scheduled_at, created_at
+        ORDER BY tenant, priority DESC, scheduled_at, created_at
         LIMIT s.share
         FOR UPDATE SKIP LOCKED
     ) AS r
@@ -385,11 +394,13 @@ SELECT least(
 -- their outcome. Each row is found by one probe of the primary key, as in
 -- complete.
 WITH items AS (
-    SELECT i.ord, i.id, i.token, i.extend, j.row, j.status, j.lease_token,
-        coalesce(j.status = 'running' AND j.lease_token = i.token, false) AS current
+    SELECT i.ord, i.id, i.token, i.extend, j.row, j.status, j.lease_token, j.over,
+        coalesce(j.status = 'running' AND j.lease_token = i.token AND NOT j.over, false) AS current
     FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
     LEFT JOIN LATERAL (
-        SELECT ctid AS row, status, lease_token FROM qftrio_jobs WHERE id = i.id OFFSET 0
+        -- over: the attempt ran to its deadline (transitions.attempt_over)
+        SELECT ctid AS row, status, lease_token, coalesce(status = 'running' AND deadline <= $4, false) AS over
+        FROM qftrio_jobs WHERE id = i.id OFFSET 0
     ) AS j ON true
 ), extended AS (
     -- Never past the attempt's deadline (transitions.heartbeat).
@@ -403,7 +414,7 @@ WITH items AS (
 -- (transitions.heartbeat): 'running' under the token for those extended.
 SELECT e.ord, e.id, true AS changed, e.locked_until, 'running' AS status, true AS current FROM extended AS e
 UNION ALL
-SELECT i.ord, i.id, false, NULL, i.status, coalesce(i.lease_token = i.token, false)
+SELECT i.ord, i.id, false, NULL, i.status, coalesce(i.lease_token = i.token AND NOT i.over, false)
 FROM items AS i
 WHERE i.ord NOT IN (SELECT ord FROM extended);
 
@@ -413,7 +424,10 @@ WHERE i.ord NOT IN (SELECT ord FROM extended);
 WITH items AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
 ), locked AS (
-    SELECT ctid AS row, id, status, lease_token, status = 'running' AS running FROM qftrio_jobs
+    SELECT ctid AS row, id, status, lease_token,
+        status = 'running' AND coalesce(deadline > $4, true) AS running,
+        coalesce(status = 'running' AND deadline <= $4, false) AS over
+    FROM qftrio_jobs
     WHERE id = ANY($1::uuid[])
     ORDER BY id
     FOR UPDATE
@@ -427,7 +441,7 @@ WITH items AS (
     RETURNING j.id, j.locked_until
 )
 SELECT i.ord, i.id, e.id IS NOT NULL AS changed, e.locked_until, l.status,
-    coalesce(l.lease_token = i.token, false) AS current
+    coalesce(l.lease_token = i.token AND NOT l.over, false) AS current
 FROM items AS i
 LEFT JOIN locked AS l ON l.id = i.id
 LEFT JOIN extended AS e ON e.id = i.id
@@ -443,11 +457,14 @@ ORDER BY i.ord;
 WITH items AS (
     -- One primary key probe per item, whatever the planner estimates of the
     -- running jobs (OFFSET 0 keeps it from joining every running job instead).
-    SELECT i.ord, i.token, i.result, j.row, j.status, j.lease_token, j.queue, j.workflow_id,
-        coalesce(j.status = 'running' AND j.lease_token = i.token, false) AS current
+    SELECT i.ord, i.token, i.result, j.row, j.status, j.lease_token, j.queue, j.workflow_id, j.over,
+        coalesce(j.status = 'running' AND j.lease_token = i.token AND NOT j.over, false) AS current
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
     LEFT JOIN LATERAL (
-        SELECT ctid AS row, status, lease_token, queue, workflow_id FROM qftrio_jobs WHERE id = i.id OFFSET 0
+        -- over: the attempt ran to its deadline (transitions.attempt_over)
+        SELECT ctid AS row, status, lease_token, queue, workflow_id,
+            coalesce(status = 'running' AND deadline <= $4, false) AS over
+        FROM qftrio_jobs WHERE id = i.id OFFSET 0
     ) AS j ON true
 ), completed AS (
     -- The rows the probe read, by the addresses of the versions it read (a
@@ -469,7 +486,7 @@ SELECT c.ord, c.queue, true AS applied, 'running' AS status, true AS current, fa
     c.claimed_at
 FROM completed AS c
 UNION ALL
-SELECT i.ord, i.queue, false, i.status, coalesce(i.lease_token = i.token, false), i.workflow_id IS NOT NULL,
+SELECT i.ord, i.queue, false, i.status, coalesce(i.lease_token = i.token AND NOT i.over, false), i.workflow_id IS NOT NULL,
     NULL, NULL
 FROM items AS i
 WHERE i.ord NOT IN (SELECT ord FROM completed);
@@ -479,7 +496,10 @@ WHERE i.ord NOT IN (SELECT ord FROM completed);
 WITH items AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
 ), locked AS (
-    SELECT ctid AS row, id, status, lease_token, queue, status = 'running' AS running FROM qftrio_jobs
+    SELECT ctid AS row, id, status, lease_token, queue,
+        status = 'running' AND coalesce(deadline > $4, true) AS running,
+        coalesce(status = 'running' AND deadline <= $4, false) AS over
+    FROM qftrio_jobs
     WHERE id = ANY($1::uuid[])
     ORDER BY id
     FOR UPDATE
@@ -492,7 +512,7 @@ WITH items AS (
       AND j.status = l.status AND j.lease_token = i.token
     RETURNING j.id, j.tenant, j.queue, j.workflow_id, j.step, j.result, j.kind, j.claimed_at
 )
-SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token, false) AS current,
+SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token AND NOT l.over, false) AS current,
        c.id IS NOT NULL AS applied, c.tenant, c.workflow_id, c.step, c.result, c.kind, c.claimed_at
 FROM items AS i
 LEFT JOIN locked AS l ON l.id = i.id
@@ -500,7 +520,8 @@ LEFT JOIN completed AS c ON c.id = i.id
 ORDER BY i.ord;
 
 -- name: fail_lock
-SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff FROM qftrio_jobs
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff,
+    deadline, timeout_secs FROM qftrio_jobs
 WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE;
 
 -- name: snooze
@@ -1062,10 +1083,17 @@ ON CONFLICT DO NOTHING
 RETURNING tenant, schedule, tick;
 
 -- name: schedule_advance
-UPDATE qftrio_schedules SET next_run_at = $3, last_run_at = coalesce($4, last_run_at),
-    last_job_id = coalesce($5::uuid, last_job_id), updated_at = $6
-WHERE tenant = $1 AND name = $2;
+-- Each schedule of the batch (tenant, name, next run, last run, last job:
+-- parallel arrays) moved on, in one statement.
+UPDATE qftrio_schedules AS s SET next_run_at = u.next_run_at, last_run_at = coalesce(u.last_run_at, s.last_run_at),
+    last_job_id = coalesce(u.last_job_id, s.last_job_id), updated_at = $6
+FROM unnest($1::text[], $2::text[], $3::float8[], $4::float8[], $5::uuid[])
+    AS u(tenant, name, next_run_at, last_run_at, last_job_id)
+WHERE s.tenant = u.tenant AND s.name = u.name;
 
 -- name: schedule_ticks_prune
--- Ticks before the schedule's first unfired one: no round can try them again.
-DELETE FROM qftrio_schedule_ticks WHERE tenant = $1 AND schedule = $2 AND tick < $3;
+-- Ticks before each schedule's first unfired one (parallel arrays): no
+-- round can try them again.
+DELETE FROM qftrio_schedule_ticks AS k
+USING unnest($1::text[], $2::text[], $3::float8[]) AS u(tenant, schedule, tick)
+WHERE k.tenant = u.tenant AND k.schedule = u.schedule AND k.tick < u.tick;

@@ -143,7 +143,8 @@ WHERE id = ? AND status = 'running' AND lease_token = ?;
 
 -- name: fail_lock
 -- What a fail batch decides on (changes.jobs_fail).
-SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff FROM jobs
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff,
+    deadline, timeout_secs FROM jobs
 WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: snooze
@@ -591,9 +592,19 @@ ON CONFLICT DO NOTHING
 RETURNING tenant, schedule, tick;
 
 -- name: schedule_advance
-UPDATE schedules SET next_run_at = ?3, last_run_at = coalesce(?4, last_run_at),
-    last_job_id = coalesce(?5, last_job_id), updated_at = ?6
-WHERE tenant = ?1 AND name = ?2;
+-- Each schedule of the batch (tenant, name, next run, last run, last job:
+-- parallel arrays) moved on, in one statement.
+UPDATE schedules SET next_run_at = u.next_run_at, last_run_at = coalesce(u.last_run_at, schedules.last_run_at),
+    last_job_id = coalesce(u.last_job_id, schedules.last_job_id), updated_at = ?6
+FROM (SELECT i.value AS tenant, json_extract(?2, '$[' || i.key || ']') AS name,
+          json_extract(?3, '$[' || i.key || ']') AS next_run_at, json_extract(?4, '$[' || i.key || ']') AS last_run_at,
+          json_extract(?5, '$[' || i.key || ']') AS last_job_id
+      FROM json_each(?1) AS i) AS u
+WHERE schedules.tenant = u.tenant AND schedules.name = u.name;
 
 -- name: schedule_ticks_prune
-DELETE FROM schedule_ticks WHERE tenant = ?1 AND schedule = ?2 AND tick < ?3;
+-- Each schedule's ticks before its first unfired one (parallel arrays).
+DELETE FROM schedule_ticks WHERE (tenant, schedule, tick) IN (
+    SELECT k.tenant, k.schedule, k.tick FROM json_each(?1) AS i JOIN schedule_ticks AS k
+        ON k.tenant = i.value AND k.schedule = json_extract(?2, '$[' || i.key || ']')
+           AND k.tick < json_extract(?3, '$[' || i.key || ']'));
