@@ -136,6 +136,9 @@ async def test_claim_uses_the_partial_indexes() -> None:
             assert "Seq Scan on qftrio_jobs " not in plan + " ", plan
         plan = "\n".join(r[0] for r in await sql(url, "EXPLAIN " + Q["next_available"], "q7", T0))
         assert "Seq Scan on qftrio_jobs" not in plan and "qftrio_jobs_scheduled_idx" in plan, plan
+        # every queue's stats read the running jobs' keys once, not once per queue
+        plan = "\n".join(r[0] for r in await sql(url, "EXPLAIN " + Q["queues_stats"].format(where=""), T0))
+        assert "CTE held_keys" in plan, plan
         leases = await store.jobs_claim("q7", limit=10, lease_secs=30, worker_id="w", now=T0)
         assert len(leases) == 10
 

@@ -709,15 +709,17 @@ SELECT step, id FROM qftrio_jobs WHERE workflow_id = $1 AND status = 'failed' OR
 -- concurrency keys with running jobs (found from the running jobs, whose
 -- number the workers bound) and their running counts, and the rate limits
 -- with no unit left at $1 (their stamps are kept oldest first, so the
--- "limit"-th newest decides) with the time their next unit frees.
-held_keys AS (
+-- "limit"-th newest decides) with the time their next unit frees. Both are
+-- MATERIALIZED: read once, not once per queue (a CTE named once would be
+-- inlined into queue_times' subquery and walk the running jobs per queue).
+held_keys AS MATERIALIZED (
     SELECT r.tenant, r.key, k.running
     FROM (SELECT DISTINCT tenant, concurrency_key AS key FROM qftrio_jobs
           WHERE status = 'running' AND concurrency_key IS NOT NULL) AS r
     CROSS JOIN LATERAL (
         SELECT running FROM qftrio_concurrency_running AS k WHERE k.tenant = r.tenant AND k.key = r.key OFFSET 0
     ) AS k
-), spent AS (
+), spent AS MATERIALIZED (
     SELECT tenant, name, stamps[cardinality(stamps) - "limit" + 1] + per_secs AS next_at FROM qftrio_rate_limits
     WHERE cardinality(stamps) >= "limit" AND stamps[cardinality(stamps) - "limit" + 1] > $1 - per_secs
 )
