@@ -499,10 +499,12 @@ async def test_a_freed_concurrency_place_wakes_a_poll_on_another_server(servers:
             await c.aclose()
 
 
-async def test_a_freed_place_of_a_key_shared_by_queues_wakes_the_other_queue(servers: list[RunningServer]) -> None:
-    if len(servers) == 1:
-        pytest.skip("the embedded store wakes the polls of the ended job's queue (docs/flow-control.md)")
-    a, b = servers
+@pytest.mark.parametrize("poll_on", ["the same server", "another server"])
+async def test_a_freed_place_of_a_key_shared_by_queues_wakes_the_other_queue(
+    servers: list[RunningServer], poll_on: str
+) -> None:
+    # on the embedded store both are the one server
+    a, b = servers[0], servers[0] if poll_on == "the same server" else servers[-1]
     b.engine.safety_poll_secs = 120
     clients = [httpx.AsyncClient(base_url=s.url, timeout=60) for s in (a, b)]
     try:

@@ -240,9 +240,23 @@ def token_mac(secret: str, token: str | bytes) -> str:
     return hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
 
 
-def _ended_queues(results: Sequence[ReportResult]) -> set[str]:
-    """The queues of the running jobs *results* ended."""
-    return {r.queue for r in results if r.applied and r.queue is not None}
+def _wake_after_reports(waker: Waker, results: Sequence[ReportResult], *, retried: bool) -> None:
+    """Wake the long polls that *results* may have made work for: on the
+    queues where they made jobs ready (workflow steps, and with *retried*
+    the jobs put back to pending, whose polls recompute their wait), and
+    every poll of this server when an ended job held a concurrency key (its
+    place is free for that key's jobs on any queue; other servers hear the
+    key's NOTIFY). Polls are parked on a queue only when it had nothing to
+    hand out, and each wake costs a claim: the end of a job with no key
+    wakes no one."""
+    queues = {q for r in results for q in r.ready_queues}
+    if retried:
+        queues |= {r.queue for r in results if r.applied and r.status is Status.PENDING and r.queue is not None}
+    if any(r.applied and r.keyed for r in results):
+        waker.notify_all()
+        return
+    for queue in queues:
+        waker.notify(queue)
 
 
 def encode_cursor(key: tuple[float, str]) -> str:
@@ -996,21 +1010,14 @@ class Engine:
     async def complete(self, items: Sequence[CompleteItem]) -> list[ReportResult]:
         results = await self._completes(items)
         self._count_ended(results, self.clock())
-        # workflow steps these completions unblocked, and the places of
-        # concurrency keys they freed (polls are parked on a queue only when
-        # it had nothing to hand out: waking them costs a claim each)
-        for queue in {q for r in results for q in r.ready_queues} | _ended_queues(results):
-            self.waker.notify(queue)
+        _wake_after_reports(self.waker, results, retried=False)
         await self._count_conflicts(items, results)
         return results
 
     async def fail(self, items: Sequence[FailItem]) -> list[ReportResult]:
         results = await self._fails(items)
         self._count_ended(results, self.clock())
-        # a retry was scheduled (parked long-polls recompute their wait), a
-        # concurrency key's place freed, workflow steps unblocked
-        for queue in {q for r in results for q in r.ready_queues} | _ended_queues(results):
-            self.waker.notify(queue)
+        _wake_after_reports(self.waker, results, retried=True)
         await self._count_conflicts(items, results)
         return results
 
@@ -1018,9 +1025,8 @@ class Engine:
         """Put running jobs back to pending for a while without using up
         their attempt (:func:`~qftrio.server.transitions.snooze`)."""
         results = await self._snoozes(items)
-        for queue in {r.queue for r in results if r.applied and r.queue is not None}:
-            # parked long-polls recompute their wait
-            self.waker.notify(queue)
+        # parked long-polls recompute their wait
+        _wake_after_reports(self.waker, results, retried=True)
         await self._count_conflicts(items, results)
         return results
 

@@ -393,6 +393,9 @@ class ReportResult:
     #: Queues on which this report made new jobs ready (workflow steps it
     #: unblocked), so that the engine can wake their parked long-polls.
     ready_queues: tuple[str, ...] = ()
+    #: Whether the job it ended held a concurrency key: its place is free, and
+    #: jobs of that key on any queue may be claimable now; set when ``applied``.
+    keyed: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

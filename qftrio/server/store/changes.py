@@ -407,6 +407,8 @@ def jobs_snooze(items: Sequence[SnoozeItem], now: float) -> Plan[list[ReportResu
             queue=None if row is None else row[3],
         )
         if result.applied:
+            assert row is not None
+            result = dataclasses.replace(result, keyed=bool(row[12]))
             writes.append((item.job_id, item.lease_token, now + item.delay_secs))
         out.append(result)
     if writes:
@@ -453,7 +455,7 @@ def jobs_fail(items: Sequence[FailItem], now: float, retry_at: RetryAt) -> Plan[
         if result.applied:
             after = result.status
             assert row is not None and after is not None
-            result = dataclasses.replace(result, kind=row[7], claimed_at=row[8])
+            result = dataclasses.replace(result, kind=row[7], claimed_at=row[8], keyed=bool(row[12]))
             # PostgreSQL's text cannot hold NUL, which a worker's message might
             error = decided.error or item.error.replace("\x00", "\ufffd")
             writes.append((item.job_id, item.lease_token, after.value, decided.retry_at, error))

@@ -1061,19 +1061,24 @@ class PostgresStore(Store):
         results = []
         # The jobs of a batch are mostly of one queue and kind, claimed
         # together: one result serves each such group.
-        applied_in: dict[tuple[str, str, float | None], ReportResult] = {}
+        applied_in: dict[tuple[str, str, float | None, bool], ReportResult] = {}
         for k, (result, row) in enumerate(zip(decided, rows)):
             if result.applied != row["applied"]:  # running under the token, yet unchanged under the lock
                 raise RuntimeError("jobs_complete: a locked row refused its guarded write")
             if result.applied:
-                group = (row["queue"], row["kind"], row["claimed_at"])
+                group = (row["queue"], row["kind"], row["claimed_at"], row["keyed"])
                 if k in unblocked:
                     result = dataclasses.replace(
-                        result, kind=row["kind"], claimed_at=row["claimed_at"], ready_queues=(WORKFLOW_QUEUE,)
+                        result,
+                        kind=row["kind"],
+                        claimed_at=row["claimed_at"],
+                        keyed=row["keyed"],
+                        ready_queues=(WORKFLOW_QUEUE,),
                     )
                 else:
                     result = applied_in.get(group) or applied_in.setdefault(
-                        group, dataclasses.replace(result, kind=row["kind"], claimed_at=row["claimed_at"])
+                        group,
+                        dataclasses.replace(result, kind=row["kind"], claimed_at=row["claimed_at"], keyed=row["keyed"]),
                     )
             results.append(result)
         return transitions.answers(results, slot)

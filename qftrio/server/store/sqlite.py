@@ -158,10 +158,12 @@ class _Row:
     kind: str
     claimed_at: float | None
     deadline: float | None
+    keyed: bool
 
     def applied(self, result: ReportResult) -> ReportResult:
-        """*result* (applied to this job) with what the metrics need."""
-        return dataclasses.replace(result, kind=self.kind, claimed_at=self.claimed_at)
+        """*result* (applied to this job) with what the metrics and the
+        wake-ups need."""
+        return dataclasses.replace(result, kind=self.kind, claimed_at=self.claimed_at, keyed=bool(self.keyed))
 
 
 def _report_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, _Row]:

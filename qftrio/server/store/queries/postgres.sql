@@ -478,16 +478,16 @@ WITH items AS (
     WHERE j.ctid = ANY(ARRAY(SELECT row FROM items WHERE current))
       AND NOT (SELECT bool_or(workflow_id IS NOT NULL) FROM items)
       AND j.ctid = c.row AND j.status = c.status AND j.lease_token = c.token
-    RETURNING c.ord, j.queue, j.kind, j.claimed_at
+    RETURNING c.ord, j.queue, j.kind, j.claimed_at, j.concurrency_key IS NOT NULL AS keyed
 )
 -- Every row answers the status the probe read, which the store decides on
 -- (transitions.complete): 'running' under the token for those completed.
 SELECT c.ord, c.queue, true AS applied, 'running' AS status, true AS current, false AS step, c.kind,
-    c.claimed_at
+    c.claimed_at, c.keyed
 FROM completed AS c
 UNION ALL
 SELECT i.ord, i.queue, false, i.status, coalesce(i.lease_token = i.token AND NOT i.over, false), i.workflow_id IS NOT NULL,
-    NULL, NULL
+    NULL, NULL, false
 FROM items AS i
 WHERE i.ord NOT IN (SELECT ord FROM completed);
 
@@ -510,10 +510,12 @@ WITH items AS (
     WHERE l.running AND l.lease_token = i.token
       AND j.ctid = ANY(ARRAY(SELECT row FROM locked)) AND j.ctid = l.row
       AND j.status = l.status AND j.lease_token = i.token
-    RETURNING j.id, j.tenant, j.queue, j.workflow_id, j.step, j.result, j.kind, j.claimed_at
+    RETURNING j.id, j.tenant, j.queue, j.workflow_id, j.step, j.result, j.kind, j.claimed_at,
+        j.concurrency_key IS NOT NULL AS keyed
 )
 SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token AND NOT l.over, false) AS current,
-       c.id IS NOT NULL AS applied, c.tenant, c.workflow_id, c.step, c.result, c.kind, c.claimed_at
+       c.id IS NOT NULL AS applied, c.tenant, c.workflow_id, c.step, c.result, c.kind, c.claimed_at,
+       coalesce(c.keyed, false) AS keyed
 FROM items AS i
 LEFT JOIN locked AS l ON l.id = i.id
 LEFT JOIN completed AS c ON c.id = i.id
@@ -521,7 +523,7 @@ ORDER BY i.ord;
 
 -- name: fail_lock
 SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff,
-    deadline, timeout_secs FROM qftrio_jobs
+    deadline, timeout_secs, concurrency_key IS NOT NULL AS keyed FROM qftrio_jobs
 WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE;
 
 -- name: snooze

@@ -49,7 +49,8 @@ ORDER BY created_at DESC LIMIT 1;
 
 -- name: reports_of
 -- What a report batch decides on: each job's state and current token.
-SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, step, kind, claimed_at, deadline
+SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, step, kind, claimed_at, deadline,
+    concurrency_key IS NOT NULL AS keyed
 FROM jobs WHERE id IN ({marks});
 
 -- name: paused_tenants
@@ -144,7 +145,7 @@ WHERE id = ? AND status = 'running' AND lease_token = ?;
 -- name: fail_lock
 -- What a fail batch decides on (changes.jobs_fail).
 SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff,
-    deadline, timeout_secs FROM jobs
+    deadline, timeout_secs, concurrency_key IS NOT NULL AS keyed FROM jobs
 WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: snooze
