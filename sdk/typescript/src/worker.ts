@@ -441,12 +441,13 @@ class WorkerRun {
       // A long poll may have waited long before anything came: the claim
       // was just before the answer, not when we asked.
       const deadline = Math.max(sentAt, now - CLAIM_SLACK_MS) + this.leaseMs;
-      for (const lease of leases) this.start(lease, deadline, deadline - this.leaseMs);
+      for (const lease of leases) this.start(lease, deadline);
       this.scheduleBeats();
     }
   }
 
-  start(lease: Lease, deadline: number, claimed: number): void {
+  start(lease: Lease, deadline: number): void {
+    const claimed = deadline - this.leaseMs; // by our reckoning, as the lease's deadline
     this.freeLanes.sort((a, b) => a - b);
     const lane = this.freeLanes.shift()!;
     this.busy += 1;
