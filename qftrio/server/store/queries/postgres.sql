@@ -399,7 +399,7 @@ WITH items AS (
     FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
     LEFT JOIN LATERAL (
         -- over: the attempt ran to its deadline (transitions.attempt_over)
-        SELECT ctid AS row, status, lease_token, coalesce(status = 'running' AND deadline <= $4, false) AS over
+        SELECT ctid AS row, status, lease_token, {attempt_over} AS over
         FROM qftrio_jobs WHERE id = i.id OFFSET 0
     ) AS j ON true
 ), extended AS (
@@ -426,7 +426,7 @@ WITH items AS (
 ), locked AS (
     SELECT ctid AS row, id, status, lease_token,
         status = 'running' AND coalesce(deadline > $4, true) AS running,
-        coalesce(status = 'running' AND deadline <= $4, false) AS over
+        {attempt_over} AS over
     FROM qftrio_jobs
     WHERE id = ANY($1::uuid[])
     ORDER BY id
@@ -447,6 +447,12 @@ LEFT JOIN locked AS l ON l.id = i.id
 LEFT JOIN extended AS e ON e.id = i.id
 ORDER BY i.ord;
 
+-- name: attempt_over
+-- transitions.attempt_over of the row read, at $4: the job runs past its
+-- attempt's deadline, so its token is no longer current for a heartbeat, a
+-- completion or a snooze.
+coalesce(status = 'running' AND deadline <= $4, false)
+
 -- name: complete
 -- One statement, so one transaction, per batch of jobs outside workflows:
 -- the current leases are completed without being locked first (the guarded
@@ -463,7 +469,7 @@ WITH items AS (
     LEFT JOIN LATERAL (
         -- over: the attempt ran to its deadline (transitions.attempt_over)
         SELECT ctid AS row, status, lease_token, queue, workflow_id,
-            coalesce(status = 'running' AND deadline <= $4, false) AS over
+            {attempt_over} AS over
         FROM qftrio_jobs WHERE id = i.id OFFSET 0
     ) AS j ON true
 ), completed AS (
@@ -498,7 +504,7 @@ WITH items AS (
 ), locked AS (
     SELECT ctid AS row, id, status, lease_token, queue,
         status = 'running' AND coalesce(deadline > $4, true) AS running,
-        coalesce(status = 'running' AND deadline <= $4, false) AS over
+        {attempt_over} AS over
     FROM qftrio_jobs
     WHERE id = ANY($1::uuid[])
     ORDER BY id
