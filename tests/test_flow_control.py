@@ -528,6 +528,49 @@ async def test_a_freed_place_of_a_key_shared_by_queues_wakes_the_other_queue(
             await c.aclose()
 
 
+@pytest.fixture
+async def quiet_janitor(storage: Store, nursery: trio.Nursery) -> AsyncIterator[RunningServer]:
+    """A server whose janitor runs once, at its start: the test runs its
+    round (``Engine.reap_expired``) when it wants."""
+    async for running in serve_store(storage, nursery, janitor_interval_secs=3600):
+        yield running
+
+
+@pytest.mark.parametrize("freed_by", ["a cancel", "a bulk cancel", "the janitor"])
+async def test_a_place_freed_by_a_cancel_or_the_janitor_wakes_the_polls_of_other_queues(
+    quiet_janitor: RunningServer, freed_by: str
+) -> None:
+    server = quiet_janitor
+    # only a wake-up can end the poll early: no safety poll, no wait's end
+    server.engine.safety_poll_secs = 120
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        await enqueue_batch(http, server, "acme", [{"queue": "x", "concurrency": {"key": "shared"}}])
+        await enqueue_batch(http, server, "acme", [{"queue": "y", "concurrency": {"key": "shared"}}])
+        (first,) = await lease(http, server, "x", lease_secs=600)
+        got: list[dict[str, Any]] = []
+        async with trio.open_nursery() as nursery:
+
+            async def poll() -> None:
+                got.extend(await lease(http, server, "y", lease_secs=600, wait_secs=60))
+
+            nursery.start_soon(poll)
+            await parked(server.engine, "y")
+            (waiting,) = server.engine.waker._parked["y"]
+            if freed_by == "a cancel":
+                r = await http.post(f"/api/v1/jobs/{first['job']['id']}/cancel", headers=server.headers())
+                assert r.status_code == 200, r.text
+            elif freed_by == "a bulk cancel":
+                r = await http.post("/api/v1/jobs/bulk/cancel", json={"queue": "x"}, headers=server.headers())
+                assert r.status_code == 200 and r.json()["count"] == 1, r.text
+            else:
+                server.clock.advance(601)  # the lease ran out
+                assert await server.engine.reap_expired() == 1
+            # woken by the change itself, before its answer: nothing else
+            # could have (the poll's safety poll and wait are far off)
+            assert waiting.event.is_set()
+        assert [item["job"]["queue"] for item in got] == ["y"]
+
+
 async def test_a_poll_held_back_by_a_rate_limit_claims_when_a_unit_frees(servers: list[RunningServer]) -> None:
     a, b = servers[0], servers[-1]
     b.engine.safety_poll_secs = 120
