@@ -25,7 +25,7 @@ import trio
 from qftrio.client import Client
 from qftrio.models import CompleteItem, EnqueueRequest, JobConfig, parse_time
 from qftrio.server import transitions
-from qftrio.server.engine import Engine
+from qftrio.server.engine import Engine, Parked
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import SqliteStore
 
@@ -526,6 +526,60 @@ async def test_a_freed_place_of_a_key_shared_by_queues_wakes_the_other_queue(
     finally:
         for c in clients:
             await c.aclose()
+
+
+async def waiting_poll(engine: Engine, queue: str) -> Parked:
+    """A long poll of *queue* parked on *engine* whose claim found nothing,
+    waiting to be woken."""
+    with trio.fail_after(10):
+        while True:
+            for poll in engine.waker._parked.get(queue, ()):
+                if poll.waiting and not poll.event.is_set():
+                    return poll
+            await trio.sleep(0.01)
+
+
+@pytest.fixture
+async def quiet_janitor(storage: Store, nursery: trio.Nursery) -> AsyncIterator[RunningServer]:
+    """A server whose janitor runs once, at its start: the test runs its
+    round (``Engine.reap_expired``) when it wants."""
+    async for running in serve_store(storage, nursery, janitor_interval_secs=3600):
+        yield running
+
+
+@pytest.mark.parametrize("freed_by", ["a cancel", "a bulk cancel", "the janitor"])
+async def test_a_place_freed_by_a_cancel_or_the_janitor_wakes_the_polls_of_other_queues(
+    quiet_janitor: RunningServer, freed_by: str
+) -> None:
+    server = quiet_janitor
+    # only a wake-up can end the poll early: no safety poll, no wait's end
+    server.engine.safety_poll_secs = 120
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        await enqueue_batch(http, server, "acme", [{"queue": "x", "concurrency": {"key": "shared"}}])
+        await enqueue_batch(http, server, "acme", [{"queue": "y", "concurrency": {"key": "shared"}}])
+        (first,) = await lease(http, server, "x", lease_secs=600)
+        got: list[dict[str, Any]] = []
+        async with trio.open_nursery() as nursery:
+
+            async def poll() -> None:
+                got.extend(await lease(http, server, "y", lease_secs=600, wait_secs=60))
+
+            nursery.start_soon(poll)
+            waiting = await waiting_poll(server.engine, "y")
+            started = trio.current_time()
+            if freed_by == "a cancel":
+                r = await http.post(f"/api/v1/jobs/{first['job']['id']}/cancel", headers=server.headers())
+                assert r.status_code == 200, r.text
+            elif freed_by == "a bulk cancel":
+                r = await http.post("/api/v1/jobs/bulk/cancel", json={"queue": "x"}, headers=server.headers())
+                assert r.status_code == 200 and r.json()["count"] == 1, r.text
+            else:
+                server.clock.advance(601)  # the lease ran out
+                assert await server.engine.reap_expired() == 1
+            # woken by the change itself, before its answer
+            assert waiting.event.is_set()
+        assert [item["job"]["queue"] for item in got] == ["y"]
+        assert trio.current_time() - started < 30  # not at its wait's end
 
 
 async def test_a_poll_held_back_by_a_rate_limit_claims_when_a_unit_frees(servers: list[RunningServer]) -> None:

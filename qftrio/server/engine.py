@@ -180,6 +180,21 @@ class Waker:
             for parked in polls:
                 parked.event.set()
 
+    def after_change(self, queues: Iterable[str], *, freed: bool) -> None:
+        """Wake the polls a change of jobs may have made work for: those
+        parked on *queues* (where it made jobs ready), or every poll when it
+        *freed* a concurrency key's place (a job of a key stopped running:
+        a report ended it, a cancel, or the janitor took it back), since that
+        key's jobs on any queue may be claimable now; other servers hear the
+        key's NOTIFY. Polls park on a queue only when it had nothing to hand
+        out, and each wake costs a claim: a change that made nothing
+        claimable wakes no one."""
+        if freed:
+            self.notify_all()
+            return
+        for queue in set(queues):
+            self.notify(queue)
+
 
 class Sightings:
     """Which ``(worker_id, queue)`` lease callers this server wrote to the
@@ -241,22 +256,15 @@ def token_mac(secret: str, token: str | bytes) -> str:
 
 
 def _wake_after_reports(waker: Waker, results: Sequence[ReportResult], *, retried: bool) -> None:
-    """Wake the long polls that *results* may have made work for: on the
-    queues where they made jobs ready (workflow steps, and with *retried*
-    the jobs put back to pending, whose polls recompute their wait), and
-    every poll of this server when an ended job held a concurrency key (its
-    place is free for that key's jobs on any queue; other servers hear the
-    key's NOTIFY). Polls are parked on a queue only when it had nothing to
-    hand out, and each wake costs a claim: the end of a job with no key
-    wakes no one."""
+    """Wake the long polls that *results* may have made work for
+    (:meth:`Waker.after_change`): on the queues where they made jobs ready
+    (workflow steps, and with *retried* the jobs put back to pending, whose
+    polls recompute their wait), and every poll when an ended job held a
+    concurrency key."""
     queues = {q for r in results for q in r.ready_queues}
     if retried:
         queues |= {r.queue for r in results if r.applied and r.status is Status.PENDING and r.queue is not None}
-    if any(r.applied and r.keyed for r in results):
-        waker.notify_all()
-        return
-    for queue in queues:
-        waker.notify(queue)
+    waker.after_change(queues, freed=any(r.applied and r.keyed for r in results))
 
 
 def encode_cursor(key: tuple[float, str]) -> str:
@@ -595,6 +603,9 @@ class Engine:
         job = await self.store.job_cancel(job_id, tenant=tenant, now=self.clock())
         if job is None:
             raise errors.NotFound(f"job {job_id} not found")
+        # A running job of a key frees its place (a pending one's costs a
+        # claim for nothing: cancels are rare). A workflow's steps have no key.
+        self.waker.after_change((), freed=job.concurrency is not None)
         return job
 
     async def job_retry(self, tenant: str, job_id: str) -> Job:
@@ -686,8 +697,7 @@ class Engine:
                 action, where, limit=min(self.BULK_BATCH, limit - changed), after=after, now=self.clock()
             )
             changed += batch.changed
-            for ready in batch.ready_queues:
-                self.waker.notify(ready)
+            self.waker.after_change(batch.ready_queues, freed=batch.keyed)
             if batch.last is None:
                 break
             after = batch.last
@@ -1054,8 +1064,9 @@ class Engine:
             self.metrics.of(self.metrics.failed, r.queue, r.kind).inc()
             if r.status is Status.FAILED:
                 self.metrics.of(self.metrics.dead_lettered, r.queue, r.kind).inc()
-        for queue in {r.queue for r in reaped if r.status is Status.PENDING}:
-            self.waker.notify(queue)
+        self.waker.after_change(
+            {r.queue for r in reaped if r.status is Status.PENDING}, freed=any(r.keyed for r in reaped)
+        )
         return len(reaped)
 
     async def run_janitor(

@@ -406,6 +406,9 @@ class Reaped:
     queue: str
     status: Status  # PENDING (attempts left) or FAILED ("lease expired")
     kind: str = ""
+    #: Whether it held a concurrency key: its place is free, as when a report
+    #: ends such a job.
+    keyed: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -493,6 +496,9 @@ class BulkBatch:
 
     changed: int
     ready_queues: tuple[str, ...] = ()
+    #: Whether it cancelled a job of a concurrency key (whose place, if it
+    #: was running, is free).
+    keyed: bool = False
     last: tuple[float, str] | None = None
 
 

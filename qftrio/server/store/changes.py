@@ -490,12 +490,13 @@ def jobs_bulk(
     # the page was read unlocked, so a job may have moved on since: those are left
     rows = [row for row in (yield _rows("bulk_lock", ids, tenant)) if row[1] in wanted]
     ready: set[str] = set()
+    keyed = False
     if action == "delete":
         doomed = [job_id for job_id, status, _, workflow_id in rows if transitions.deletable(STATUS_OF[status], workflow_id)]
         if doomed:
             yield _run("bulk_delete", doomed)
     elif action == "cancel":
-        ready = yield from _bulk_cancel(rows, now)
+        keyed = yield from _bulk_cancel(rows, now)
     else:
         ready = yield from _bulk_retry(rows, now)
     considered = [row[0] for row in rows]
@@ -503,11 +504,14 @@ def jobs_bulk(
     return BulkBatch(
         changed=bulk_changed(action, len(considered), ended),
         ready_queues=tuple(sorted(ready)),
+        keyed=keyed,
         last=tuple(keys[-1]) if len(keys) == limit else None,  # type: ignore[arg-type]
     )
 
 
-def _bulk_cancel(rows: Sequence[Sequence[Any]], now: float) -> Plan[set[str]]:
+def _bulk_cancel(rows: Sequence[Sequence[Any]], now: float) -> Plan[bool]:
+    """Cancel the jobs of *rows* that may be cancelled; whether one of them
+    was a job of a concurrency key."""
     chosen = []
     for job_id, status, _, _ in rows:
         try:
@@ -517,9 +521,9 @@ def _bulk_cancel(rows: Sequence[Sequence[Any]], now: float) -> Plan[set[str]]:
         chosen.append(job_id)
     cancelled = (yield _rows("bulk_cancel", chosen, now)) if chosen else []
     # a step cancelled by hand cancels its workflow
-    for workflow_id in dict.fromkeys(workflow_id for _, workflow_id in cancelled if workflow_id is not None):
+    for workflow_id in dict.fromkeys(workflow_id for _, workflow_id, _ in cancelled if workflow_id is not None):
         yield from end_workflow(workflow_id, WorkflowStatus.CANCELLED, now)
-    return set()
+    return any(keyed for _, _, keyed in cancelled)
 
 
 def _bulk_retry(rows: Sequence[Sequence[Any]], now: float) -> Plan[set[str]]:
@@ -560,9 +564,12 @@ def reap_expired(now: float, limit: int, retry_at: RetryAt) -> Plan[list[Reaped]
     found = yield _rows("expired", now, limit, workflows, json=(11,))
     kinds = {}
     expired = []
+    keyed = set()
     for job_id, queue, kind, attempt, max_attempts, locked_until, workflow_id, step, position, *policy in found:
-        deadline, timeout_secs, backoff = policy
+        deadline, timeout_secs, backoff, has_key = policy
         kinds[job_id] = kind
+        if has_key:
+            keyed.add(job_id)
         expired.append(
             transitions.Expired(
                 job_id=job_id, queue=queue, attempt=attempt, max_attempts=max_attempts, locked_until=locked_until,
@@ -580,7 +587,7 @@ def reap_expired(now: float, limit: int, retry_at: RetryAt) -> Plan[list[Reaped]
     for workflow_id in failing:
         yield from end_workflow(workflow_id, WorkflowStatus.FAILED, now)
     return [
-        Reaped(job_id=d.job_id, queue=d.queue, status=d.status, kind=kinds[d.job_id])
+        Reaped(job_id=d.job_id, queue=d.queue, status=d.status, kind=kinds[d.job_id], keyed=d.job_id in keyed)
         for d in decided
         if d.status is not Status.CANCELLED
     ]

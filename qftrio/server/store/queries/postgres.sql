@@ -585,7 +585,7 @@ FOR UPDATE SKIP LOCKED;
 -- The janitor's round, first expired first, skipping rows another server is
 -- working on.
 SELECT j.id, j.queue, j.kind, j.attempt, j.max_attempts, j.locked_until, j.workflow_id, j.step,
-    coalesce(s.position, 0) AS position, j.deadline, j.timeout_secs, j.backoff
+    coalesce(s.position, 0) AS position, j.deadline, j.timeout_secs, j.backoff, j.concurrency_key IS NOT NULL AS keyed
 FROM qftrio_jobs AS j
 LEFT JOIN qftrio_workflow_steps AS s ON s.workflow_id = j.workflow_id AND s.name = j.step
 WHERE j.status = 'running' AND j.locked_until < $1
@@ -848,7 +848,7 @@ SELECT id, status FROM qftrio_workflows WHERE id = ANY($1::uuid[]);
 -- As job_cancel, for a batch.
 UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2
 WHERE id = ANY($1::uuid[]) AND status IN ('pending', 'running')
-RETURNING id, workflow_id;
+RETURNING id, workflow_id, concurrency_key IS NOT NULL AS keyed;
 
 -- name: bulk_reset
 -- As job_reset, for a batch.

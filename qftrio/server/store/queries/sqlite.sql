@@ -178,7 +178,7 @@ RETURNING jobs.id, jobs.queue, jobs.status;
 -- name: expired
 -- The janitor's round: running jobs whose lease ran out, first expired first.
 SELECT j.id, j.queue, j.kind, j.attempt, j.max_attempts, j.locked_until, j.workflow_id, j.step, coalesce(s.position, 0),
-    j.deadline, j.timeout_secs, j.backoff
+    j.deadline, j.timeout_secs, j.backoff, j.concurrency_key IS NOT NULL
 FROM jobs AS j LEFT JOIN workflow_steps AS s ON s.workflow_id = j.workflow_id AND s.name = j.step
 WHERE j.status = 'running' AND j.locked_until < ?1
 ORDER BY j.locked_until LIMIT ?2;
@@ -347,7 +347,7 @@ SELECT id, status FROM workflows WHERE id IN (SELECT value FROM json_each(?1));
 -- As job_cancel, for a batch.
 UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2
 WHERE id IN (SELECT value FROM json_each(?1)) AND status IN ('pending', 'running')
-RETURNING id, workflow_id;
+RETURNING id, workflow_id, concurrency_key IS NOT NULL;
 
 -- name: bulk_reset
 -- As job_reset, for a batch.
