@@ -343,7 +343,7 @@ def new_ids(n: int, now: float) -> list[str]:
     docs/performance.md, "Time-ordered ids"). The ids of one batch sort in
     its order too: its jobs, claimed in that order, are next to each other
     in every index that ends with the id (the filtered pages'), not one
-    page each (docs/performance.md, "Where the time goes")."""
+    page each (docs/performance.md, "Flow control at scale")."""
     head = (max(0, int(now * 1000)) & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | 0b10 << 62
     raw = os.urandom(10 * n)
     ids = []
