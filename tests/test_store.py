@@ -94,6 +94,11 @@ def test_ids_made_later_sort_later() -> None:
     assert max(map(uuid.UUID, earlier)) < min(map(uuid.UUID, later))
 
 
+def test_the_ids_of_a_batch_sort_in_its_order() -> None:
+    ids = new_ids(2000, T0)
+    assert ids == sorted(ids) and list(map(uuid.UUID, ids)) == sorted(map(uuid.UUID, ids))
+
+
 def test_new_tokens_are_distinct_random_version_4_uuids() -> None:
     tokens = new_tokens(2000)
     assert len(set(tokens)) == 2000
