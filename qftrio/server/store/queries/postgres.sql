@@ -96,11 +96,14 @@ WITH RECURSIVE pending_tenants AS (
         -- qftrio_jobs_claim_idx (queue, tenant, then lease order), whatever
         -- the statistics: the tenant is bounded as a row comparison on
         -- (queue, tenant), which an index led by tenant cannot take, and the
-        -- order names the tenant, which only this index gives. With
+        -- order names the queue and tenant, which only this index gives. The
+        -- queue has no condition of its own: with "queue = $1" too, the walk
+        -- starts at the queue's first tenant, the row comparison only a
+        -- filter (every tenant's walk read those before it). With
         -- "tenant = s.tenant" and lease order alone, a queue the statistics
         -- do not know yet (a new one, a burst) is planned as one row from an
         -- index led by tenant: its whole backlog read and sorted each claim.
-        WHERE queue = $1 AND (queue, tenant) >= ($1, s.tenant) AND (queue, tenant) <= ($1, s.tenant)
+        WHERE (queue, tenant) >= ($1, s.tenant) AND (queue, tenant) <= ($1, s.tenant)
           AND status = 'pending' AND scheduled_at <= $2
           AND (concurrency_key IS NULL OR concurrency_limit > coalesce(
               (SELECT k.running FROM qftrio_concurrency_running AS k
@@ -108,7 +111,7 @@ WITH RECURSIVE pending_tenants AS (
           AND (rate_limit IS NULL OR NOT EXISTS (
               SELECT 1 FROM qftrio_rate_limits AS r WHERE r.tenant = s.tenant AND r.name = qftrio_jobs.rate_limit
                 AND (SELECT count(*) FROM unnest(r.stamps) AS t WHERE t > $2 - r.per_secs) >= r."limit"))
-        ORDER BY tenant, priority DESC, scheduled_at, created_at
+        ORDER BY queue, tenant, priority DESC, scheduled_at, created_at
         LIMIT s.share
         FOR UPDATE SKIP LOCKED
     ) AS r
