@@ -224,7 +224,17 @@ SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notif
 -- $1 is the batch as JSON, one array per job (PostgresStore._insert_batch).
 -- The NOTIFY of the new jobs' queues is part of the statement (delivered
 -- when it commits): no round trip of its own.
-WITH inserted AS (
+WITH batch AS MATERIALIZED (
+    SELECT j FROM jsonb_array_elements($1::text::jsonb) AS j
+), keys AS (
+    -- The rows of concurrency keys new to the table, made in (tenant, key)
+    -- order before the jobs (whose insert trigger then finds them): two
+    -- batches bringing the same new keys in opposite orders never wait on
+    -- each other in a cycle, as they would making them job by job.
+    INSERT INTO qftrio_concurrency_running (tenant, key, running)
+    SELECT DISTINCT j->>1, j->16->>'key', 0 FROM batch WHERE j->16->>'key' IS NOT NULL ORDER BY 1, 2
+    ON CONFLICT (tenant, key) DO NOTHING
+), inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
         scheduled_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers, schedule,
         concurrency, concurrency_key, concurrency_limit, rate_limit, "unique", unique_key,
@@ -237,7 +247,7 @@ WITH inserted AS (
         j->>17,
         CASE WHEN j->>18 IS NOT NULL THEN j->18 END, j->18->>'key',
         'pending', 0, $2::float8, $2::float8
-    FROM jsonb_array_elements($1::text::jsonb) AS j
+    FROM batch
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue
 ), notified AS (
