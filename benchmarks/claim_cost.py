@@ -10,6 +10,15 @@ PostgreSQL the claim statement's ``EXPLAIN (ANALYZE, BUFFERS)`` is printed at
 each size too (inside a transaction that is rolled back), and the statement's
 own execution time is reported.
 
+``--drain-ab DIR`` measures what the database spends claiming jobs that
+use no flow control on PostgreSQL instead, this code against the copy of
+another version in DIR (``git archive REV qftrio | tar -x -C DIR``): each
+side gets a database migrated by its own migrations and drains N pending
+jobs (``--drain-jobs``, of ``--tenants`` tenants) by claims of ``--drain-limit``,
+each followed by a complete of its jobs, from one connection; the sides take
+turns, and the median over ``--rounds`` of the backend's CPU per job (from
+``/proc``, which a busy machine disturbs far less than wall time) is printed.
+
 ``--flow`` measures flow control at scale on PostgreSQL instead: 1,000,000
 pending jobs of 100 tenants over 10,000 concurrency keys (limit 2; a tenth
 of each tenant's keys at their limit, with two running jobs each), and a lease of 100
@@ -19,14 +28,18 @@ Example::
 
     .venv/bin/python benchmarks/claim_cost.py --stores sqlite,postgres --sizes 10000,100000,1000000
     .venv/bin/python benchmarks/claim_cost.py --flow
+    .venv/bin/python benchmarks/claim_cost.py --drain-ab /tmp/old-26d5e43 --tenants 1
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import re
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -42,7 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calls25", type=int, default=100, help="lease calls of 25 jobs per size (default 100)")
     p.add_argument("--no-explain", action="store_true", help="skip EXPLAIN on PostgreSQL")
     p.add_argument("--flow", action="store_true", help="flow control at scale on PostgreSQL (see above); the largest of --sizes is the pending jobs")
-    p.add_argument("--tenants", type=int, default=100, help="with --flow: tenants (default 100)")
+    p.add_argument("--tenants", type=int, default=100, help="with --flow or --drain-ab: tenants (default 100)")
+    p.add_argument("--drain-ab", metavar="DIR", help="the database's CPU per job of a drain by claims, this code against DIR's (see above)")
+    p.add_argument("--drain-jobs", type=int, default=10_000, help="with --drain-ab: jobs per drain (default 10000)")
+    p.add_argument("--drain-limit", type=int, default=50, help="with --drain-ab: jobs per claim (default 50)")
+    p.add_argument("--rounds", type=int, default=9, help="with --drain-ab: drains of each side (default 9)")
     p.add_argument("--keys", type=int, default=10_000, help="with --flow: concurrency keys (default 10000)")
     b.add_common(p)
     return p.parse_args(argv)
@@ -98,6 +115,79 @@ def run_flow(args: argparse.Namespace, procs: b.Procs, db_url: str) -> None:
         f"RESULT claim_cost flow: lease of 100 from {size:,} pending over {args.keys:,} keys and {args.tenants} tenants: "
         f"median {lease100['median_ms']:.2f} ms (mean {lease100['mean_ms']:.2f}, p90 {lease100['p90_ms']:.2f}) per call; "
         f"claim statement alone (median of {args.calls25}, rolled back) {exec_ms:.2f} ms (target <= 20 ms)"
+    )
+
+
+def statements(root: Path) -> dict[str, str]:
+    """The PostgreSQL statements of the qftrio copy under *root*, by name."""
+    text = (root / "qftrio/server/store/queries/postgres.sql").read_text()
+    parts = re.split(r"^-- name: ", text, flags=re.M)[1:]
+    return {name.strip(): body for name, _, body in (part.partition("\n") for part in parts)}
+
+
+def cpu_ns(pid: int) -> int:
+    """Nanoseconds *pid* has run on a CPU (the scheduler's count: finer than
+    the clock ticks of /proc/PID/stat, for a drain of a second or two)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+def run_drain_ab(args: argparse.Namespace, base: str) -> None:
+    from qftrio.server.store.base import LEASE_EXPIRED
+
+    here = Path(__file__).resolve().parent.parent
+    sides = {"this": here, "other": Path(args.drain_ab).resolve()}
+    complete = "UPDATE qftrio_jobs SET status = 'completed', updated_at = $2 WHERE id = ANY($1::uuid[]) AND status = 'running'"
+
+    async def migrate(conn: Any, root: Path) -> None:
+        for path in sorted((root / "qftrio/server/store/migrations/postgres").glob("*.sql")):
+            await conn.execute(path.read_text())
+
+    async def drain(conn: Any, claim: str) -> float:
+        await conn.execute("DELETE FROM qftrio_jobs")
+        await conn.execute(
+            """INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
+                scheduled_at, created_at, updated_at)
+            SELECT gen_random_uuid(), 't' || (i % $3), $4, 'noop', '{}'::jsonb, 'pending', 0, 0, 5,
+                $1 - 3600 + i * 1e-6, $1 - 3600 + i * 1e-6, $1
+            FROM generate_series(1, $2::int) AS i""",
+            time.time(), args.drain_jobs, args.tenants, QUEUE,
+        )  # fmt: skip
+        await conn.execute("VACUUM ANALYZE qftrio_jobs")
+        pid = await conn.fetchval("SELECT pg_backend_pid()")
+        claiming = await conn.prepare(claim)
+        completing = await conn.prepare(complete)
+        # the older claim has no turn ($7)
+        extra = [0] if "$7" in claim else []
+        done = 0
+        before = cpu_ns(pid)
+        while rows := await claiming.fetch(
+            QUEUE, time.time(), args.drain_limit, 30.0, "bench", LEASE_EXPIRED, *extra
+        ):  # fmt: skip
+            done += len(rows)
+            await completing.fetch([r["id"] for r in rows], time.time())
+        return (cpu_ns(pid) - before) / 1000 / done
+
+    per_job: dict[str, list[float]] = {side: [] for side in sides}
+    with contextlib.ExitStack() as stack:
+        urls = {side: stack.enter_context(b.fresh_database(base)) for side in sides}
+
+        for side, root in sides.items():
+            b.pg_run(urls[side], lambda conn, root=root: migrate(conn, root))
+        for rnd in range(args.rounds):
+            for side in sides if rnd % 2 == 0 else list(sides)[::-1]:
+                claim = statements(sides[side])["claim"]
+
+                async def one(conn: Any, claim: str = claim) -> float:
+                    await conn.execute("SET jit = off")  # as the server's connections run
+                    return await drain(conn, claim)
+
+                per_job[side].append(b.pg_run(urls[side], one))
+                b.say(f"round {rnd + 1} {side}: {per_job[side][-1]:.1f} µs of the backend's CPU per job")
+    b.say(
+        f"RESULT claim_cost drain: {args.drain_jobs:,} jobs of {args.tenants} tenant(s), claims of {args.drain_limit} "
+        f"and their completes, the database's CPU per job (median of {args.rounds}): this code "
+        f"{b.median(per_job['this']):.1f} µs, {args.drain_ab} {b.median(per_job['other']):.1f} µs"
     )
 
 
@@ -212,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(int(s) for s in args.sizes.split(","))
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     results = []
+    if args.drain_ab:
+        with b.pg_cluster(args.database_url) as base:
+            b.say("postgresql:", b.pg_version(base))
+            run_drain_ab(args, base)
+        return 0
     with b.workdir(args.keep) as wd, b.Procs(wd) as procs:
         if args.flow:
             with b.pg_cluster(args.database_url) as base, b.fresh_database(base) as url:

@@ -66,7 +66,9 @@ def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_ur
     cpu_before = {s.pid: b.cpu_seconds(s.pid) for s in servers}
     urls = [s.url for s in servers]
     reports_before = b.reports_seen(urls)
-    pg_before = b.postgres_cpu_seconds() if args.store == "postgres" else 0.0
+    # the benchmark's own cluster only: others' test clusters count for nothing
+    postmaster = b.postmaster_of(database_url) if args.store == "postgres" else 0
+    pg_before = b.cluster_cpu_seconds(postmaster) if postmaster else 0.0
     workers = [
         b.start_worker(procs, servers[i % len(servers)].url, queue, lanes=args.lanes, batch=args.batch,
                        log_level=args.worker_log_level, env=worker_env)
@@ -91,7 +93,7 @@ def one_run(args, procs: b.Procs, servers: list[b.Server], run: int, database_ur
     cpu = {
         "server": sum(b.cpu_seconds(s.pid) - cpu_before[s.pid] for s in servers),
         "workers": sum(b.cpu_seconds(w.pid) for w in workers),
-        "postgres": b.postgres_cpu_seconds() - pg_before if args.store == "postgres" else 0.0,
+        "postgres": b.cluster_cpu_seconds(postmaster) - pg_before if postmaster else 0.0,
     }
     for spy in spies:  # py-spy writes its file on SIGINT/SIGTERM
         b.stop_pyspy(procs, spy)

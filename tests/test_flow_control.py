@@ -635,6 +635,39 @@ async def test_on_the_embedded_store_a_poll_waits_exactly_for_its_limits(
 # -- batch reports over shared keys ------------------------------------------------
 
 
+async def test_concurrent_batch_enqueues_of_new_keys_never_deadlock(
+    servers: list[RunningServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two batches bringing the same keys, new to the store, in opposite
+    # orders, enqueued at once on two servers, round after round: the keys'
+    # rows are made in one order, so neither batch waits on the other in a
+    # cycle (which PostgreSQL would break by failing one, and the store would
+    # log and run again a second later).
+    caplog.set_level(logging.INFO, logger="qftrio.store.postgres")
+    clients = [httpx.AsyncClient(base_url=s.url, timeout=60) for s in servers]
+    try:
+        for round_ in range(20):
+            keys = [f"new{round_}-{i:02d}" for i in range(40)]
+            orders = [keys, keys[::-1]]
+
+            async def enqueue(n: int) -> None:
+                configs = [{"queue": "e", "concurrency": {"key": k, "limit": 1}} for k in orders[n]]
+                await enqueue_batch(clients[n % len(clients)], servers[n % len(servers)], "acme", configs)
+
+            async with trio.open_nursery() as nursery:
+                for n in range(2):
+                    nursery.start_soon(enqueue, n)
+        assert not [r for r in caplog.records if "transaction conflict" in r.getMessage()]
+        stats = (await clients[0].get("/api/v1/queues/e/stats", headers=servers[0].headers())).json()
+        assert stats["counts"]["pending"] == 20 * 80
+        # each key of limit 1 has one place: a lease takes one job of each
+        leased = await lease(clients[0], servers[0], "e", max_jobs=100)
+        assert len({item["job"]["concurrency"]["key"] for item in leased}) == len(leased) == 100
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
 async def test_concurrent_batch_reports_over_shared_keys_never_deadlock(
     servers: list[RunningServer], caplog: pytest.LogCaptureFixture
 ) -> None:

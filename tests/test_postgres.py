@@ -143,6 +143,51 @@ async def test_claim_uses_the_partial_indexes() -> None:
         assert len(leases) == 10
 
 
+async def test_each_tenants_walk_starts_at_its_own_jobs() -> None:
+    # 20 tenants of 2,000 jobs each in one queue: a lease of 20 takes one job
+    # of each, and each tenant's walk must start in the claim index at that
+    # tenant's jobs, not at the queue's first (which read every tenant
+    # before it: the last one's walk 38,000 entries long), custom plan or
+    # generic.
+    async with open_test_postgres_store():
+        url = pg_url()
+        assert url is not None
+        await sql(
+            url,
+            """INSERT INTO qftrio_jobs (id, tenant, queue, kind, status, attempt, max_attempts,
+                scheduled_at, created_at, updated_at)
+            SELECT gen_random_uuid(), 't' || lpad((g % 20)::text, 2, '0'), 'q', 'k', 'pending', 0, 5,
+                $1::float8, $1::float8 + g * 1e-3, $1::float8
+            FROM generate_series(1, 40000) AS g""",
+            T0,
+        )
+        await sql(url, "VACUUM ANALYZE qftrio_jobs")
+        args = ("q", T0 + 1, 20, 30.0, "w", "lease expired", 0)
+
+        async def ready_buffers(conn: asyncpg.Connection, explain: str) -> int:
+            claim = conn.transaction()
+            await claim.start()
+            text = "\n".join(r[0] for r in await conn.fetch(explain, *args))
+            await claim.rollback()
+            ready = text.split("CTE ready\n")[1].split("CTE expired")[0]
+            return int(ready.split("shared hit=")[1].split()[0])
+
+        async def run() -> list[int]:
+            conn = await asyncpg.connect(url, timeout=10)
+            try:
+                custom = await ready_buffers(conn, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + Q["claim"])
+                await conn.execute("SET plan_cache_mode = force_generic_plan")
+                generic = await ready_buffers(conn, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + Q["claim"])
+                return [custom, generic]
+            finally:
+                await conn.close()
+
+        # About a root, an inner and a leaf page of the index and a heap page
+        # per tenant; a walk from the queue's first job read about 2,000 pages.
+        buffers = await on_asyncio(run)
+        assert max(buffers) < 200, buffers
+
+
 async def test_claim_stays_on_its_index_before_the_table_is_analyzed() -> None:
     # A new table and a burst of enqueues, before autovacuum's first ANALYZE:
     # the claim must not sort the whole backlog.

@@ -96,11 +96,14 @@ WITH RECURSIVE pending_tenants AS (
         -- qftrio_jobs_claim_idx (queue, tenant, then lease order), whatever
         -- the statistics: the tenant is bounded as a row comparison on
         -- (queue, tenant), which an index led by tenant cannot take, and the
-        -- order names the tenant, which only this index gives. With
+        -- order names the queue and tenant, which only this index gives. The
+        -- queue has no condition of its own: with "queue = $1" too, the walk
+        -- starts at the queue's first tenant, the row comparison only a
+        -- filter (every tenant's walk read those before it). With
         -- "tenant = s.tenant" and lease order alone, a queue the statistics
         -- do not know yet (a new one, a burst) is planned as one row from an
         -- index led by tenant: its whole backlog read and sorted each claim.
-        WHERE queue = $1 AND (queue, tenant) >= ($1, s.tenant) AND (queue, tenant) <= ($1, s.tenant)
+        WHERE (queue, tenant) >= ($1, s.tenant) AND (queue, tenant) <= ($1, s.tenant)
           AND status = 'pending' AND scheduled_at <= $2
           AND (concurrency_key IS NULL OR concurrency_limit > coalesce(
               (SELECT k.running FROM qftrio_concurrency_running AS k
@@ -108,7 +111,7 @@ WITH RECURSIVE pending_tenants AS (
           AND (rate_limit IS NULL OR NOT EXISTS (
               SELECT 1 FROM qftrio_rate_limits AS r WHERE r.tenant = s.tenant AND r.name = qftrio_jobs.rate_limit
                 AND (SELECT count(*) FROM unnest(r.stamps) AS t WHERE t > $2 - r.per_secs) >= r."limit"))
-        ORDER BY tenant, priority DESC, scheduled_at, created_at
+        ORDER BY queue, tenant, priority DESC, scheduled_at, created_at
         LIMIT s.share
         FOR UPDATE SKIP LOCKED
     ) AS r
@@ -123,59 +126,34 @@ WITH RECURSIVE pending_tenants AS (
     ORDER BY priority DESC, scheduled_at, created_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
-), counted AS (
-    -- The running counts of the candidates' concurrency keys, locked in
-    -- order and read as they are now (a claim of the same key elsewhere
-    -- waits here, or is waited for): the ready walk above only skipped the
-    -- keys full as the statement began. One probe of the key's row each, in
-    -- order (not a join with every key ever used, which a plan could read
-    -- whole).
-    SELECT k.tenant, k.key, k.running
-    FROM (SELECT DISTINCT tenant, concurrency_key FROM ready WHERE concurrency_key IS NOT NULL ORDER BY 1, 2) AS c
-    CROSS JOIN LATERAL (
-        SELECT tenant, key, running FROM qftrio_concurrency_running AS k
-        WHERE k.tenant = c.tenant AND k.key = c.concurrency_key
-        FOR UPDATE
-    ) AS k
-), rated AS (
-    -- The units left of the candidates' rate limits, locked likewise.
-    SELECT tenant, name, "limit", per_secs, stamps,
-        "limit" - (SELECT count(*) FROM unnest(stamps) AS t WHERE t > $2 - per_secs) AS units
-    FROM qftrio_rate_limits
-    WHERE (tenant, name) IN (
-        SELECT tenant, rate_limit FROM ready WHERE rate_limit IS NOT NULL
-        UNION SELECT tenant, rate_limit FROM expired WHERE rate_limit IS NOT NULL)
-    ORDER BY tenant, name
-    FOR UPDATE
 ), weighed AS (
-    SELECT u.id, u.status,
+    SELECT u.id, u.tenant, u.status, u.concurrency_key, u.concurrency_limit, u.rate_limit,
         row_number() OVER (PARTITION BY u.tenant ORDER BY u.priority DESC, u.scheduled_at, u.created_at) AS rank,
-        coalesce(max(u.turn) OVER (PARTITION BY u.tenant), $3) AS turn, u.tenant,
-        u.rate_limit,
-        (u.concurrency_key IS NULL OR row_number() OVER (
-            PARTITION BY u.tenant, u.concurrency_key ORDER BY u.priority DESC, u.scheduled_at, u.created_at
-        ) <= u.concurrency_limit - coalesce(k.running, 0))
-        AND (r.units IS NULL OR row_number() OVER (
-            PARTITION BY u.tenant, u.rate_limit ORDER BY u.priority DESC, u.scheduled_at, u.created_at
-        ) <= r.units) AS fits
+        coalesce(max(u.turn) OVER (PARTITION BY u.tenant), $3) AS turn
     FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) AS u
-    LEFT JOIN counted AS k ON k.tenant = u.tenant AND k.key = u.concurrency_key
-    LEFT JOIN rated AS r ON r.tenant = u.tenant AND r.name = u.rate_limit
+), held AS (
+    -- The candidates held back by their concurrency keys and rate limits
+    -- (qftrio_claim_held, which locks and reads the keys' and limits' rows):
+    -- called only when a candidate has one, so that a claim of jobs that
+    -- use neither carries none of that work.
+    SELECT qftrio_claim_held(array_agg(id), array_agg(tenant), array_agg(concurrency_key),
+        array_agg(concurrency_limit), array_agg(rate_limit), array_agg(rank), $2) AS ids
+    FROM weighed WHERE concurrency_key IS NOT NULL OR rate_limit IS NOT NULL
+    HAVING count(*) > 0
 ), chosen AS (
-    SELECT id, status, rank, turn, tenant, rate_limit FROM weighed WHERE fits
+    SELECT id, status, rank, turn, tenant, rate_limit FROM weighed
+    WHERE id <> ALL (coalesce((SELECT ids FROM held), '{}'))
     ORDER BY rank, turn, tenant
     LIMIT $3
-), stamped AS (
-    -- Each claim takes a unit: its time joins the newest "limit" ones
-    -- (transitions.rate_window: not those of this claim's window only, as
-    -- claims need not commit in the order of their times).
-    UPDATE qftrio_rate_limits AS r SET stamps = (
-        SELECT coalesce(array_agg(t ORDER BY t), '{}') FROM (
-            SELECT t FROM unnest(r.stamps) AS t
-            UNION ALL SELECT $2 FROM generate_series(1, c.n)
-            ORDER BY 1 DESC LIMIT r."limit") AS w)
-    FROM (SELECT tenant, rate_limit, count(*) AS n FROM chosen WHERE rate_limit IS NOT NULL GROUP BY 1, 2) AS c
-    WHERE r.tenant = c.tenant AND r.name = c.rate_limit
+), taken AS MATERIALIZED (
+    -- The chosen jobs' ids, as an array: the rows are then found by their
+    -- key, whatever the generic plan guesses of how many the walks above
+    -- choose (a guess of thousands would join them to the whole table).
+    -- Their rate limits' units are taken first (qftrio_rate_take), only
+    -- when one names one.
+    SELECT ARRAY(SELECT id FROM chosen) AS ids, (
+        SELECT qftrio_rate_take(array_agg(tenant), array_agg(rate_limit), $2) FROM chosen
+        WHERE rate_limit IS NOT NULL HAVING count(*) > 0) AS stamped
 )
 UPDATE qftrio_jobs AS j SET
     status = 'running',
@@ -191,15 +169,12 @@ UPDATE qftrio_jobs AS j SET
         THEN j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'error', $6::text, 'at', $2))
         ELSE j.errors END
 FROM chosen AS c
--- The ids as an array too: the rows are then found by their key, whatever
--- the generic plan guesses of how many the walks above choose (a guess of
--- thousands would join them to the whole table).
-WHERE j.id = c.id AND j.id = ANY(ARRAY(SELECT id FROM chosen))
+WHERE j.id = c.id AND j.id = ANY((SELECT ids FROM taken)::uuid[])
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
     j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.timeout_secs, j.backoff, j.headers, j.schedule,
     j.concurrency, j.rate_limit, j."unique", c.rank, c.turn,
-    (SELECT count(*) FROM served) > 1 OR EXISTS (SELECT 1 FROM weighed WHERE NOT fits) AS more;
+    (SELECT count(*) FROM served) > 1 OR coalesce((SELECT ids FROM held) <> '{}', false) AS more;
 
 -- name: insert_handing_over
 -- Insert a parked long-poll's queue's new jobs, those it takes (the due
@@ -249,7 +224,17 @@ SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notif
 -- $1 is the batch as JSON, one array per job (PostgresStore._insert_batch).
 -- The NOTIFY of the new jobs' queues is part of the statement (delivered
 -- when it commits): no round trip of its own.
-WITH inserted AS (
+WITH batch AS MATERIALIZED (
+    SELECT j FROM jsonb_array_elements($1::text::jsonb) AS j
+), keys AS (
+    -- The rows of concurrency keys new to the table, made in (tenant, key)
+    -- order before the jobs (whose insert trigger then finds them): two
+    -- batches bringing the same new keys in opposite orders never wait on
+    -- each other in a cycle, as they would making them job by job.
+    INSERT INTO qftrio_concurrency_running (tenant, key, running)
+    SELECT DISTINCT j->>1, j->16->>'key', 0 FROM batch WHERE j->16->>'key' IS NOT NULL ORDER BY 1, 2
+    ON CONFLICT (tenant, key) DO NOTHING
+), inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts,
         scheduled_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers, schedule,
         concurrency, concurrency_key, concurrency_limit, rate_limit, "unique", unique_key,
@@ -262,7 +247,7 @@ WITH inserted AS (
         j->>17,
         CASE WHEN j->>18 IS NOT NULL THEN j->18 END, j->18->>'key',
         'pending', 0, $2::float8, $2::float8
-    FROM jsonb_array_elements($1::text::jsonb) AS j
+    FROM batch
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue
 ), notified AS (
