@@ -218,3 +218,19 @@ async def test_an_idle_listener_checks_its_connection_and_hears_on(autojump_cloc
                 async with connection(url()) as other:
                     await other.fetch("SELECT pg_notify('pgtrio idle', 'late')")
             assert received == [{"late"}]
+
+
+async def test_executemany_runs_every_row_and_raises_the_first_error() -> None:
+    async with connection(url()) as conn:
+        await conn.execute("CREATE TEMP TABLE many (x int PRIMARY KEY, s text)")
+        await conn.executemany("INSERT INTO many VALUES ($1, $2)", [(i, str(i)) for i in range(50)])
+        assert await conn.fetchval("SELECT count(*) FROM many") == 50
+        async with conn.transaction():
+            await conn.execute("SAVEPOINT before")
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                await conn.executemany("INSERT INTO many VALUES ($1, $2)", [(100, "a"), (1, "again"), (101, "b")])
+            await conn.execute("ROLLBACK TO SAVEPOINT before")
+        assert await conn.fetchval("SELECT count(*) FROM many") == 50
+        assert not conn.is_closed()  # the connection serves on
+        await conn.executemany("INSERT INTO many VALUES ($1, $2)", [(200, "one")])
+        assert await conn.fetchval("SELECT s FROM many WHERE x = $1", 200) == "one"

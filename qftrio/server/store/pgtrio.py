@@ -83,7 +83,9 @@ __all__ = [
     "ConnectionPool",
     "Database",
     "Listener",
+    "DictRow",
     "Record",
+    "TupleRow",
     "Target",
     "Watchdog",
     "connect",
@@ -107,6 +109,7 @@ _READY_W = Ready.W
 _TEXT = pq.Format.TEXT
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 _IDLE = pq.TransactionStatus.IDLE
 
 # -- errors --------------------------------------------------------------------------------
@@ -527,8 +530,9 @@ class _Context:
     connection = None
 
 
-class Record(tuple[Any, ...]):
-    """A row: a tuple whose values are also read by column name (``row["id"]``)."""
+class TupleRow(tuple[Any, ...]):
+    """A row of a few columns: a tuple whose values are also read by column
+    name (``row["id"]``), through a Python call each."""
 
     __slots__ = ()
     _index: dict[str, int] = {}
@@ -549,9 +553,43 @@ class Record(tuple[Any, ...]):
         return zip(self._index, self)
 
 
+class DictRow(dict[str, Any]):
+    """A row of many columns (a job's): its values by column name, read
+    with no Python call (a job's two dozen reads cost 1 µs, not 20), and by
+    position and in order too, as a tuple's."""
+
+    __slots__ = ("_values",)
+    _values: list[Any]
+
+    def __missing__(self, key: Any) -> Any:
+        if key.__class__ is int:
+            return self._values[key]
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return iter(self._values)
+
+
+#: A row as :class:`Connection` returns it: ``row["name"]``, ``row[0]``,
+#: ``tuple(row)``, ``dict(row)``.
+Record = TupleRow | DictRow
+
+#: Rows of more columns than this are :class:`DictRow`: read by name.
+_NARROW = 3
+
+
 @functools.lru_cache(maxsize=512)
-def _record_type(names: tuple[str, ...]) -> type[Record]:
-    return type("Record", (Record,), {"__slots__": (), "_index": {n: i for i, n in enumerate(names)}})
+def _row_maker(names: tuple[str, ...]) -> Callable[[list[Any]], Record]:
+    """How a row of columns *names* is made from its values."""
+    if len(names) <= _NARROW:
+        return type("TupleRow", (TupleRow,), {"__slots__": (), "_index": {n: i for i, n in enumerate(names)}})
+
+    def make(values: list[Any]) -> DictRow:
+        row = DictRow(zip(names, values))
+        row._values = values
+        return row
+
+    return make
 
 
 def _status_error(result: pq.PGresult) -> psycopg.Error:
@@ -724,16 +762,19 @@ class Connection:
             self._pgconn.send_query(query.encode())
             return (await self._results())[-1]
         statement = await self._statement(query)
+        self._pgconn.send_query_prepared(statement.name, self._dumped(statement, args))
+        (result,) = await self._results()
+        return result
+
+    @staticmethod
+    def _dumped(statement: _Statement, args: Sequence[Any]) -> list[bytes | None]:
         dumpers = statement.dumpers
         if len(dumpers) != len(args):
             raise psycopg.ProgrammingError(f"the statement takes {len(dumpers)} parameters, not {len(args)}")
         try:
-            params = [None if a is None else d.dump(a) for d, a in zip(dumpers, args)]
+            return [None if a is None else d.dump(a) for d, a in zip(dumpers, args)]
         except (TypeError, ValueError) as exc:
             raise psycopg.DataError(f"invalid input for a parameter: {exc}") from None
-        self._pgconn.send_query_prepared(statement.name, params)
-        (result,) = await self._results()
-        return result
 
     def _rows(self, result: pq.PGresult) -> list[Record]:
         if not result.ntuples:
@@ -741,7 +782,7 @@ class Connection:
         names = tuple(result.fname(i).decode() for i in range(result.nfields))  # type: ignore[union-attr]
         tx = self._tx
         tx.set_pgresult(result)
-        return tx.load_rows(0, result.ntuples, _record_type(names))
+        return tx.load_rows(0, result.ntuples, _row_maker(names))
 
     # -- asyncpg's interface, as the store uses it -------------------------------------------
 
@@ -751,8 +792,38 @@ class Connection:
         return (result.command_status or b"").decode()
 
     async def executemany(self, query: str, args: Iterable[Sequence[Any]]) -> None:
-        for one in args:
-            await self._query(query, one)
+        """Run *query* once per item of *args*, in one round trip (libpq's
+        pipeline mode, as asyncpg did): the first error is raised once all
+        have been answered."""
+        rows = [list(one) for one in args]
+        if len(rows) < 2:
+            for one in rows:
+                await self._query(query, one)
+            return
+        statement = await self._statement(query)
+        params = [self._dumped(statement, one) for one in rows]
+        pgconn = self._pgconn
+        timed = self._timed
+        if self._command_timeout is not None:
+            timed.deadline = time.monotonic() + self._command_timeout
+        done = False
+        try:
+            pgconn.enter_pipeline_mode()
+            for one in params:
+                pgconn.send_query_prepared(statement.name, one)
+            pgconn.pipeline_sync()
+            await self._wait(generators.send(pgconn))
+            answers = [await self._wait(generators.fetch_many(pgconn)) for _ in range(len(params) + 1)]
+            pgconn.exit_pipeline_mode()
+            done = True
+        finally:
+            timed.deadline = None
+            if not done:
+                self.terminate()  # a pipeline cut short: its state is not worth restoring
+        for results in answers[:-1]:
+            for result in results:
+                if result.status == _FATAL_ERROR:
+                    raise _status_error(result)
 
     async def fetch(self, query: str, *args: Any) -> list[Record]:
         return self._rows(await self._query(query, args))
