@@ -194,6 +194,13 @@ async def test_listen_receives_what_others_send_and_not_what_the_pool_sends() ->
                     await trio.testing.wait_all_tasks_blocked()
                     listener.poke()
                 assert received == [set()]
+                # one sent while the connection answers a statement of its own
+                # (as its idle check) is read with the answer, and kept
+                async with connection(url()) as other, trio.open_nursery() as nursery:
+                    nursery.start_soon(listener._conn.fetchval, "SELECT pg_sleep(0.3)")
+                    await trio.sleep(0.05)
+                    await other.fetch("SELECT pg_notify('pgtrio test', 'during')")
+                assert await listener.receive() == {"during"}
                 await listener.unlisten()
                 async with connection(url()) as other:
                     await other.fetch("SELECT pg_notify('pgtrio test', 'unheard')")

@@ -362,7 +362,9 @@ async def test_the_listener_listens_only_while_a_long_poll_may_wait() -> None:
                 # over a second each way, for a busy machine)
                 await trio.sleep(2.9)
                 await other.jobs_insert([new("idle")], now=T0)
-                await store.notifications_wanted(0)
+                # wanted again, by a wait that has it listen before it returns
+                # (with none, the next insert may commit before the LISTEN)
+                await store.notifications_wanted(0.5)
                 await other.jobs_insert([new("again")], now=T0)
                 with trio.fail_after(5):
                     while calls[-1:] != ["again"]:
