@@ -10,9 +10,11 @@ kinds alternating run after run:
 * ``insert``: ``Store.jobs_insert`` of ``--jobs`` jobs (default one, what
   ``POST /api/v1/jobs`` asks of the store).
 
-On PostgreSQL more kinds make the same round trips without asyncpg's
-thread: libpq (psycopg 3's ``pq`` and its non-blocking generators) driven
-from Trio, waiting on the socket with ``trio.lowlevel.wait_readable``:
+On PostgreSQL more kinds make the same round trips with bare libpq
+(psycopg 3's ``pq`` and its non-blocking generators) driven from Trio,
+waiting on the socket with ``trio.lowlevel.wait_readable``: the floor the
+store's own adapter (``qftrio.server.store.pgtrio``, the same calls with a
+pool, adapters and bounds around them) is measured against:
 
 * ``trio-ping``: ``SELECT 1``;
 * ``trio-insert``: the store's own ``jobs_insert`` statement, prepared once,
@@ -22,11 +24,10 @@ from Trio, waiting on the socket with ``trio.lowlevel.wait_readable``:
 
 What is measured is the cost of getting a call to the database and its
 answer back: on SQLite the hand-off to the store's thread, on PostgreSQL the
-trip to asyncpg's thread and pool, or none. Prints µs of CPU (this
+adapter and its pool, or nothing but libpq. Prints µs of CPU (this
 process's, all threads; on PostgreSQL also its server processes') and of
-wall time per call, for each of ``--runs`` runs, and their medians. The
-``trio-*`` kinds need psycopg (``.venv/bin/pip install -e '.[bench]'``; not
-a qftrio dependency). ``--without-listing-indexes`` drops the two indexes
+wall time per call, for each of ``--runs`` runs, and their medians.
+``--without-listing-indexes`` drops the two indexes
 that only listings and queue statistics read
 (``qftrio_jobs_filter_idx``, ``qftrio_jobs_pending_tenant_idx``) from the
 throwaway database first: what they cost an insert.

@@ -5,27 +5,29 @@ a throwaway cluster and sets it). The schema is migrated once per process;
 each store then starts from emptied tables (``TRUNCATE``), which takes a few
 milliseconds. Tests using this must not run in parallel on one database.
 
-Client-side timeouts are off (``timeout=None``): they run in real time on
-the store's asyncio thread, and a test that stops PostgreSQL on purpose
-should wait on its own bound (see :mod:`qftrio.server.store.pgasync`).
+Client-side timeouts are off (``timeout=None``): they run in real time (see
+:mod:`qftrio.server.store.pgtrio`), and a test that stops PostgreSQL on
+purpose should wait on its own bound.
 
-:func:`on_asyncio` runs a test's own asyncpg code on an asyncio loop of its
-own thread, as the store runs its own.
+:func:`connection` opens a test's own connection, as the store opens its
+own; :func:`on_asyncio` runs a test's own asyncpg code (an application's, in
+the documented examples) on an asyncio loop of its own thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-import asyncpg
+import trio
 
-from qftrio.server.store.pgasync import open_loop_thread
+from qftrio.server.store import pgtrio
 from qftrio.server.store.postgres import PostgresStore, migrate, open_postgres_store
 
-__all__ = ["pg_url", "open_test_postgres_store", "on_asyncio", "reset_database"]
+__all__ = ["pg_url", "open_test_postgres_store", "connection", "on_asyncio", "reset_database"]
 
 T = TypeVar("T")
 
@@ -40,8 +42,18 @@ def pg_url() -> str | None:
 async def on_asyncio(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """``await fn(*args)`` on an asyncio loop of its own thread, for the
     duration of the call."""
-    async with open_loop_thread("test-asyncio") as loop:
-        return await loop.run(fn, *args)
+    return await trio.to_thread.run_sync(asyncio.run, fn(*args))
+
+
+@contextlib.asynccontextmanager
+async def connection(url: str) -> AsyncIterator[pgtrio.Connection]:
+    """A connection of the test's own to *url*, closed on the way out."""
+    async with pgtrio.open_watchdog() as watchdog:
+        conn = await pgtrio.connect(url, watchdog=watchdog, timeout=10)
+        try:
+            yield conn
+        finally:
+            conn.terminate()
 
 
 async def reset_database(url: str) -> None:
@@ -51,21 +63,15 @@ async def reset_database(url: str) -> None:
         await migrate(url, timeout=None)
         _migrated.add(url)
 
-    async def truncate() -> None:
-        conn = await asyncpg.connect(url, timeout=None)
-        try:
-            await conn.execute("SET lock_timeout = '10s'")
-            tables = await conn.fetch(
-                """SELECT quote_ident(tablename) AS name FROM pg_tables
-                WHERE schemaname = current_schema() AND tablename LIKE 'qftrio\\_%'
-                  AND tablename <> 'qftrio_schema_migrations'"""
-            )
-            if tables:
-                await conn.execute(f"TRUNCATE {', '.join(t['name'] for t in tables)} CASCADE")
-        finally:
-            await conn.close()
-
-    await on_asyncio(truncate)
+    async with connection(url) as conn:
+        await conn.execute("SET lock_timeout = '10s'")
+        tables = await conn.fetch(
+            """SELECT quote_ident(tablename) AS name FROM pg_tables
+            WHERE schemaname = current_schema() AND tablename LIKE 'qftrio\\_%'
+              AND tablename <> 'qftrio_schema_migrations'"""
+        )
+        if tables:
+            await conn.execute(f"TRUNCATE {', '.join(t['name'] for t in tables)} CASCADE")
 
 
 @contextlib.asynccontextmanager

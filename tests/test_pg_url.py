@@ -1,5 +1,5 @@
-"""Reading a PostgreSQL URL as asyncpg will connect with it, without
-connecting (``pgasync.read_url``): what the errors of a first connection
+"""Reading a PostgreSQL URL as libpq will connect with it, without
+connecting (``pgtrio.read_url``): what the errors of a first connection
 name, and the URLs that cannot work, refused in one line."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import getpass
 import pytest
 
 from qftrio import errors
-from qftrio.server.store.pgasync import Target, read_url
+from qftrio.server.store.pgtrio import Target, read_url
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
+import psycopg.errors
 import pytest
 import trio
 
@@ -31,7 +31,7 @@ from qftrio.models import EnqueueRequest, JobConfig, Status
 from qftrio.server.engine import Engine, RetryPolicy
 from qftrio.server.store.base import CompleteItem, FailItem, HeartbeatItem, NewJob, NewStep, NewWorkflow, Outcome
 from qftrio.server.store import sql as statements
-from qftrio.server.store.pgasync import open_loop_thread
+from qftrio.server.store.pgtrio import Record
 from qftrio.server.store.postgres import (
     ALL_QUEUES,
     Q,
@@ -40,7 +40,7 @@ from qftrio.server.store.postgres import (
     open_postgres_store,
 )
 
-from .pg import on_asyncio, open_test_postgres_store, pg_url
+from .pg import connection, open_test_postgres_store, pg_url
 from .test_engine_handoff import LateClaim
 
 pytestmark = [
@@ -52,17 +52,10 @@ ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_800_000_000.0
 
 
-async def sql(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
+async def sql(url: str, query: str, *args: Any) -> list[Record]:
     """Run one statement on a connection of its own."""
-
-    async def run() -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(url, timeout=10)
-        try:
-            return await conn.fetch(query, *args)
-        finally:
-            await conn.close()
-
-    return await on_asyncio(run)
+    async with connection(url) as conn:
+        return await conn.fetch(query, *args)
 
 
 def other_store(**options: Any) -> contextlib.AbstractAsyncContextManager[PostgresStore]:
@@ -198,7 +191,7 @@ async def test_claim_stays_on_its_index_before_the_table_is_analyzed() -> None:
         # database's table keeps earlier tests' statistics through TRUNCATE).
         try:
             await sql(url, "DELETE FROM pg_statistic WHERE starelid = 'qftrio_jobs'::regclass")
-        except asyncpg.InsufficientPrivilegeError:
+        except psycopg.errors.InsufficientPrivilege:
             pytest.skip("needs a superuser connection to clear the table's statistics")
         await sql(url, "UPDATE pg_class SET reltuples = -1, relpages = 0 WHERE oid = 'qftrio_jobs'::regclass")
         await sql(
@@ -237,18 +230,12 @@ def literal(value: Any) -> str:
 async def plans(url: str, statement: str, *args: Any) -> list[str]:
     """The custom and the generic plan of *statement* with *args*."""
 
-    async def run() -> list[str]:
-        conn = await asyncpg.connect(url, timeout=10)
-        try:
-            custom = await conn.fetch("EXPLAIN " + statement, *args)
-            await conn.execute("PREPARE s AS " + statement)
-            await conn.execute("SET plan_cache_mode = force_generic_plan")
-            generic = await conn.fetch(f"EXPLAIN EXECUTE s({', '.join(literal(a) for a in args)})")
-            return ["\n".join(r[0] for r in custom), "\n".join(r[0] for r in generic)]
-        finally:
-            await conn.close()
-
-    return await on_asyncio(run)
+    async with connection(url) as conn:
+        custom = await conn.fetch("EXPLAIN " + statement, *args)
+        await conn.execute("PREPARE s AS " + statement)
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        generic = await conn.fetch(f"EXPLAIN EXECUTE s({', '.join(literal(a) for a in args)})")
+        return ["\n".join(r[0] for r in custom), "\n".join(r[0] for r in generic)]
 
 
 async def test_reports_probe_their_own_rows_whatever_the_planner_estimates() -> None:
@@ -420,7 +407,9 @@ async def test_the_listener_listens_only_while_a_long_poll_may_wait() -> None:
                 # over a second each way, for a busy machine)
                 await trio.sleep(2.9)
                 await other.jobs_insert([new("idle")], now=T0)
-                await store.notifications_wanted(0)
+                # wanted again, by a wait that has it listen before it returns
+                # (with none, the next insert may commit before the LISTEN)
+                await store.notifications_wanted(0.5)
                 await other.jobs_insert([new("again")], now=T0)
                 with trio.fail_after(5):
                     while calls[-1:] != ["again"]:
@@ -604,11 +593,10 @@ async def test_prune_goes_in_bounded_batches() -> None:
 
 
 async def test_cancelled_calls_leave_the_pool_usable() -> None:
-    # A client that disconnects cancels its request mid-query. The statement
-    # finishes (interrupting asyncpg mid-query can hang under trio-asyncio,
-    # see pgasync.Database.run), then the call raises Cancelled; the pool
-    # stays usable, and a claim that committed simply holds its jobs until
-    # the lease ends.
+    # A client that disconnects cancels its request mid-query. The
+    # connection is closed (the server rolls back what had not committed),
+    # the call raises Cancelled; the pool stays usable, and a claim that
+    # committed simply holds its jobs until the lease ends.
     with trio.fail_after(20):
         async with open_test_postgres_store(pool_size=2) as store:
             await store.jobs_insert([new() for _ in range(1500)], now=T0)
@@ -689,9 +677,8 @@ async def test_migration_0005_keeps_every_listing_and_count() -> None:
     with trio.fail_after(60):
         async with scratch_database() as url:
 
-            async def at_0004() -> list[asyncpg.Record]:
-                conn = await asyncpg.connect(url, timeout=10)
-                try:
+            async def at_0004() -> list[Record]:
+                async with connection(url) as conn:
                     await conn.execute(Q["migrations_table"])
                     for version, name, script in statements.migrations("postgres"):
                         if version <= "0004":
@@ -709,10 +696,8 @@ async def test_migration_0005_keeps_every_listing_and_count() -> None:
                         RETURNING id, queue, kind, status, created_at""",
                         T0,
                     )
-                finally:
-                    await conn.close()
 
-            rows = await on_asyncio(at_0004)
+            rows = await at_0004()
             after = [name for version, name, _ in statements.migrations("postgres") if version > "0004"]
             assert await migrate(url, timeout=None) == after and after[0] == "0005_filter_without_running"
             newest_first = sorted(rows, key=lambda r: (r["created_at"], r["id"]), reverse=True)
@@ -827,7 +812,7 @@ async def test_a_complete_batch_with_a_workflow_step_commits_as_one() -> None:
     url = pg_url()
     assert url is not None
     with trio.fail_after(30):
-        async with open_test_postgres_store() as store, open_loop_thread() as on_loop:
+        async with open_test_postgres_store() as store, connection(url) as holder:
             step = NewStep(name="s", kind="k", payload={})
             wf = await store.workflow_create(NewWorkflow(tenant="t", name="w", context={}, steps=(step,)), now=T0)
             (plain_id,) = [i.job.id for i in await store.jobs_insert([new("default")], now=T0)]
@@ -835,31 +820,25 @@ async def test_a_complete_batch_with_a_workflow_step_commits_as_one() -> None:
             assert len(leases) == 2
             # another transaction holds the step's workflow, so the batch
             # waits for it halfway
-            holder = await on_loop.run(asyncpg.connect, url)
             hold = holder.transaction()
-            await on_loop.run(hold.start)
-            await on_loop.run(holder.execute,
-                "SELECT 1 FROM qftrio_workflows WHERE id = $1 FOR UPDATE", uuid.UUID(wf.id)
-            )
+            await hold.start()
+            await holder.execute("SELECT 1 FROM qftrio_workflows WHERE id = $1 FOR UPDATE", uuid.UUID(wf.id))
             results = []
 
             async def complete() -> None:
                 items = [CompleteItem(lease.job.id, lease.lease_token, {}) for lease in leases]
                 results.extend(await store.jobs_complete(items, now=T0 + 1))
 
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(complete)
-                    try:
-                        while not await sql(url, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"):
-                            await trio.sleep(0.01)
-                        # nothing of the batch is visible while it waits
-                        (row,) = await sql(url, "SELECT status FROM qftrio_jobs WHERE id = $1", uuid.UUID(plain_id))
-                        assert row["status"] == "running"
-                    finally:
-                        await on_loop.run(hold.rollback)
-            finally:
-                await on_loop.run(holder.close)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(complete)
+                try:
+                    while not await sql(url, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"):
+                        await trio.sleep(0.01)
+                    # nothing of the batch is visible while it waits
+                    (row,) = await sql(url, "SELECT status FROM qftrio_jobs WHERE id = $1", uuid.UUID(plain_id))
+                    assert row["status"] == "running"
+                finally:
+                    await hold.rollback()
             assert [(r.outcome, r.applied) for r in results] == [(Outcome.OK, True)] * 2
             assert (await store.job_get(plain_id)).status is Status.COMPLETED
             assert (await store.workflow_get(wf.id)).status.value == "completed"

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import asyncpg
+import psycopg.errors
 import pytest
 import trio
 
@@ -32,11 +32,10 @@ from qftrio import errors
 from qftrio.cli import main
 from qftrio.server.config import Config
 from qftrio.server.serve import serve
-from qftrio.server.store import pgasync, sql
-from qftrio.server.store.pgasync import open_loop_thread
+from qftrio.server.store import pgtrio, sql
 from qftrio.server.store.postgres import MIGRATION_LOCK_KEY, _migrate_on, migrate
 
-from .pg import on_asyncio, pg_url
+from .pg import connection, pg_url
 from .processes import ROOT, free_port
 
 pytestmark = [
@@ -67,20 +66,13 @@ def as_role(url: str, role: str, password: str | None = None) -> str:
     return with_parts(url, netloc=f"{role}:{password}@{host}" if password else f"{role}@{host}")
 
 
-async def sql(url: str, *statements: str) -> list[asyncpg.Record]:
+async def sql(url: str, *statements: str) -> list[pgtrio.Record]:
     """Run *statements* on a connection of their own; the last one's rows."""
-
-    async def run() -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(url, timeout=10)
-        try:
-            rows: list[asyncpg.Record] = []
-            for statement in statements:
-                rows = await conn.fetch(statement)
-            return rows
-        finally:
-            await conn.close()
-
-    return await on_asyncio(run)
+    async with connection(url) as conn:
+        rows: list[pgtrio.Record] = []
+        for statement in statements:
+            rows = await conn.fetch(statement)
+        return rows
 
 
 async def qftrio_process(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -157,7 +149,7 @@ async def password_role() -> AsyncIterator[tuple[str, str]]:
             while True:
                 try:
                     await sql(as_role(url, name, "wrong"), "SELECT 1")
-                except asyncpg.exceptions.InvalidPasswordError:
+                except psycopg.errors.InvalidPassword:
                     break
         yield name, password
     finally:
@@ -309,32 +301,28 @@ async def test_a_role_that_waited_while_the_owner_migrated_runs_no_ddl() -> None
     # a rolling upgrade: the data-only role saw the schema behind and queued
     # for the migration lock, which the owner held while migrating
     with trio.fail_after(60):
-        async with database_with_data_role() as (owner, data, _), open_loop_thread() as on_loop:
-            conn = await on_loop.run(asyncpg.connect, owner)
-            try:
+        async with database_with_data_role() as (owner, data, _), connection(owner) as conn:
 
-                async def run(statement: str) -> Any:
-                    return await on_loop.run(conn.fetchval, statement, MIGRATION_LOCK_KEY)
+            async def run(statement: str) -> Any:
+                return await conn.fetchval(statement, MIGRATION_LOCK_KEY)
 
-                await run("SELECT pg_advisory_lock($1)")
-                applied: list[list[str]] = []
+            await run("SELECT pg_advisory_lock($1)")
+            applied: list[list[str]] = []
 
-                async def migrate_as_the_role() -> None:
-                    applied.append(await migrate(data, timeout=None))
+            async def migrate_as_the_role() -> None:
+                applied.append(await migrate(data, timeout=None))
 
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(migrate_as_the_role)
-                    waiting = """SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-                                 AND objid = $1::bigint AND database = (SELECT oid FROM pg_database
-                                                                        WHERE datname = current_database())"""
-                    while not await run(waiting):
-                        pass
-                    # the lock is the session's, so the owner migrates under it
-                    assert await on_loop.run(_migrate_on, conn) == ALL_MIGRATIONS
-                    await run("SELECT pg_advisory_unlock($1)")
-                assert applied == [[]]
-            finally:
-                await on_loop.run(conn.close)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(migrate_as_the_role)
+                waiting = """SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+                             AND objid = $1::bigint AND database = (SELECT oid FROM pg_database
+                                                                    WHERE datname = current_database())"""
+                while not await run(waiting):
+                    pass
+                # the lock is the session's, so the owner migrates under it
+                assert await _migrate_on(conn) == ALL_MIGRATIONS
+                await run("SELECT pg_advisory_unlock($1)")
+            assert applied == [[]]
 
 
 async def test_credentials_refused_while_serving_are_unavailable(password_role: tuple[str, str]) -> None:
@@ -343,7 +331,7 @@ async def test_credentials_refused_while_serving_are_unavailable(password_role: 
     name, password = password_role
     url = database_url()
     with trio.fail_after(30):
-        async with pgasync.open_database(as_role(url, name, password), max_size=1, timeout=None) as db:
+        async with pgtrio.open_database(as_role(url, name, password), max_size=1, timeout=None) as db:
             assert await db.fetchval("SELECT 1") == 1
             await sql(url, f"ALTER ROLE {name} PASSWORD 'rotated'")
             await sql(url, f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'")
@@ -353,7 +341,7 @@ async def test_credentials_refused_while_serving_are_unavailable(password_role: 
             for _ in range(3):  # the first call may still find the terminated connection
                 with pytest.raises(errors.Unavailable) as raised:
                     await db.fetchval("SELECT 1")
-                if "InvalidPasswordError" in raised.value.message:
+                if "InvalidPassword" in raised.value.message:
                     refused = True
                     break
             assert refused

@@ -39,7 +39,7 @@ async def open_engine(config: Config, *, clock: Callable[[], float] | None = Non
     """An engine on the store *config* names."""
     extra = {} if clock is None else {"clock": clock}
     if config.database_url:
-        from .store.pgasync import read_url
+        from .store.pgtrio import read_url
         from .store.postgres import open_postgres_store
 
         async with open_postgres_store(config.database_url, pool_size=config.pool_size) as store:

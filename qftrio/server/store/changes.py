@@ -9,7 +9,7 @@ decision is :mod:`qftrio.server.transitions`'. It never knows the backend.
 
 Each backend drives a plan inside one transaction of its own
 (``SqliteStore``: synchronously on its store thread, ``PostgresStore``: on
-one asyncpg connection of its loop thread), so "one transaction per change"
+one pooled connection, from Trio), so "one transaction per change"
 holds: a workflow step's completion, its context merge and the steps it
 unblocks commit together. What a backend provides, by the names of its
 ``queries/<backend>.sql``:

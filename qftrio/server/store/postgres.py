@@ -1,6 +1,6 @@
 """The PostgreSQL store: several ``qftrio serve`` processes on one database.
 
-asyncpg runs on an asyncio loop of its own thread (see :mod:`.pgasync`).
+PostgreSQL is spoken to from Trio itself, through libpq's non-blocking calls (see :mod:`.pgtrio`).
 Open the store with :func:`open_postgres_store`; apply the schema with :func:`migrate` (which
 ``open_postgres_store`` does by default).
 
@@ -15,7 +15,7 @@ How the rules of :mod:`.base` are kept with many servers at once:
   it ("if the job is running under this token"). The changes written once
   in :mod:`.changes` (cancel, retry, workflows, bulk actions, the janitor,
   fail batches) run over them in one transaction each (:func:`_drive`, on
-  one connection of the loop thread); the claim, the inserts and the
+  one pooled connection); the claim, the inserts and the
   heartbeat and complete batches are this module's own statements, whose
   answers :mod:`~qftrio.server.transitions` decides on.
 * Heartbeats and completions are one statement per batch (``unnest``
@@ -55,7 +55,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-import asyncpg
+import psycopg.errors
 import orjson
 import trio
 
@@ -75,7 +75,7 @@ from ...models import (
     WorkflowStatus,
 )
 from .. import transitions
-from . import changes, pgasync, sql
+from . import changes, pgtrio, sql
 from .base import (
     ALL_QUEUES,
     WORKFLOW_QUEUE,
@@ -131,8 +131,8 @@ assert f"'{CHANNEL}'" in Q["notify_queues"]
 
 
 def _uuid_param(value: str) -> str | None:
-    """:func:`_uuid` for values only passed as ``uuid`` parameters (asyncpg
-    takes the text): the reports' hot path, without building UUID objects."""
+    """:func:`_uuid` for values only passed as ``uuid`` parameters (the
+    text is sent as it is): the reports' hot path, without building UUID objects."""
     return value if issued(value) else None
 
 
@@ -148,7 +148,7 @@ def _uuid(value: str | None) -> uuid.UUID | None:
     return parsed if str(parsed) == value else None
 
 
-def _job(row: asyncpg.Record) -> Job:
+def _job(row: pgtrio.Record) -> Job:
     # One per claimed job: a dict lookup for the status, and no generator for
     # an empty error history, take it from 4.6 to 3.5 µs.
     workflow_id = row["workflow_id"]
@@ -188,13 +188,12 @@ def _job(row: asyncpg.Record) -> Job:
 
 def _insert_batch(ids: Sequence[str], jobs: Sequence[NewJob]) -> str:
     """The rows of ``jobs_insert``, one JSON array per job, as one JSON text.
-    asyncpg checks every element of every array parameter against the
-    collection ABCs: a dozen arrays of a thousand jobs cost more than
-    writing the batch once with orjson, each payload as the jsonb codec
-    would write it.
+    A dozen array parameters of a thousand jobs cost more to adapt element
+    by element than writing the batch once with orjson, each payload as the
+    jsonb dumper would write it.
 
     Raises:
-        InvalidInput: a value that JSON (so jsonb) cannot hold, as the codec
+        InvalidInput: a value that JSON (so jsonb) cannot hold, as the dumper
             would refuse it.
     """
     try:
@@ -219,15 +218,15 @@ def _json_fragment(value: Any) -> orjson.Fragment:
     return orjson.Fragment(_json.dumps_strict(value))
 
 
-async def _notify(conn: asyncpg.Connection, queues: Sequence[str] | set[str]) -> None:
-    # asyncio-flavoured; inside the caller's transaction, so it is delivered on commit only
+async def _notify(conn: pgtrio.Connection, queues: Sequence[str] | set[str]) -> None:
+    # inside the caller's transaction, so it is delivered on commit only
     await _drive(conn, changes.notify(queues))
 
 
 def _inserter(
     jobs: Sequence[NewJob], now: float, *, locked: bool = False
-) -> Callable[[asyncpg.Connection], Awaitable[list[Inserted]]]:
-    """The asyncio-flavoured body of :meth:`PostgresStore.jobs_insert`, to
+) -> Callable[[pgtrio.Connection], Awaitable[list[Inserted]]]:
+    """The body of :meth:`PostgresStore.jobs_insert`, to
     run in a transaction (a plan's insert too: :data:`.changes.Want.INSERTED`;
     *locked*: the unique keys of *jobs* are locked already)."""
     if not locked and any(new.unique is not None for new in jobs):
@@ -251,7 +250,7 @@ def _inserter(
             raise errors.InvalidInput(f"workflow_id: not a UUID: {new.workflow_id!r}")
     batch = _insert_batch(ids, rows)
 
-    async def insert(conn: asyncpg.Connection) -> list[Inserted]:
+    async def insert(conn: pgtrio.Connection) -> list[Inserted]:
         # The NOTIFY of the new jobs' queues is part of the statement
         # (delivered when it commits): no round trip of its own.
         created = {row[0] for row in await conn.fetch(Q["jobs_insert"], batch, now, CHANNEL)}
@@ -290,14 +289,14 @@ def _inserter(
     return insert
 
 
-def _unique_inserter(jobs: Sequence[NewJob], now: float) -> Callable[[asyncpg.Connection], Awaitable[list[Inserted]]]:
+def _unique_inserter(jobs: Sequence[NewJob], now: float) -> Callable[[pgtrio.Connection], Awaitable[list[Inserted]]]:
     """:func:`_inserter` for a batch with unique jobs: the (tenant, key)
     pairs are locked first (advisory, until the transaction ends, in
     order), then each job is looked up and inserted in turn, so that
     concurrent inserts of one key on any server take turns and a repeat
     later in the batch finds the first."""
 
-    async def insert(conn: asyncpg.Connection) -> list[Inserted]:
+    async def insert(conn: pgtrio.Connection) -> list[Inserted]:
         keys = sorted({(new.tenant, new.unique["key"]) for new in jobs if new.unique is not None})
         await conn.execute(Q["unique_lock"], [t for t, _ in keys], [k for _, k in keys])
         out: list[Inserted] = []
@@ -321,11 +320,11 @@ def _unique_inserter(jobs: Sequence[NewJob], now: float) -> Callable[[asyncpg.Co
 
 
 def _plain(value: Any) -> Any:
-    return str(value) if isinstance(value, uuid.UUID) else value  # asyncpg answers a subclass
+    return str(value) if isinstance(value, uuid.UUID) else value  # ids are read as UUIDs
 
 
-async def _drive(conn: asyncpg.Connection, plan: changes.Plan[T]) -> T:
-    """Asyncio-flavoured: run *plan* on *conn*, in the caller's transaction."""
+async def _drive(conn: pgtrio.Connection, plan: changes.Plan[T]) -> T:
+    """Run *plan* on *conn*, in the caller's transaction."""
     answer: Any = None
     try:
         while True:
@@ -334,7 +333,7 @@ async def _drive(conn: asyncpg.Connection, plan: changes.Plan[T]) -> T:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def _answer(conn: asyncpg.Connection, call: changes.Call) -> Any:
+async def _answer(conn: pgtrio.Connection, call: changes.Call) -> Any:
     want = call.want
     if want is changes.Want.INSERTED:
         return await _inserter(*call.args)(conn)
@@ -359,11 +358,11 @@ async def _answer(conn: asyncpg.Connection, call: changes.Call) -> Any:
     return [tuple(map(_plain, row)) for row in rows]
 
 
-async def _run_plan(db: pgasync.Database, make: Callable[[], changes.Plan[T]]) -> T:
+async def _run_plan(db: pgtrio.Database, make: Callable[[], changes.Plan[T]]) -> T:
     """The plan *make* builds, run in one transaction (built again for each
-    try, should a conflict make :meth:`pgasync.Database.run` try again)."""
+    try, should a conflict make :meth:`pgtrio.Database.run` try again)."""
 
-    async def run(conn: asyncpg.Connection) -> T:
+    async def run(conn: pgtrio.Connection) -> T:
         return await _drive(conn, make())
 
     return await db.run(run)
@@ -372,14 +371,14 @@ async def _run_plan(db: pgasync.Database, make: Callable[[], changes.Plan[T]]) -
 # -- migrations -------------------------------------------------------------------
 
 
-async def _applied_versions(conn: asyncpg.Connection) -> set[str] | None:
+async def _applied_versions(conn: pgtrio.Connection) -> set[str] | None:
     if not await conn.fetchval(Q["migrations_table_exists"]):
         return None
     return {r["version"] for r in await conn.fetch(Q["migrations_applied"])}
 
 
-async def _migrate_on(conn: asyncpg.Connection) -> list[str]:
-    # asyncio-flavoured. The advisory lock serialises concurrent migrators
+async def _migrate_on(conn: pgtrio.Connection) -> list[str]:
+    # The advisory lock serialises concurrent migrators
     # (several servers starting at once); the second one finds nothing to do,
     # and runs no DDL: it may be a data-only role that waited for the owner.
     await conn.execute(Q["migration_settings"])
@@ -409,12 +408,12 @@ async def _migrate_on(conn: asyncpg.Connection) -> list[str]:
         await conn.execute(Q["migration_settings_reset"])
 
 
-async def _pending_on(conn: asyncpg.Connection) -> list[str]:
+async def _pending_on(conn: pgtrio.Connection) -> list[str]:
     applied = await _applied_versions(conn) or set()
     return [name for version, name, _ in sql.migrations("postgres") if version not in applied]
 
 
-async def _migrate_when_behind(db: pgasync.Database, url: str) -> list[str]:
+async def _migrate_when_behind(db: pgtrio.Database, url: str) -> list[str]:
     """Apply the migrations the schema lacks, once a read-only look at the
     ledger found some: on a current schema nothing runs that needs more than
     the data-only role's privileges (docs/deploy.md).
@@ -428,20 +427,20 @@ async def _migrate_when_behind(db: pgasync.Database, url: str) -> list[str]:
         return []
     try:
         return await db.run(_migrate_on, transaction=False)
-    except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+    except psycopg.errors.InsufficientPrivilege as exc:
         raise errors.ConfigError(
             f"the database schema is behind (missing {', '.join(missing)}) and role"
-            f" {pgasync.read_url(url).user!r} may not migrate it ({str(exc).splitlines()[0]}; migrating needs"
+            f" {pgtrio.read_url(url).user!r} may not migrate it ({str(exc).splitlines()[0]}; migrating needs"
             " CREATE on the schema and ownership of the qftrio_* tables): run `qftrio migrate` as the schema's owner"
         ) from None
 
 
-async def _pending(db: pgasync.Database, url: str) -> list[str]:
+async def _pending(db: pgtrio.Database, url: str) -> list[str]:
     try:
         return await db.run(_pending_on, transaction=False)
-    except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+    except psycopg.errors.InsufficientPrivilege as exc:
         raise errors.ConfigError(
-            f"role {pgasync.read_url(url).user!r} may not read the schema's migrations ({str(exc).splitlines()[0]}):"
+            f"role {pgtrio.read_url(url).user!r} may not read the schema's migrations ({str(exc).splitlines()[0]}):"
             " grant it SELECT, INSERT, UPDATE, DELETE on the qftrio_* tables"
         ) from None
 
@@ -457,27 +456,27 @@ async def migrate(url: str, *, timeout: float | None = 10.0) -> list[str]:
         ConfigError: a URL that cannot work, or a role that may not migrate.
         Unavailable: the database cannot be reached.
     """
-    async with pgasync.open_database(url, max_size=1, timeout=timeout, statement_timeout=None) as db:
+    async with pgtrio.open_database(url, max_size=1, timeout=timeout, statement_timeout=None) as db:
         return await _migrate_when_behind(db, url)
 
 
 async def pending_migrations(url: str, *, timeout: float | None = 10.0) -> list[str]:
     """The names of the migrations *url* lacks."""
-    async with pgasync.open_database(url, max_size=1, timeout=timeout, statement_timeout=None) as db:
+    async with pgtrio.open_database(url, max_size=1, timeout=timeout, statement_timeout=None) as db:
         return await _pending(db, url)
 
 
 # -- the store ----------------------------------------------------------------------
 
 
-def _leases(rows: Sequence[asyncpg.Record]) -> list[Lease]:
+def _leases(rows: Sequence[pgtrio.Record]) -> list[Lease]:
     """Claimed rows as leases, in lease order."""
     leases = [Lease(job=_job(row), lease_token=str(row["lease_token"])) for row in rows]
     leases.sort(key=lambda lease: transitions.lease_order(lease.job.priority, lease.job.scheduled_at, lease.job.created_at))
     return leases
 
 
-def _claimed(rows: Sequence[asyncpg.Record]) -> list[Lease]:
+def _claimed(rows: Sequence[pgtrio.Record]) -> list[Lease]:
     """The rows of a claim as leases, in the order it hands them out
     (transitions.fair_order: each tenant's first job in turn, then each one's
     second, ...)."""
@@ -486,7 +485,7 @@ def _claimed(rows: Sequence[asyncpg.Record]) -> list[Lease]:
 
 
 async def _claim(
-    fetch: Callable[..., Awaitable[list[asyncpg.Record]]],
+    fetch: Callable[..., Awaitable[list[pgtrio.Record]]],
     queue: str,
     *,
     limit: int,
@@ -554,7 +553,7 @@ def _page_keys_where(
     }  # fmt: skip
 
 
-def _stats_row(row: asyncpg.Record) -> QueueStats:
+def _stats_row(row: pgtrio.Record) -> QueueStats:
     counts = row["counts"]
     return QueueStats(
         queue=row["queue"],
@@ -568,7 +567,7 @@ def _stats_row(row: asyncpg.Record) -> QueueStats:
     )
 
 
-async def _lock_workflows_of_jobs(conn: asyncpg.Connection, job_ids: Sequence[Any]) -> None:
+async def _lock_workflows_of_jobs(conn: pgtrio.Connection, job_ids: Sequence[Any]) -> None:
     """Lock the workflows of *job_ids* before the jobs themselves are locked
     (a job's workflow never changes, so reading it unlocked is safe)."""
     keys = [k for k in job_ids if k is not None]
@@ -591,7 +590,7 @@ class PostgresStore(Store):
 
     def __init__(
         self,
-        db: pgasync.Database,
+        db: pgtrio.Database,
         *,
         url: str,
         timeout: float | None = 10.0,
@@ -608,7 +607,7 @@ class PostgresStore(Store):
         #: Backend pid of the current LISTEN connection (None when there is
         #: none); for operators and tests.
         self.listener_pid: int | None = None
-        self._listener: pgasync.Listener | None = None
+        self._listener: pgtrio.Listener | None = None
         #: Until when (Trio's clock) notifications are wanted.
         self._wanted_until = -math.inf
         #: Set while the listener listens.
@@ -661,14 +660,14 @@ class PostgresStore(Store):
         started = False
         failures = 0  # connections lost (or refused) in a row
 
-        async def listen(listener: pgasync.Listener) -> None:
+        async def listen(listener: pgtrio.Listener) -> None:
             await listener.listen()
             on_notify(ALL_QUEUES)
 
         while True:
             try:
-                async with pgasync.open_listener(
-                    self._url, CHANNEL, timeout=self._timeout, ignore=self._db.backends, loop=self._db.loop
+                async with pgtrio.open_listener(
+                    self._url, CHANNEL, timeout=self._timeout, ignore=self._db.backends, watchdog=self._db.watchdog
                 ) as listener:
                     if self._wanted():
                         await listen(listener)
@@ -749,7 +748,7 @@ class PostgresStore(Store):
             return await self._insert_handing_over(jobs, now=now, claim=claims[0])
         insert = _inserter(jobs, now) if jobs else None
 
-        async def insert_claiming(conn: asyncpg.Connection) -> tuple[list[Inserted], list[list[Lease]]]:
+        async def insert_claiming(conn: pgtrio.Connection) -> tuple[list[Inserted], list[list[Lease]]]:
             inserted = await insert(conn) if insert is not None else []
             claimed = []
             for c in claims:
@@ -832,7 +831,7 @@ class PostgresStore(Store):
         )
         statement = Q["page_keys"].format(**page)
 
-        async def read(conn: asyncpg.Connection) -> Page[Job]:
+        async def read(conn: pgtrio.Connection) -> Page[Job]:
             # One snapshot: the sizes are those of the jobs then loaded.
             async with conn.transaction(isolation="repeatable_read", readonly=True):
                 keys = [(row["created_at"], str(row["id"])) for row in await conn.fetch(statement, *args)]
@@ -891,7 +890,7 @@ class PostgresStore(Store):
         )
         statement = Q["page_keys"].format(**page)
 
-        async def bulk(conn: asyncpg.Connection) -> BulkBatch:
+        async def bulk(conn: pgtrio.Connection) -> BulkBatch:
             keys = [(row["created_at"], str(row["id"])) for row in await conn.fetch(statement, *args)]
             plan = changes.jobs_bulk(action, keys, tenant=where.tenant, statuses=where.statuses, limit=limit, now=now)
             return await _drive(conn, plan)
@@ -1018,7 +1017,7 @@ class PostgresStore(Store):
         return transitions.answers(out, slot)
 
     @staticmethod
-    def _beat(row: asyncpg.Record, extend: float, now: float) -> HeartbeatResult:
+    def _beat(row: pgtrio.Record, extend: float, now: float) -> HeartbeatResult:
         """:func:`transitions.heartbeat` of a row of ``heartbeat`` (the
         status it read, and whether the token was current)."""
         status = None if row["status"] is None else STATUS_OF[row["status"]]
@@ -1043,7 +1042,7 @@ class PostgresStore(Store):
         if locking:
             at = range(len(unique)) if any(row["step"] for row in rows) else locking
 
-            async def complete(conn: asyncpg.Connection) -> tuple[list[asyncpg.Record], set[int]]:
+            async def complete(conn: pgtrio.Connection) -> tuple[list[pgtrio.Record], set[int]]:
                 keys = [ids[k] for k in at]
                 await _lock_workflows_of_jobs(conn, keys)
                 done = await conn.fetch(
@@ -1084,14 +1083,14 @@ class PostgresStore(Store):
         return transitions.answers(results, slot)
 
     @staticmethod
-    def _completion(row: asyncpg.Record) -> ReportResult:
+    def _completion(row: pgtrio.Record) -> ReportResult:
         """:func:`transitions.complete` of a row of ``complete`` (the status
         it read, and whether the token was current)."""
         status = None if row["status"] is None else STATUS_OF[row["status"]]
         return transitions.complete(status, row["current"], queue=row["queue"])
 
     async def _after_complete(
-        self, conn: asyncpg.Connection, completed: list[asyncpg.Record], *, now: float
+        self, conn: pgtrio.Connection, completed: list[pgtrio.Record], *, now: float
     ) -> set[int]:
         """Asyncio-flavoured, run in the completing transaction (the steps'
         workflows already locked) with the rows just completed (columns
@@ -1148,7 +1147,7 @@ class PostgresStore(Store):
         """The plan *make* builds, reading one snapshot (a workflow, its
         steps and its jobs)."""
 
-        async def read(conn: asyncpg.Connection) -> T:
+        async def read(conn: pgtrio.Connection) -> T:
             async with conn.transaction(isolation="repeatable_read", readonly=True):
                 return await _drive(conn, make())
 
@@ -1180,7 +1179,7 @@ async def open_postgres_store(
             schema that is not current is a :class:`~qftrio.errors.ConfigError`.
         timeout: client-side network timeout in real seconds (connect,
             wait for a pooled connection, each query, close); None disables it
-            (see :mod:`.pgasync`).
+            (see :mod:`.pgtrio`).
         statement_timeout: server-side bound on each statement.
         listen_idle_secs: how long the LISTEN connection goes on listening
             after the last long-poll wait (:meth:`PostgresStore.run_listener`).
@@ -1190,7 +1189,7 @@ async def open_postgres_store(
         ConfigError: a URL or credentials that cannot work, or an outdated
             schema with ``migrate=False`` or a role that may not migrate it.
     """
-    async with pgasync.open_database(
+    async with pgtrio.open_database(
         url, max_size=pool_size, timeout=timeout, statement_timeout=statement_timeout
     ) as db:
         if migrate:
