@@ -643,6 +643,33 @@ async def test_a_unique_key_held_by_an_open_transaction_makes_the_route_wait_for
         app.conn.close()
 
 
+async def test_concurrent_batches_of_new_keys_never_deadlock(pg_server: RunningServer) -> None:
+    # Two applications' batches bringing the same keys, new to the table, in
+    # opposite orders, at once, round after round: the keys' rows are made in
+    # one order, so neither transaction waits on the other in a cycle (which
+    # PostgreSQL would break by failing one with a deadlock).
+    apps = [Sql(), Sql()]
+    try:
+        for round_ in range(20):
+            keys = [f"new{round_}-{i:02d}" for i in range(40)]
+            orders = [keys, keys[::-1]]
+
+            async def enqueue(n: int) -> None:
+                jobs = [{"kind": "sync", "config": {"concurrency": {"key": k, "limit": 1}}} for k in orders[n]]
+                await apps[n].fetch(BATCH, SQL_TENANT, Jsonb(jobs))
+
+            async with trio.open_nursery() as nursery:
+                for n in range(2):
+                    nursery.start_soon(enqueue, n)
+        ((pending, keyed),) = await apps[0].fetch(
+            "SELECT count(*), count(DISTINCT concurrency_key) FROM qftrio_jobs WHERE status = 'pending'"
+        )
+        assert (pending, keyed) == (20 * 80, 20 * 40)
+    finally:
+        for app in apps:
+            app.conn.close()
+
+
 # -- the documented examples, as written ---------------------------------------------
 
 
