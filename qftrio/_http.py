@@ -518,6 +518,7 @@ class HttpxSyncTransport:
         import httpx
 
         self._max_body_size = max_body_size
+        self._max_connections = max_connections
         self._slots = threading.BoundedSemaphore(max_connections)
         self._closed = False
         self._client = httpx.Client(**_httpx_options(url, headers, max_connections), transport=transport)
@@ -552,8 +553,25 @@ class HttpxSyncTransport:
         finally:
             self._slots.release()
 
+    #: Seconds :meth:`close` waits for the calls in flight to end.
+    CLOSE_GRACE = 1.0
+
     def close(self) -> None:
-        """Close every connection. Idempotent."""
+        """Close every connection. Idempotent.
+
+        Calls in flight in other threads get :attr:`CLOSE_GRACE` seconds to
+        end first: httpcore's pool, closed while a call opens a connection,
+        keeps that connection open (its socket is never closed). Calls
+        still running then fail with "the client is closed"; later ones at
+        once."""
         self._closed = True
-        with contextlib.suppress(HttpError), _httpx_errors():
-            self._client.close()
+        deadline = time.monotonic() + self.CLOSE_GRACE
+        taken = 0
+        while taken < self._max_connections and self._slots.acquire(timeout=max(deadline - time.monotonic(), 0)):
+            taken += 1
+        try:
+            with contextlib.suppress(HttpError), _httpx_errors():
+                self._client.close()
+        finally:
+            for _ in range(taken):
+                self._slots.release()
