@@ -166,6 +166,23 @@ async def test_connecting_to_a_server_that_never_answers_times_out(autojump_cloc
                 pass
 
 
+async def test_host_names_are_looked_up_and_each_address_tried(autojump_clock: trio.testing.MockClock) -> None:
+    # the lookup runs in a thread, not in libpq on the event loop; a name
+    # that resolves connects, one that does not is skipped for the next host
+    # of the URL, and with none left the error names the lookup
+    here = url().replace("127.0.0.1", "localhost", 1)
+    assert "localhost" in here
+    host = here.split("@", 1)[1].split("/", 1)[0]
+    async with pgtrio.open_database(here, max_size=1) as db:
+        assert await db.fetchval("SELECT 1") == 1
+    elsewhere = here.replace(host, f"qftrio.invalid,{host}", 1)
+    async with pgtrio.open_database(elsewhere, max_size=1) as db:
+        assert await db.fetchval("SELECT 1") == 1
+    with pytest.raises(errors.Unavailable, match="qftrio.invalid.*failed to resolve host"):
+        async with pgtrio.open_database("postgresql://u@qftrio.invalid:5432/d", timeout=10):
+            pass
+
+
 async def test_settings_libpq_does_not_know_are_the_servers() -> None:
     async with pgtrio.open_database(url() + "?search_path=elsewhere&statement_timeout=1234", max_size=1) as db:
         assert await db.fetchval("SHOW search_path") == "elsewhere"

@@ -72,6 +72,7 @@ from psycopg import generators, pq
 from psycopg.pq import PGnotify
 from psycopg.pq.abc import PGconn, PGresult
 from psycopg.adapt import AdaptersMap, Dumper, Transformer
+from psycopg._conninfo_attempts import conninfo_attempts  # psycopg is pinned: a private module is safe
 from psycopg.conninfo import make_conninfo
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg.types.string import TextLoader
@@ -945,12 +946,40 @@ async def connect(
     *timeout* seconds of real time; each statement on it bounded by
     *command_timeout* seconds of real time.
 
+    Host names are looked up in a worker thread first (libpq's own lookup
+    would block the event loop), then each address is tried in turn, as
+    libpq tries a URL's hosts; a server's refusal ends the attempts.
+
     Raises:
         ConfigError: libpq cannot read *url*.
         psycopg.OperationalError: the connection failed (see :func:`_connect_errors`).
         TimeoutError: it took longer than *timeout*.
     """
     conninfo = _conninfo(url, settings or {})
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with trio.CancelScope() as lookup, watchdog.bound(timeout, lookup.cancel):
+        attempts = await trio.to_thread.run_sync(
+            conninfo_attempts, psycopg.conninfo.conninfo_to_dict(conninfo), abandon_on_cancel=True
+        )
+    if lookup.cancelled_caught:
+        raise TimeoutError("looking up the host name timed out")
+    failure: psycopg.OperationalError | None = None
+    for attempt in attempts:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+        try:
+            pgconn = await _connect_to(make_conninfo("", **attempt), watchdog, left)
+        except _REFUSED:
+            raise
+        except psycopg.OperationalError as exc:
+            failure = exc
+            continue
+        return Connection(pgconn, watchdog, command_timeout)
+    assert failure is not None  # conninfo_attempts answers one attempt at least, or raises
+    raise failure
+
+
+async def _connect_to(conninfo: str, watchdog: Watchdog, timeout: float | None) -> PGconn:
+    """One attempt of :func:`connect`: a non-blocking libpq connection to *conninfo*."""
     pgconn = pq.PGconn.connect_start(conninfo.encode())
     fileno = -1
     timed_out = False
@@ -985,7 +1014,7 @@ async def connect(
         pgconn.finish()
         raise
     pgconn.nonblocking = 1
-    return Connection(pgconn, watchdog, command_timeout)
+    return pgconn
 
 
 # -- the pool ------------------------------------------------------------------------------------
