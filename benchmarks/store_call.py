@@ -226,9 +226,13 @@ async def on_postgres(args: argparse.Namespace, url: str) -> tuple[dict[str, lis
     async with open_postgres_store(url, pool_size=1) as store:
         if args.without_listing_indexes:
             await store._db.fetch("DROP INDEX qftrio_jobs_filter_idx, qftrio_jobs_pending_tenant_idx")
-        kinds, pid = await trio_kinds(url, names, args.jobs)
+        kinds, pids = {}, set()
+        if any(name.startswith("trio-") for name in names):
+            # their own connection, alive as long as the kinds holding it
+            kinds, pid = await trio_kinds(url, names, args.jobs)
+            pids.add(pid)
         kinds |= store_kinds(store, names, args.jobs)
-        backends = lambda: {*store._db.backends, pid}  # noqa: E731
+        backends = lambda: {*store._db.backends, *pids}  # noqa: E731
         return await measure({name: kinds[name] for name in names}, args, backends), backends()
 
 
