@@ -166,7 +166,7 @@ async def test_connecting_to_a_server_that_never_answers_times_out(autojump_cloc
                 pass
 
 
-async def test_host_names_are_looked_up_and_each_address_tried(autojump_clock: trio.testing.MockClock) -> None:
+async def test_host_names_are_looked_up_and_each_address_tried() -> None:
     # the lookup runs in a thread, not in libpq on the event loop; a name
     # that resolves connects, one that does not is skipped for the next host
     # of the URL, and with none left the error names the lookup
