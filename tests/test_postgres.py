@@ -826,7 +826,7 @@ async def test_a_complete_batch_with_a_workflow_step_commits_as_one() -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(complete)
                 try:
-                    while not await sql(url, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"):
+                    while not await sql(url, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"):
                         await trio.sleep(0.01)
                     # nothing of the batch is visible while it waits
                     (row,) = await sql(url, "SELECT status FROM qftrio_jobs WHERE id = $1", uuid.UUID(plain_id))

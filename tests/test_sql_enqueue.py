@@ -632,8 +632,10 @@ async def test_a_unique_key_held_by_an_open_transaction_makes_the_route_wait_for
         job_id, _, _ = await app.enqueue(SQL_TENANT, "send", {}, {"unique": {"key": "once"}})
         async with trio.open_nursery() as nursery:
             nursery.start_soon(enqueue_by_http)
+            waiting = """SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+                         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
             with trio.fail_after(60):
-                while not (await sql.fetch("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")):
+                while not (await sql.fetch(waiting)):
                     await trio.sleep(0.01)
             assert "r" not in answer
             await app.run(app.conn.commit)
