@@ -57,6 +57,21 @@ type Job struct {
 	progress func(v any) error
 }
 
+// UnmarshalJSON reads a job as the wire has it, a null Result or Context
+// as nil (encoding/json keeps a null json.RawMessage as the text "null").
+func (j *Job) UnmarshalJSON(data []byte) error {
+	type wire Job
+	if err := json.Unmarshal(data, (*wire)(j)); err != nil {
+		return err
+	}
+	for _, raw := range []*json.RawMessage{&j.Result, &j.Context} {
+		if string(*raw) == "null" {
+			*raw = nil
+		}
+	}
+	return nil
+}
+
 // ErrorEntry is one failed attempt of a job's history.
 type ErrorEntry struct {
 	Attempt int       `json:"attempt"`
