@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -160,5 +161,26 @@ func TestAdapterSignals(t *testing.T) {
 	}
 	if got, _ := newClient(t).JobGet(context.Background(), long.ID); got.Status != StatusRunning {
 		t.Errorf("the abandoned job stays running until its lease ends: %s", got.Status)
+	}
+}
+
+func TestDocsShowTheExampleAsItIs(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "sdk-go.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	example, err := os.ReadFile(filepath.Join("examples", "worker", "main.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), "```go\n"+string(example)+"```\n") {
+		t.Error("docs/sdk-go.md does not show examples/worker/main.go as it is")
+	}
+	methods := reflect.TypeOf(&Client{})
+	for i := 0; i < methods.NumMethod(); i++ {
+		name := methods.Method(i).Name
+		if !strings.Contains(string(doc), "`"+name+"(") && !strings.Contains(string(doc), " "+name+"(") && !strings.Contains(string(doc), "`"+name+"`") {
+			t.Errorf("docs/sdk-go.md does not name the client's %s", name)
+		}
 	}
 }
