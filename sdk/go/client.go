@@ -61,10 +61,14 @@ func NewClient(rawURL, token string) (*Client, error) {
 		}
 		header.Set("Authorization", "Bearer "+token)
 	}
+	// A worker's heartbeats, reports and lease calls go in parallel: keep
+	// enough connections open to reuse them rather than open new ones.
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = 32
 	return &Client{
 		URL:     strings.TrimRight(parsed.String(), "/"),
 		Timeout: 10 * time.Second,
-		HTTP:    &http.Client{},
+		HTTP:    &http.Client{Transport: transport},
 		header:  header,
 	}, nil
 }
