@@ -491,12 +491,10 @@ func (w *worker) start(lease *Lease, claimed time.Time) {
 	h := &held{job: job, token: lease.LeaseToken, deadline: claimed.Add(w.lease), nextBeat: claimed.Add(w.lease / 2), beating: true}
 	ctx, cancel := context.WithCancelCause(w.bg)
 	h.cancel = cancel
-	stopTimeout := func() bool { return false }
+	stopTimeout := context.CancelFunc(func() {})
 	if job.TimeoutSecs != nil {
 		// The server ends the attempt then, whatever the worker holds.
-		var cancelTimeout context.CancelFunc
-		ctx, cancelTimeout = context.WithDeadlineCause(ctx, claimed.Add(time.Duration(*job.TimeoutSecs)*time.Second), errTimedOut)
-		stopTimeout = func() bool { cancelTimeout(); return true }
+		ctx, stopTimeout = context.WithDeadlineCause(ctx, claimed.Add(time.Duration(*job.TimeoutSecs)*time.Second), errTimedOut)
 	}
 	job.progress = func(v any) error { return w.setProgress(h, v) }
 	w.mu.Lock()

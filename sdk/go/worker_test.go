@@ -98,6 +98,20 @@ func enqueue(t *testing.T, kind, queue string, payload any, config JobConfig) *J
 	return job
 }
 
+// noWorkerGoroutines fails unless, Run having returned, every goroutine it
+// started has ended (a goroutine past its last deferred call may still be
+// ending: it is given the time to).
+func noWorkerGoroutines(t *testing.T) {
+	t.Helper()
+	until := time.Now().Add(cap)
+	for left := workerGoroutines(); len(left) > 0; left = workerGoroutines() {
+		if time.Now().After(until) {
+			t.Fatalf("goroutines of the worker outlive Run:\n%s", strings.Join(left, "\n\n"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // workerGoroutines are the goroutines running the worker's code.
 func workerGoroutines() []string {
 	buf := make([]byte, 1<<20)
@@ -241,14 +255,7 @@ func TestDrainFinishesHeldJobsAndLeasesNothing(t *testing.T) {
 	if got, _ := client.JobGet(context.Background(), later.ID); got.Status != StatusPending || got.Attempt != 0 {
 		t.Errorf("nothing is leased after a drain: %s attempt %d", got.Status, got.Attempt)
 	}
-	// Run has returned: every goroutine it started has ended (or is ending).
-	until := time.Now().Add(cap)
-	for left := workerGoroutines(); len(left) > 0; left = workerGoroutines() {
-		if time.Now().After(until) {
-			t.Fatalf("goroutines of the worker outlive Run:\n%s", strings.Join(left, "\n\n"))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	noWorkerGoroutines(t)
 }
 
 func TestUnauthorizedEndsRun(t *testing.T) {
@@ -259,6 +266,7 @@ func TestUnauthorizedEndsRun(t *testing.T) {
 	if !errors.As(err, &api) || api.Status != 401 {
 		t.Fatalf("a 401 ends Run with it, not %v", err)
 	}
+	noWorkerGoroutines(t)
 }
 
 func TestLeaseCallsBackOffOnTransportErrors(t *testing.T) {
