@@ -234,6 +234,18 @@ func (c *Client) Heartbeat(ctx context.Context, jobID, leaseToken string, extend
 	return &answer, nil
 }
 
+// JobProgress records progress (a JSON object of at most 8 KiB) as the job's,
+// extending nothing; it answers as Heartbeat does. A handler Run runs
+// reports with Job.Progress, which sends it with a heartbeat.
+func (c *Client) JobProgress(ctx context.Context, jobID, leaseToken string, progress any) (*HeartbeatAnswer, error) {
+	var answer HeartbeatAnswer
+	body := progressRequest{LeaseToken: leaseToken, Progress: progress}
+	if err := c.call(ctx, "progress", []string{jobID}, nil, body, &answer, "status", 0); err != nil {
+		return nil, err
+	}
+	return &answer, nil
+}
+
 // Complete records success with result (nil for {}); replaying it with the
 // same token changes nothing.
 func (c *Client) Complete(ctx context.Context, jobID, leaseToken string, result any) error {

@@ -14,6 +14,7 @@ var routes = map[string]route{
 	// The worker protocol (worker token).
 	"lease":         {"POST", "/api/v1/queues/{queue}/lease", "LeaseRequest", "LeasesAnswer", nil},
 	"heartbeat":     {"POST", "/api/v1/jobs/{job_id}/heartbeat", "HeartbeatRequest", "HeartbeatAnswer", nil},
+	"progress":      {"POST", "/api/v1/jobs/{job_id}/progress", "ProgressRequest", "HeartbeatAnswer", nil},
 	"complete":      {"POST", "/api/v1/jobs/{job_id}/complete", "CompleteRequest", "", nil},
 	"fail":          {"POST", "/api/v1/jobs/{job_id}/fail", "FailRequest", "", nil},
 	"snooze":        {"POST", "/api/v1/jobs/{job_id}/snooze", "SnoozeRequest", "", nil},

@@ -52,19 +52,23 @@ type Job struct {
 	Unique      *Unique           `json:"unique"`
 	Headers     map[string]string `json:"headers"`
 	Schedule    *string           `json:"schedule"`
+	// LastProgress is the last progress its handler reported (Job.Progress),
+	// and ProgressAt when.
+	LastProgress json.RawMessage `json:"progress"`
+	ProgressAt   *time.Time      `json:"progress_at"`
 
 	// progress is the worker's: Job.Progress hands the value to it.
 	progress func(v any) error
 }
 
-// UnmarshalJSON reads a job as the wire has it, a null Result or Context
-// as nil (encoding/json keeps a null json.RawMessage as the text "null").
+// UnmarshalJSON reads a job as the wire has it, a null Result, Context or
+// LastProgress as nil (encoding/json keeps a null json.RawMessage as the text "null").
 func (j *Job) UnmarshalJSON(data []byte) error {
 	type wire Job
 	if err := json.Unmarshal(data, (*wire)(j)); err != nil {
 		return err
 	}
-	for _, raw := range []*json.RawMessage{&j.Result, &j.Context} {
+	for _, raw := range []*json.RawMessage{&j.Result, &j.Context, &j.LastProgress} {
 		if string(*raw) == "null" {
 			*raw = nil
 		}
@@ -198,6 +202,11 @@ type heartbeatRequest struct {
 type HeartbeatAnswer struct {
 	Status      Status     `json:"status"`
 	LockedUntil *time.Time `json:"locked_until,omitempty"`
+}
+
+type progressRequest struct {
+	LeaseToken string `json:"lease_token"`
+	Progress   any    `json:"progress"`
 }
 
 type completeRequest struct {

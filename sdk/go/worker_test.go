@@ -307,3 +307,36 @@ func TestRunRefusesBadOptions(t *testing.T) {
 		}
 	}
 }
+
+func TestProgressGoesWithAHeartbeat(t *testing.T) {
+	queue := queueOf(t)
+	client := newClient(t)
+	errs := make(chan error, 3)
+	handlers := map[string]Handler{"report": func(ctx context.Context, job *Job) (any, error) {
+		errs <- job.Progress([]int{1})
+		errs <- job.Progress(map[string]string{"big": strings.Repeat("x", maxProgress)})
+		if err := job.Progress(map[string]int{"page": 1}); err != nil {
+			return nil, err
+		}
+		errs <- job.Progress(map[string]int{"page": 3}) // the latest wins
+		// The job runs until its progress is on the server: a lease of 60 s
+		// renews after 30, so the progress went on a heartbeat of its own.
+		waitJob(t, client, job.ID, func(j *Job) bool { return j.LastProgress != nil })
+		return nil, nil
+	}}
+	job := enqueue(t, "report", queue, nil, JobConfig{})
+	startWorker(t, queue, handlers, Options{})
+	if err := <-errs; err == nil || !strings.Contains(err.Error(), "JSON object") {
+		t.Errorf("a progress that is not an object is refused: %v", err)
+	}
+	if err := <-errs; err == nil || !strings.Contains(err.Error(), "8192") {
+		t.Errorf("a progress over 8 KiB is refused: %v", err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	got := waitJob(t, client, job.ID, terminal)
+	if got.Status != StatusCompleted || string(got.LastProgress) != `{"page":3}` || got.ProgressAt == nil {
+		t.Errorf("the job's progress: %s %s at %v", got.Status, got.LastProgress, got.ProgressAt)
+	}
+}
