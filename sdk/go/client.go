@@ -226,21 +226,19 @@ func (c *Client) Lease(ctx context.Context, queue string, request LeaseRequest) 
 // running while the job is this token's; anything else, or an *APIError 409,
 // means stop and report nothing.
 func (c *Client) Heartbeat(ctx context.Context, jobID, leaseToken string, extendSecs int) (*HeartbeatAnswer, error) {
-	var answer HeartbeatAnswer
-	body := heartbeatRequest{LeaseToken: leaseToken, ExtendSecs: extendSecs}
-	if err := c.call(ctx, "heartbeat", []string{jobID}, nil, body, &answer, "status", 0); err != nil {
-		return nil, err
-	}
-	return &answer, nil
+	return c.beat(ctx, "heartbeat", jobID, heartbeatRequest{LeaseToken: leaseToken, ExtendSecs: extendSecs})
 }
 
 // JobProgress records progress (a JSON object of at most 8 KiB) as the job's,
 // extending nothing; it answers as Heartbeat does. A handler Run runs
 // reports with Job.Progress, which sends it with a heartbeat.
 func (c *Client) JobProgress(ctx context.Context, jobID, leaseToken string, progress any) (*HeartbeatAnswer, error) {
+	return c.beat(ctx, "progress", jobID, progressRequest{LeaseToken: leaseToken, Progress: progress})
+}
+
+func (c *Client) beat(ctx context.Context, name, jobID string, body any) (*HeartbeatAnswer, error) {
 	var answer HeartbeatAnswer
-	body := progressRequest{LeaseToken: leaseToken, Progress: progress}
-	if err := c.call(ctx, "progress", []string{jobID}, nil, body, &answer, "status", 0); err != nil {
+	if err := c.call(ctx, name, []string{jobID}, nil, body, &answer, "status", 0); err != nil {
 		return nil, err
 	}
 	return &answer, nil

@@ -109,6 +109,9 @@ func TestWorkerProtocolCalls(t *testing.T) {
 	if err != nil || len(results) != 2 || results[0].Code != 200 || *results[0].Status != StatusRunning || results[1].Code != 409 {
 		t.Fatalf("HeartbeatMany: %+v %v", results, err)
 	}
+	if answer, err := client.JobProgress(ctx, one.Job.ID, one.LeaseToken, map[string]int{"page": 2}); err != nil || answer.Status != StatusRunning {
+		t.Fatalf("JobProgress: %+v %v", answer, err)
+	}
 	if err := client.Complete(ctx, one.Job.ID, one.LeaseToken, map[string]int{"n": 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +139,7 @@ func TestWorkerProtocolCalls(t *testing.T) {
 	done, _ := client.JobGet(ctx, one.Job.ID)
 	failed, _ := client.JobGet(ctx, two.Job.ID)
 	snoozed, _ := client.JobGet(ctx, three.Job.ID)
-	if string(done.Result) != `{"n":1}` || failed.Status != StatusPending || *failed.Error != "bad" ||
+	if string(done.Result) != `{"n":1}` || string(done.LastProgress) != `{"page":2}` || failed.Status != StatusPending || *failed.Error != "bad" ||
 		failed.ScheduledAt.Before(time.Now().Add(50*time.Minute)) || snoozed.Status != StatusPending || snoozed.MaxAttempts != 6 {
 		t.Fatalf("the reports did not land as sent: %+v %+v %+v", done, failed, snoozed)
 	}
