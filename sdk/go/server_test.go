@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -139,9 +140,12 @@ func newClient(t *testing.T) *Client {
 	return client
 }
 
-// queueOf is a queue of the test's own.
+var queues atomic.Int64
+
+// queueOf is a queue of the test's own, a new one on each call (go test
+// -count=N runs a test again on the same server).
 func queueOf(t *testing.T) string {
-	return strings.NewReplacer("/", ".", " ", "_").Replace(t.Name())
+	return fmt.Sprintf("%s-%d", strings.NewReplacer("/", ".", " ", "_").Replace(t.Name()), queues.Add(1))
 }
 
 // waitJob polls jobID until done holds (the cap only turns a hang into a failure).

@@ -223,10 +223,10 @@ func TestTimeoutCancelsTheHandler(t *testing.T) {
 func TestDrainFinishesHeldJobsAndLeasesNothing(t *testing.T) {
 	queue := queueOf(t)
 	release := make(chan struct{})
-	var ctxErr error
+	ctxErrs := make(chan error, 2)
 	handlers := map[string]Handler{"hold": func(ctx context.Context, job *Job) (any, error) {
 		<-release
-		ctxErr = ctx.Err()
+		ctxErrs <- ctx.Err()
 		return map[string]bool{"held": true}, nil
 	}}
 	held := enqueue(t, "hold", queue, nil, JobConfig{})
@@ -245,8 +245,8 @@ func TestDrainFinishesHeldJobsAndLeasesNothing(t *testing.T) {
 	if err := w.stop(t); err != nil {
 		t.Fatalf("a drained Run returns nil, not %v", err)
 	}
-	if ctxErr != nil {
-		t.Errorf("a drain leaves the handlers' contexts alone: %v", ctxErr)
+	if err := <-ctxErrs; err != nil {
+		t.Errorf("a drain leaves the handlers' contexts alone: %v", err)
 	}
 	client := newClient(t)
 	if got, _ := client.JobGet(context.Background(), held.ID); got.Status != StatusCompleted {
