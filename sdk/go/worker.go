@@ -220,8 +220,8 @@ type worker struct {
 	leaseCtx    context.Context // Run's, also cancelled when the worker dies
 	stopLeasing context.CancelCauseFunc
 
-	wg        sync.WaitGroup // every goroutine the worker starts
-	running   sync.WaitGroup // the handlers' goroutines
+	wg        sync.WaitGroup // the scheduler, the reporter, and each renewal and report call
+	running   sync.WaitGroup // the handlers, one goroutine each
 	emitMu    sync.Mutex
 	reports   chan report
 	kick      chan struct{} // wakes the heartbeat scheduler
