@@ -5,6 +5,7 @@
 
 mod client;
 mod drift;
+mod example;
 mod worker;
 
 use std::io::{BufRead, BufReader};
@@ -109,4 +110,21 @@ pub fn obj(value: serde_json::Value) -> qftrio::Object {
         serde_json::Value::Object(map) => map,
         other => panic!("not an object: {other}"),
     }
+}
+
+/// The job once it has ended (polled: bounded by the work; the cap only
+/// turns a hang into a failure).
+pub async fn settled(client: &Client, id: &str) -> qftrio::Job {
+    let wait = async {
+        loop {
+            let job = client.job_get(id).await.unwrap();
+            if job.status.is_terminal() {
+                return job;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(120), wait)
+        .await
+        .unwrap_or_else(|_| panic!("job {id} never ended"))
 }

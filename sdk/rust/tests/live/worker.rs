@@ -10,7 +10,7 @@ use qftrio::*;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{client, obj, queue, server};
+use crate::{client, obj, queue, server, settled};
 
 /// Generous: it only turns a hang into a failure.
 const CAP: Duration = Duration::from_secs(60);
@@ -30,21 +30,6 @@ async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> 
     tokio::time::timeout(CAP, future)
         .await
         .unwrap_or_else(|_| panic!("{what} did not happen"))
-}
-
-/// Wait for `job` to reach a terminal status (the server's own long wait is
-/// not in this version's API: poll, bounded by the work).
-async fn settled(client: &Client, id: &str) -> Job {
-    within("the job ending", async {
-        loop {
-            let job = client.job_get(id).await.unwrap();
-            if job.status.is_terminal() {
-                return job;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
 }
 
 #[tokio::test]
