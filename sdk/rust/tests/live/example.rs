@@ -104,3 +104,16 @@ async fn kill_a_worker() {
     line_with(&mut beta_lines, "stopping").await;
     assert!(beta.wait().unwrap().success());
 }
+
+#[test]
+fn the_docs_show_the_example_as_it_is() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let docs = std::fs::read_to_string(root.join("../../docs/sdk-rust.md")).unwrap();
+    let example = std::fs::read_to_string(root.join("examples/worker.rs")).unwrap();
+    assert!(
+        docs.contains(&format!(
+            "`sdk/rust/examples/worker.rs`:\n\n```rust\n{example}```\n"
+        )),
+        "docs/sdk-rust.md does not show examples/worker.rs as it is"
+    );
+}
