@@ -272,6 +272,26 @@ impl Client {
         .await
     }
 
+    /// Record how far a job's handler has got (a JSON object of at most
+    /// 8 KiB; the latest wins), extending nothing; the same answers as
+    /// `heartbeat`. A handler the `Worker` runs reports with `ctx.progress()`.
+    pub async fn job_progress(
+        &self,
+        job_id: &str,
+        lease_token: &str,
+        progress: Object,
+    ) -> Result<HeartbeatAnswer> {
+        let body = json!({"lease_token": lease_token, "progress": progress});
+        self.call(
+            &routes::PROGRESS,
+            &[job_id],
+            &[],
+            Some(body),
+            Duration::ZERO,
+        )
+        .await
+    }
+
     /// Complete a job with `result`.
     pub async fn complete(&self, job_id: &str, lease_token: &str, result: Object) -> Result<()> {
         let body = json!({"lease_token": lease_token, "result": result});
@@ -322,11 +342,6 @@ impl Client {
 
     /// Renew many leases in one call; one answer per item, in order.
     pub async fn heartbeat_many(&self, items: Vec<HeartbeatItem>) -> Result<Vec<ReportResult>> {
-        self.many(&routes::HEARTBEAT_MANY, items).await
-    }
-
-    /// Heartbeat items as JSON objects, for fields the typed item does not carry.
-    pub(crate) async fn heartbeat_many_raw(&self, items: Vec<Value>) -> Result<Vec<ReportResult>> {
         self.many(&routes::HEARTBEAT_MANY, items).await
     }
 

@@ -27,6 +27,7 @@ pub const HEARTBEAT: Route = route("POST", "/api/v1/jobs/{job_id}/heartbeat");
 pub const COMPLETE: Route = route("POST", "/api/v1/jobs/{job_id}/complete");
 pub const FAIL: Route = route("POST", "/api/v1/jobs/{job_id}/fail");
 pub const SNOOZE: Route = route("POST", "/api/v1/jobs/{job_id}/snooze");
+pub const PROGRESS: Route = route("POST", "/api/v1/jobs/{job_id}/progress");
 pub const HEARTBEAT_MANY: Route = route("POST", "/api/v1/leases/heartbeat");
 pub const COMPLETE_MANY: Route = route("POST", "/api/v1/leases/complete");
 pub const FAIL_MANY: Route = route("POST", "/api/v1/leases/fail");
@@ -82,6 +83,7 @@ pub const ALL: &[Route] = &[
     COMPLETE,
     FAIL,
     SNOOZE,
+    PROGRESS,
     HEARTBEAT_MANY,
     COMPLETE_MANY,
     FAIL_MANY,

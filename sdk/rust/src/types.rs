@@ -79,6 +79,9 @@ pub struct Job {
     pub unique: Option<Object>,
     pub headers: Option<BTreeMap<String, String>>,
     pub schedule: Option<String>,
+    /// The last progress its handler reported (`ctx.progress()`), and when.
+    pub progress: Option<Object>,
+    pub progress_at: Option<String>,
 }
 
 /// A leased job and the token that proves the lease (`LeaseAnswer`).
@@ -126,6 +129,9 @@ pub struct HeartbeatItem {
     pub id: String,
     pub lease_token: String,
     pub extend_secs: u32,
+    /// The handler's latest progress, recorded with this heartbeat.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Object>,
 }
 
 /// An item of `POST /api/v1/leases/complete` (`CompleteManyItem`).

@@ -44,7 +44,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::{sleep, sleep_until, Instant};
@@ -53,7 +53,8 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use crate::client::Client;
 use crate::error::{BoxError, Error, Result};
 use crate::types::{
-    CompleteItem, FailItem, Job, Lease, LeaseRequest, Object, ReportResult, SnoozeItem, Status,
+    CompleteItem, FailItem, HeartbeatItem, Job, Lease, LeaseRequest, Object, ReportResult,
+    SnoozeItem, Status,
 };
 
 /// What a handler's future answers: a JSON object (or `null` for `{}`) completes the job.
@@ -63,9 +64,8 @@ type HandlerFuture = Pin<Box<dyn Future<Output = HandlerResult> + Send>>;
 type Handler = Arc<dyn Fn(Job, JobContext) -> HandlerFuture + Send + Sync>;
 /// A listener of the worker's events.
 pub type OnEvent = Arc<dyn Fn(&Event) + Send + Sync>;
-/// A renewal in a heartbeat batch: the held job's key, its item, and the
-/// progress it carries (kept to send again if the call fails).
-type Renewal = (u64, Value, Option<Value>);
+/// A renewal in a heartbeat batch: the held job's key and its item.
+type Renewal = (u64, HeartbeatItem);
 
 const MAX_LEASE_JOBS: usize = 100;
 const MAX_BATCH: usize = 1000;
@@ -223,10 +223,10 @@ impl JobContext {
     /// sent with the job's next heartbeat, within a second; the latest value
     /// wins. A value that is not an object, or too large, is refused here.
     pub fn progress(&self, value: Value) -> Result<()> {
-        if !value.is_object() {
+        let Value::Object(value) = value else {
             return Err(Error::Config("progress must be a JSON object".into()));
-        }
-        let size = value.to_string().len();
+        };
+        let size = serde_json::to_vec(&value).map_or(usize::MAX, |bytes| bytes.len());
         if size > MAX_PROGRESS_BYTES {
             return Err(Error::Config(format!(
                 "progress is {size} bytes of JSON; at most {MAX_PROGRESS_BYTES} are kept"
@@ -545,7 +545,7 @@ struct Held {
     lost: Option<String>,
     /// Of the last renewal or report that failed.
     last_error: Option<String>,
-    progress: Option<Value>,
+    progress: Option<Object>,
     progress_due: Option<Instant>,
 }
 
@@ -1033,17 +1033,14 @@ impl Shared {
                 .map_or(held.next_beat, |p| p.min(held.next_beat));
             if !held.in_call && beat_at <= now + COALESCE {
                 held.in_call = true;
-                let progress = held.progress.take();
                 held.progress_due = None;
-                let mut item = json!({
-                    "id": held.job_id,
-                    "lease_token": held.token,
-                    "extend_secs": self.lease_secs,
-                });
-                if let Some(progress) = &progress {
-                    item["progress"] = progress.clone();
-                }
-                due.push((*key, item, progress));
+                let item = HeartbeatItem {
+                    id: held.job_id.clone(),
+                    lease_token: held.token.clone(),
+                    extend_secs: self.lease_secs,
+                    progress: held.progress.take(),
+                };
+                due.push((*key, item));
             }
             let mut next = held.deadline - self.margin;
             if !held.in_call {
@@ -1057,15 +1054,15 @@ impl Shared {
     /// One batch renewal: extend the leases still ours, cancel the jobs that are not.
     async fn renew(self: Arc<Self>, due: Vec<Renewal>) {
         let sent_at = Instant::now();
-        let items = due.iter().map(|(_, item, _)| item.clone()).collect();
-        let answer = self.client.heartbeat_many_raw(items).await;
+        let (keys, items): (Vec<_>, Vec<_>) = due.into_iter().unzip();
+        let answer = self.client.heartbeat_many(items.clone()).await;
         if let Err(error) = &answer {
             if is_fatal(error) {
                 return self.die(error.clone());
             }
         }
         let mut state = self.state();
-        for (i, (key, _, progress)) in due.into_iter().enumerate() {
+        for (i, (key, item)) in keys.into_iter().zip(items).enumerate() {
             let Some(held) = state.held.get_mut(&key) else {
                 continue;
             };
@@ -1105,8 +1102,9 @@ impl Shared {
                     held.failures += 1;
                     held.last_error = Some(error.to_string());
                     held.next_beat = Instant::now() + backoff(held.failures, REPORT_BACKOFF);
-                    if held.progress.is_none() && progress.is_some() {
-                        held.progress = progress;
+                    // Its progress goes with the next try, unless a newer one came meanwhile.
+                    if held.progress.is_none() && item.progress.is_some() {
+                        held.progress = item.progress;
                         held.progress_due = Some(held.next_beat);
                     }
                 }

@@ -187,14 +187,33 @@ async fn the_worker_protocol() {
             id: a.job.id.clone(),
             lease_token: a.lease_token.clone(),
             extend_secs: 30,
+            progress: Some(obj(json!({"page": 2}))),
         },
         HeartbeatItem {
             id: b.job.id.clone(),
             lease_token: "stale".into(),
             extend_secs: 30,
+            progress: None,
         },
     ];
     let results = client.heartbeat_many(items).await.unwrap();
+    assert_eq!(
+        client.job_get(&a.job.id).await.unwrap().progress,
+        Some(obj(json!({"page": 2})))
+    );
+    let recorded = client
+        .job_progress(&a.job.id, &a.lease_token, obj(json!({"page": 3})))
+        .await
+        .unwrap();
+    assert_eq!(recorded.status, Status::Running);
+    let job = client.job_get(&a.job.id).await.unwrap();
+    assert_eq!(job.progress, Some(obj(json!({"page": 3}))));
+    assert!(job.progress_at.is_some());
+    let refused = client
+        .job_progress(&a.job.id, "stale", Object::new())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.status(), Some(409));
     assert_eq!(
         (results[0].code, results[0].status),
         (200, Some(Status::Running))

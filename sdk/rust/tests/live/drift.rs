@@ -178,11 +178,13 @@ async fn every_wire_type_matches_its_schema() {
                 id: s(),
                 lease_token: s(),
                 extend_secs: 1,
+                progress: Some(Object::new()),
             }),
             keys(HeartbeatItem {
                 id: s(),
                 lease_token: s(),
                 extend_secs: 1,
+                progress: None,
             }),
         ),
         (

@@ -447,3 +447,51 @@ async fn progress_is_refused_unless_a_small_object() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn progress_goes_with_the_next_heartbeat_latest_winning() {
+    let client = client();
+    let q = queue("progress-sent");
+    let job = client
+        .enqueue("report", Object::new(), JobConfig::queue(&q))
+        .await
+        .unwrap();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let released = release.clone();
+    let (reported, mut reported_rx) = mpsc::unbounded_channel();
+    // A long lease: the progress, not a renewal, makes the heartbeat go.
+    let worker =
+        Worker::new(client.clone(), &q, options(1, 600)).register("report", move |_job, ctx| {
+            let (released, reported) = (released.clone(), reported.clone());
+            async move {
+                ctx.progress(json!({"page": 1}))?;
+                ctx.progress(json!({"page": 2}))?;
+                reported.send(()).unwrap();
+                released.notified().await;
+                Ok(json!({}))
+            }
+        });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(worker.run_until(async {
+        let _ = stopped.await;
+    }));
+    within("the handler reporting", reported_rx.recv()).await;
+    let seen = within("the progress landing", async {
+        loop {
+            let job = client.job_get(&job.id).await.unwrap();
+            if job.progress.is_some() {
+                return job;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(seen.progress, Some(obj(json!({"page": 2}))));
+    assert_eq!(seen.status, Status::Running);
+    release.notify_one();
+    stop.send(()).unwrap();
+    within("run_until returning", running)
+        .await
+        .unwrap()
+        .unwrap();
+}
