@@ -112,13 +112,17 @@ pub fn obj(value: serde_json::Value) -> qftrio::Object {
     }
 }
 
-/// The job once it has ended (polled: bounded by the work; the cap only
-/// turns a hang into a failure).
-pub async fn settled(client: &Client, id: &str) -> qftrio::Job {
+/// The job once `done` holds of it (polled: bounded by the work; the cap
+/// only turns a hang into a failure).
+pub async fn job_until(
+    client: &Client,
+    id: &str,
+    done: impl Fn(&qftrio::Job) -> bool,
+) -> qftrio::Job {
     let wait = async {
         loop {
             let job = client.job_get(id).await.unwrap();
-            if job.status.is_terminal() {
+            if done(&job) {
                 return job;
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -126,5 +130,10 @@ pub async fn settled(client: &Client, id: &str) -> qftrio::Job {
     };
     tokio::time::timeout(std::time::Duration::from_secs(120), wait)
         .await
-        .unwrap_or_else(|_| panic!("job {id} never ended"))
+        .unwrap_or_else(|_| panic!("job {id} never got there"))
+}
+
+/// The job once it has ended.
+pub async fn settled(client: &Client, id: &str) -> qftrio::Job {
+    job_until(client, id, |job| job.status.is_terminal()).await
 }

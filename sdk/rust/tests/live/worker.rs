@@ -10,7 +10,7 @@ use qftrio::*;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{client, obj, queue, server, settled};
+use crate::{client, job_until, obj, queue, server, settled};
 
 /// Generous: it only turns a hang into a failure.
 const CAP: Duration = Duration::from_secs(60);
@@ -476,16 +476,7 @@ async fn progress_goes_with_the_next_heartbeat_latest_winning() {
         let _ = stopped.await;
     }));
     within("the handler reporting", reported_rx.recv()).await;
-    let seen = within("the progress landing", async {
-        loop {
-            let job = client.job_get(&job.id).await.unwrap();
-            if job.progress.is_some() {
-                return job;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    let seen = job_until(&client, &job.id, |job| job.progress.is_some()).await;
     assert_eq!(seen.progress, Some(obj(json!({"page": 2}))));
     assert_eq!(seen.status, Status::Running);
     release.notify_one();
