@@ -290,6 +290,10 @@ impl Worker {
     /// server refuses, an answer that is not qftrio's).
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         self.validate()?;
+        let signals = match self.options.handle_signals {
+            true => Some(Signals::listen()?),
+            false => None,
+        };
         let options = self.options;
         let worker_id = options.worker_id.clone().unwrap_or_else(default_worker_id);
         let (changed, _) = watch::channel(0u64);
@@ -317,8 +321,8 @@ impl Worker {
         });
         let mut background = JoinSet::new();
         background.spawn(heartbeats(shared.clone()));
-        if options.handle_signals {
-            background.spawn(watch_signals(shared.clone()));
+        if let Some(signals) = signals {
+            background.spawn(watch_signals(shared.clone(), signals));
         }
         let mut jobs = JoinSet::new();
         shared.lease_loop(&mut jobs, shutdown).await;
@@ -1136,39 +1140,57 @@ async fn heartbeats(shared: Arc<Shared>) {
     }
 }
 
-/// The first SIGINT/SIGTERM drains; the second quits the process at once.
-async fn watch_signals(shared: Arc<Shared>) {
+/// SIGINT and SIGTERM, listened to from the moment this is made (made
+/// before anything is leased, so that no signal finds the default handler).
+struct Signals {
     #[cfg(unix)]
-    let mut terminate =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let mut signals = 0;
-    loop {
+    streams: Vec<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn listen() -> Result<Signals> {
         #[cfg(unix)]
-        let term = async {
-            match terminate.as_mut() {
-                Some(term) => {
-                    term.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let term = std::future::pending::<()>();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term => {}
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let streams = [SignalKind::interrupt(), SignalKind::terminate()]
+                .into_iter()
+                .map(signal)
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(|e| Error::Config(format!("cannot listen for SIGINT and SIGTERM: {e}")))?;
+            Ok(Signals { streams })
         }
-        signals += 1;
-        if signals == 1 {
-            shared.drain();
-        } else {
-            // Held jobs are not reported; their leases run out and other
-            // workers take them.
-            let held = shared.state().held.len();
-            let mut event = Event::new(EventKind::Stopping);
-            event.error = Some(format!("quitting: {held} held job(s) abandoned"));
-            shared.emit(event);
-            std::process::exit(130);
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            let [interrupt, terminate] = &mut self.streams[..] else {
+                unreachable!("two streams are made")
+            };
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
         }
     }
+}
+
+/// The first SIGINT/SIGTERM drains; the second quits the process at once.
+async fn watch_signals(shared: Arc<Shared>, mut signals: Signals) {
+    signals.next().await;
+    shared.drain();
+    signals.next().await;
+    // Held jobs are not reported; their leases run out and other workers
+    // take them.
+    let held = shared.state().held.len();
+    let mut event = Event::new(EventKind::Stopping);
+    event.error = Some(format!("quitting: {held} held job(s) abandoned"));
+    shared.emit(event);
+    std::process::exit(130);
 }
