@@ -80,7 +80,7 @@ const REPORT_BACKOFF: (f64, f64) = (0.25, 5.0);
 /// Allowed between the server's claim and our reading its answer: the lease
 /// is reckoned from then.
 const CLAIM_SLACK: Duration = Duration::from_millis(100);
-/// Renewals falling due within this long of each other go together.
+/// Renewals, and reports, falling due within this long of each other go together.
 const COALESCE: Duration = Duration::from_millis(5);
 /// A progress value waits at most this long for the heartbeat that carries it.
 const PROGRESS_DELAY: Duration = Duration::from_millis(500);
@@ -315,6 +315,7 @@ impl Worker {
                 next_key: 0,
                 fatal: None,
             }),
+            reports: Mutex::new(Default::default()),
             changed,
             stop: CancellationToken::new(),
             quit: CancellationToken::new(),
@@ -524,6 +525,55 @@ impl Outcome {
     }
 }
 
+/// A report's item, for its batch route.
+#[derive(Clone)]
+enum Report {
+    Complete(CompleteItem),
+    Fail(FailItem),
+    Snooze(SnoozeItem),
+}
+
+impl Report {
+    fn of(outcome: &Outcome, id: &str, token: &str) -> Report {
+        let (id, lease_token) = (id.to_owned(), token.to_owned());
+        match outcome {
+            Outcome::Complete(result) => Report::Complete(CompleteItem {
+                id,
+                lease_token,
+                result: result.clone(),
+            }),
+            Outcome::Fail {
+                error,
+                retryable,
+                retry_in,
+            } => Report::Fail(FailItem {
+                id,
+                lease_token,
+                error: error.clone(),
+                retryable: *retryable,
+                retry_in_secs: retry_in.map(|d| d.as_secs_f64()),
+            }),
+            Outcome::Snooze(delay) => Report::Snooze(SnoozeItem {
+                id,
+                lease_token,
+                delay_secs: delay.as_secs_f64(),
+            }),
+        }
+    }
+
+    /// Which batch it goes in.
+    fn kind(&self) -> usize {
+        match self {
+            Report::Complete(_) => 0,
+            Report::Fail(_) => 1,
+            Report::Snooze(_) => 2,
+        }
+    }
+}
+
+/// Reports waiting for their batch call, by kind, each with where its answer goes.
+type PendingReports = [Vec<(Report, oneshot::Sender<Result<u16>>)>; 3];
+
 /// One leased job, from claim to report.
 struct Held {
     job_id: String,
@@ -582,6 +632,7 @@ struct Shared {
     worker_id: String,
     on_event: Option<OnEvent>,
     state: Mutex<State>,
+    reports: Mutex<PendingReports>,
     /// Bumped on every change the lease loop or the heartbeat scheduler waits for.
     changed: watch::Sender<u64>,
     /// Drain: lease nothing more.
@@ -922,41 +973,9 @@ impl Shared {
                 self.job_event(EventKind::Unreported, key, |e| e.error = Some(error));
                 return;
             }
-            let sent = match &outcome {
-                Outcome::Complete(result) => {
-                    let item = CompleteItem {
-                        id: id.clone(),
-                        lease_token: token.clone(),
-                        result: result.clone(),
-                    };
-                    self.client.complete_many(vec![item]).await
-                }
-                Outcome::Fail {
-                    error,
-                    retryable,
-                    retry_in,
-                } => {
-                    let item = FailItem {
-                        id: id.clone(),
-                        lease_token: token.clone(),
-                        error: error.clone(),
-                        retryable: *retryable,
-                        retry_in_secs: retry_in.map(|d| d.as_secs_f64()),
-                    };
-                    self.client.fail_many(vec![item]).await
-                }
-                Outcome::Snooze(delay) => {
-                    let item = SnoozeItem {
-                        id: id.clone(),
-                        lease_token: token.clone(),
-                        delay_secs: delay.as_secs_f64(),
-                    };
-                    self.client.snooze_many(vec![item]).await
-                }
-            };
+            let sent = self.send_report(Report::of(&outcome, &id, &token)).await;
             match sent {
-                Ok(results) => {
-                    let code = results.first().map_or(0, |r| r.code);
+                Ok(code) => {
                     if code == 204 {
                         match outcome {
                             Outcome::Complete(_) => {
@@ -1009,6 +1028,74 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Send one report, in one call with the reports of the same kind that
+    /// fall due within a few milliseconds: the first of them waits that
+    /// long, then sends them all and hands each its item's answer code.
+    async fn send_report(&self, report: Report) -> Result<u16> {
+        let kind = report.kind();
+        let (answer, answered) = oneshot::channel();
+        let lead = {
+            let mut pending = lock(&self.reports);
+            pending[kind].push((report, answer));
+            pending[kind].len() == 1
+        };
+        if lead {
+            sleep(COALESCE).await;
+            let batch = std::mem::take(&mut lock(&self.reports)[kind]);
+            let mut batch = batch.into_iter().peekable();
+            while batch.peek().is_some() {
+                let chunk: Vec<_> = batch.by_ref().take(MAX_BATCH).collect();
+                let (reports, answers): (Vec<_>, Vec<_>) = chunk.into_iter().unzip();
+                match self.call_reports(reports.clone()).await {
+                    Ok(codes) => answers.into_iter().zip(codes).for_each(|(a, code)| {
+                        let _ = a.send(Ok(code));
+                    }),
+                    Err(error) if is_refusal(&error) && reports.len() > 1 => {
+                        // One report's result, say, is too large: send them
+                        // one by one, so that it fails alone.
+                        for (report, answer) in reports.into_iter().zip(answers) {
+                            let code = self.call_reports(vec![report]).await.map(|codes| codes[0]);
+                            let _ = answer.send(code);
+                        }
+                    }
+                    Err(error) => answers.into_iter().for_each(|a| {
+                        let _ = a.send(Err(error.clone()));
+                    }),
+                }
+            }
+        }
+        // Its sender is dropped only when the worker stops on an error.
+        answered.await.unwrap_or_else(|_| {
+            Err(Error::Unexpected(
+                "the worker stopped before the report was sent".into(),
+            ))
+        })
+    }
+
+    /// One batch call for `reports`, all of one kind: each one's answer code, in order.
+    async fn call_reports(&self, reports: Vec<Report>) -> Result<Vec<u16>> {
+        let count = reports.len();
+        let (mut complete, mut fail, mut snooze) = (Vec::new(), Vec::new(), Vec::new());
+        for report in reports {
+            match report {
+                Report::Complete(item) => complete.push(item),
+                Report::Fail(item) => fail.push(item),
+                Report::Snooze(item) => snooze.push(item),
+            }
+        }
+        let results = if !complete.is_empty() {
+            self.client.complete_many(complete).await?
+        } else if !fail.is_empty() {
+            self.client.fail_many(fail).await?
+        } else {
+            self.client.snooze_many(snooze).await?
+        };
+        // An answer that leaves an item out counts as no answer for it (0).
+        Ok((0..count)
+            .map(|i| results.get(i).map_or(0, |r| r.code))
+            .collect())
     }
 
     // -- heartbeats -----------------------------------------------------------
