@@ -1066,11 +1066,14 @@ impl Shared {
                 }
             }
         }
-        // Its sender is dropped only when the worker stops on an error.
+        // Its sender is dropped only if the task sending the batch ended
+        // first (the worker stopping): no answer, as if the call had failed.
         answered.await.unwrap_or_else(|_| {
-            Err(Error::Unexpected(
-                "the worker stopped before the report was sent".into(),
-            ))
+            Err(Error::Transport {
+                method: "POST",
+                path: "/api/v1/leases/...".into(),
+                message: "the batch call was abandoned".into(),
+            })
         })
     }
 
