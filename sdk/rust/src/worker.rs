@@ -68,6 +68,8 @@ pub type OnEvent = Arc<dyn Fn(&Event) + Send + Sync>;
 type Renewal = (u64, HeartbeatItem);
 
 const MAX_LEASE_JOBS: usize = 100;
+/// Each lane costs little, but not nothing: a bound, far above any use.
+const MAX_LANES: usize = 10_000;
 const MAX_BATCH: usize = 1000;
 const MAX_WORKER_ID: usize = 200;
 const MAX_ERROR_CHARS: usize = 65536;
@@ -150,7 +152,7 @@ pub struct WorkerOptions {
     pub worker_id: Option<String>,
     /// The first SIGINT/SIGTERM drains, the second quits the process at once (default true).
     pub handle_signals: bool,
-    /// Called with every event. It must not block.
+    /// Called with every event. It must not block; a panic in it is ignored.
     pub on_event: Option<OnEvent>,
 }
 
@@ -363,8 +365,11 @@ impl Worker {
                 "kind {kind:?}: use 1-128 characters of A-Z a-z 0-9 _ . -"
             )));
         }
-        if o.lanes < 1 {
-            return Err(Error::Config("lanes must be at least 1".into()));
+        if !(1..=MAX_LANES).contains(&o.lanes) {
+            return Err(Error::Config(format!(
+                "lanes must be from 1 to {MAX_LANES}, not {}",
+                o.lanes
+            )));
         }
         if !(1..=3600).contains(&o.lease_secs) {
             return Err(Error::Config(format!(
@@ -420,8 +425,8 @@ fn backoff(failures: u32, (base, cap): (f64, f64)) -> Duration {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panicking event callback cannot leave the state half-changed: every
-    // change is made under one lock and completed before it is released.
+    // Nothing that runs under these locks calls user code: a poisoned lock
+    // would be this module's own bug, and the state it guards stays usable.
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -652,7 +657,9 @@ impl Shared {
 
     fn emit(&self, event: Event) {
         if let Some(on_event) = &self.on_event {
-            on_event(&event);
+            // A listener's panic is not the worker's: it would end the task
+            // that emits (the heartbeat scheduler, say).
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| on_event(&event)));
         }
     }
 

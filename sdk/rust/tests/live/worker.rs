@@ -366,6 +366,13 @@ async fn bad_options_and_credentials_end_run_with_an_error() {
         (
             "q",
             WorkerOptions {
+                lanes: 10_001,
+                ..options(1, 10)
+            },
+        ),
+        (
+            "q",
+            WorkerOptions {
                 lease_secs: 0,
                 ..options(1, 10)
             },
