@@ -785,12 +785,11 @@ impl Shared {
             };
             failures = 0;
             let now = Instant::now();
-            if leases.is_empty()
-                && self.wait_secs > 0.0
-                && now - sent_at < Duration::from_secs_f64(self.wait_secs.min(1.0) * 0.5)
-            {
-                // An empty answer that did not wait: a server shutting down
-                // answers long polls at once. Do not spin on it.
+            let waited = now - sent_at >= Duration::from_secs_f64(self.wait_secs.min(1.0) * 0.5);
+            if leases.is_empty() && (self.wait_secs == 0.0 || !waited) {
+                // An empty answer that did not wait (no long poll asked, or
+                // a server shutting down answers long polls at once): do not
+                // spin on it.
                 tokio::select! {
                     _ = sleep(backoff(1, LEASE_BACKOFF)) => {}
                     _ = self.stop.cancelled() => {}
