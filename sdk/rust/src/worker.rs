@@ -1290,3 +1290,33 @@ async fn watch_signals(shared: Arc<Shared>, mut signals: Signals) {
     shared.emit(event);
     std::process::exit(130);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_too_long_for_the_server_is_cut_to_its_cap_saying_so() {
+        let cut = truncate_error("é".repeat(70_000));
+        assert_eq!(cut.chars().count(), MAX_ERROR_CHARS);
+        assert!(
+            cut.ends_with("\n[truncated: 70000 characters in all]"),
+            "{}",
+            &cut[cut.len() - 60..]
+        );
+        assert_eq!(truncate_error("short".into()), "short");
+    }
+
+    #[test]
+    fn backoff_doubles_to_its_cap_each_wait_scaled_by_half_to_one() {
+        for (failures, full) in [(1, 0.5), (2, 1.0), (3, 2.0), (6, 15.0), (1000, 15.0)] {
+            for _ in 0..100 {
+                let wait = backoff(failures, LEASE_BACKOFF).as_secs_f64();
+                assert!(
+                    (full * 0.5..=full).contains(&wait),
+                    "{failures} failures: {wait} s"
+                );
+            }
+        }
+    }
+}
