@@ -119,7 +119,11 @@ async fn main() {
         })
         .register("progress", |job, ctx| async move {
             started(&job);
-            ctx.progress(job.payload.get("progress").cloned().unwrap_or(json!({})))?;
+            if let Err(refused) =
+                ctx.progress(job.payload.get("progress").cloned().unwrap_or(json!({})))
+            {
+                return returned(&job, Err(refused.into()));
+            }
             if !wait(&job, &ctx, secs(&job, "then_secs")).await {
                 return Ok(json!({}));
             }
