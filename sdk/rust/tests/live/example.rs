@@ -13,34 +13,48 @@ use crate::{client, obj, queue, server, settled};
 
 const CAP: Duration = Duration::from_secs(120);
 
-/// The example's binary, which `cargo test` builds beside this one.
-fn example() -> std::path::PathBuf {
+/// An example's binary, which `cargo test` builds beside this one.
+fn example(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.parent()
         .and_then(|deps| deps.parent())
         .unwrap()
         .join("examples")
-        .join("worker")
+        .join(name)
 }
 
 fn start(id: &str, q: &str) -> (Child, mpsc::UnboundedReceiver<String>) {
-    let mut child = Command::new(example())
+    let mut command = Command::new(example("worker"));
+    command
         .env("QFTRIO_URL", &server().url)
         .env("QFTRIO_WORKER_TOKEN", "dev")
         .env("WORKER_QUEUE", q)
         .env("WORKER_ID", id)
         .env("WORKER_LANES", "1")
-        .env("WORKER_LEASE_SECS", "2")
+        .env("WORKER_LEASE_SECS", "2");
+    spawn(command)
+}
+
+/// The program started, and the lines of its standard output and error as they come.
+fn spawn(mut command: Command) -> (Child, mpsc::UnboundedReceiver<String>) {
+    let mut child = command
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
-        .expect("the example worker starts");
+        .expect("the example starts");
     let (lines, receiver) = mpsc::unbounded_channel();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    std::thread::spawn(move || {
-        for line in out.lines().map_while(Result::ok) {
-            let _ = lines.send(line);
-        }
-    });
+    let out: [Box<dyn std::io::Read + Send>; 2] = [
+        Box::new(child.stdout.take().unwrap()),
+        Box::new(child.stderr.take().unwrap()),
+    ];
+    for stream in out {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
+    }
     (child, receiver)
 }
 
@@ -103,6 +117,41 @@ async fn kill_a_worker() {
     signal(&beta, "TERM");
     line_with(&mut beta_lines, "stopping").await;
     assert!(beta.wait().unwrap().success());
+}
+
+/// The conformance adapter (the suite's view of this worker) quits at once
+/// on a second signal, with its handler still sleeping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_quits_at_once() {
+    let client = client();
+    let q = queue("quit");
+    let mut command = Command::new(example("conformance"));
+    command
+        .env("QFTRIO_URL", &server().url)
+        .env("QFTRIO_TOKEN", "dev")
+        .env("ADAPTER_QUEUE", &q)
+        .env("ADAPTER_LANES", "1")
+        .env("ADAPTER_LEASE_SECS", "30")
+        .env("ADAPTER_WAIT_SECS", "1")
+        .env("ADAPTER_WORKER_ID", "gamma");
+    let (mut adapter, mut lines) = spawn(command);
+    let job = client
+        .enqueue("sleep", obj(json!({"secs": 600})), JobConfig::queue(&q))
+        .await
+        .unwrap();
+    line_with(&mut lines, "started").await;
+    signal(&adapter, "TERM");
+    // Its event on standard error: the first signal was taken (two sent at
+    // once could arrive as one).
+    line_with(&mut lines, "Stopping").await;
+    signal(&adapter, "TERM");
+    line_with(&mut lines, "quitting").await;
+    assert_eq!(adapter.wait().unwrap().code(), Some(130));
+    // Nothing was reported: the job waits for its lease to run out.
+    assert_eq!(
+        client.job_get(&job.id).await.unwrap().status,
+        Status::Running
+    );
 }
 
 #[test]
