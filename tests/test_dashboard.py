@@ -301,7 +301,7 @@ async def test_on_a_desktop_ids_and_ages_stay_on_one_line(server: RunningServer)
         sign_in(page, server.url, ACME)
         for path in paths:
             page.goto(server.url + path)
-            counts = page.evaluate(lines, "td .mono, td.age, td.kind, td .kind")
+            counts = page.evaluate(lines, "td .mono, td.age, td .age, td.kind, td .kind")
             assert set(counts) <= {1}, (path, counts)
 
     await in_browser(scenario)
@@ -318,7 +318,13 @@ async def test_the_chart_says_when_nothing_completed_and_draws_once_jobs_complet
         # Two refreshes a second or more apart: a rate of nothing.
         expect(page.locator("#chart-note")).to_have_text(re.compile(r"^Nothing completed in the last \d+ seconds\.$"))
         expect(page.locator("#throughput")).to_be_hidden()
+        # A queue's own page says it too, of that queue.
+        page.goto(f"{server.url}/dashboard/queues/q")
+        expect(page.locator("#chart-note")).to_have_text(re.compile(r"^Nothing completed in the last \d+ seconds\.$"))
         trio.from_thread.run(complete_all, server.engine, "q")
+        expect(page.locator("#throughput")).to_be_visible()
+        expect(page.locator("#chart-note")).to_be_hidden()
+        page.goto(f"{server.url}/dashboard/")
         expect(page.locator("#throughput")).to_be_visible()
         expect(page.locator("#chart-note")).to_be_hidden()
 
