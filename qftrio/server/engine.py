@@ -41,7 +41,6 @@ import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
