@@ -441,7 +441,9 @@ async def test_the_workflow_and_workers_pages_show_steps_and_who_holds_jobs(serv
         page = (await client.get(f"/dashboard/workflows/{workflow.id}")).text
         workers = (await client.get("/dashboard/workers")).text
         listing = (await client.get("/dashboard/workflows")).text
-    steps = re.findall(r"<tr>\s*<td>(\w+)</td>\s*<td class=.kind.>k</td>\s*<td>([^<]*)</td>\s*<td><span[^>]*>(\w+)</span>", page)
+    steps = re.findall(
+        r"<tr>\s*<td>(\w+)</td>\s*<td class=.kind.>k</td>\s*<td>([^<]*)</td>\s*<td><span[^>]*>(\w+)</span>", page
+    )
     assert steps == [("a", "–", "running"), ("b", "a", "waiting")]
     assert "worker-7" in workers and workflow.id in listing
 

@@ -639,7 +639,9 @@ class Engine:
     async def schedule_trigger(self, tenant: str, name: str) -> tuple[Schedule, Job]:
         """Enqueue one job of the schedule now, besides its ticks (paused or
         not); its next run stays."""
-        triggered = await self.store.schedule_trigger(tenant, name, now=self.clock(), job_of=schedule_firing.job_of_schedule)
+        triggered = await self.store.schedule_trigger(
+            tenant, name, now=self.clock(), job_of=schedule_firing.job_of_schedule
+        )
         if triggered is None:
             raise errors.NotFound(f"schedule {name} not found")
         schedule, inserted = triggered
