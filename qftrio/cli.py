@@ -1,7 +1,8 @@
 """The ``qftrio`` command: ``serve | worker | enqueue | jobs | workflows | schedules | queues | rate-limits |
 stats | workers | migrate``.
 
-Answers are JSON. The listings an operator reads (``queues``, ``workers``,
+Options and positional arguments go in any order (``qftrio enqueue KIND
+--queue Q PAYLOAD``). Answers are JSON. The listings an operator reads (``queues``, ``workers``,
 ``stats`` of every queue) are a table on a terminal and JSON when stdout is
 not one.
 
