@@ -572,7 +572,7 @@ def _queues_command(sub: Any) -> None:
 def _say_if_empty(stats: Any, then: str) -> None:
     """On stderr, that the queue of *stats* holds no job: a name misspelt
     is no error to the server, which answers zeros."""
-    if not any(stats.counts.values()) and not stats.scheduled:
+    if not any(stats.counts.values()):
         print(f"qftrio: queue {stats.queue!r} holds no jobs (`qftrio queues` lists those that do); {then}", file=sys.stderr)
 
 
