@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from qftrio.server.config import Config
 from qftrio.server.serve import serve
 
 from .conftest import RunningServer
+from .processes import ROOT
 from .test_cli import one_line_error, run_cli, run_process
 
 
@@ -135,3 +137,12 @@ def test_dev_refuses_a_schedule_of_a_tenant_it_does_not_serve(tmp_path: Path) ->
     config = Config(dev=True, schedules_file=str(path))
     config.validate()
     assert [(t, n) for t, n, _ in config.schedules] == [("default", "x")]
+
+
+def test_the_schedules_file_of_the_docs_starts_a_dev_server(tmp_path: Path) -> None:
+    (example,) = re.findall(r"^```toml\n(.*?)^```", (ROOT / "docs/schedules.md").read_text(), re.S | re.M)
+    path = tmp_path / "schedules.toml"
+    path.write_text(example)
+    config = Config(dev=True, schedules_file=str(path))
+    config.validate()
+    assert {t for t, _, _ in config.schedules} == {"default"} and len(config.schedules) == 2
