@@ -46,6 +46,7 @@ import email.utils
 import ipaddress
 import logging
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from http import HTTPStatus
@@ -341,6 +342,9 @@ class _Connection:
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_bytes = 0
         self.body_bytes = 0
+        self.fd = stream.socket.fileno()
+        #: The last reads waited for the socket (see :meth:`_read_head`).
+        self.parked = False
         try:
             self.local = _address(stream.socket.getsockname())
             self.peer = _address(stream.socket.getpeername())
@@ -423,11 +427,26 @@ class _Connection:
     # -- reading ---------------------------------------------------------------
 
     async def _receive(self) -> bytes:
-        """The next bytes from the client; empty at the end of the stream."""
-        try:
-            data = await self.stream.receive_some(READ_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            data = b""
+        """The next bytes from the client; empty at the end of the stream.
+
+        The (non-blocking) socket is read directly, and waited for only when
+        it has nothing: Trio's ``receive_some`` yields to the scheduler once
+        more after each read, a second wake-up for every request. Sets
+        ``parked`` when it waited."""
+        while True:
+            try:
+                data = os.read(self.fd, READ_SIZE)
+            except BlockingIOError:
+                try:
+                    await trio.lowlevel.wait_readable(self.fd)
+                except trio.ClosedResourceError:
+                    data = b""
+                else:
+                    self.parked = True
+                    continue
+            except OSError:  # reset by the peer, and the like
+                data = b""
+            break
         if not data:
             self.eof = True
         return data
@@ -454,6 +473,7 @@ class _Connection:
         # the deadline runs from the head's first byte, an empty line included
         deadline = trio.current_time() + HEAD_TIMEOUT_SECS if self.begun else None
         received = 0
+        self.parked = False
         while not events:
             if not self.readable:
                 if self.error is not None:
@@ -476,6 +496,11 @@ class _Connection:
             self._feed(data)
             if not events and received > MAX_HEAD_BYTES:
                 raise _BadRequest(431, "headers_too_large", "the request head is too large")
+        if not self.parked:
+            # Pipelined requests come without a wait, and so do their
+            # answers: one yield per request keeps a client's stream of them
+            # from holding the loop.
+            await trio.lowlevel.checkpoint()
         kind, request = events.popleft()
         assert kind == _HEAD, "a request's events were left unread"
         return request
@@ -516,9 +541,22 @@ class _Connection:
                 return
 
     async def write(self, data: bytes) -> None:
+        """Send *data*, waiting at most ``WRITE_TIMEOUT_SECS`` for the client
+        to take it. An answer nearly always fits the socket's buffer: it is
+        written directly, with no timeout to arm nor a yield to the
+        scheduler, and only the rest, if any, is waited for."""
+        try:
+            sent = os.write(self.fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self.eof = True
+            raise _Closed from None
+        if sent == len(data):
+            return
         with trio.move_on_after(WRITE_TIMEOUT_SECS):
             try:
-                await self.stream.send_all(data)
+                await self.stream.send_all(memoryview(data)[sent:])
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             else:
