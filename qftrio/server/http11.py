@@ -59,7 +59,7 @@ import trio
 from .._json import dumps
 from .throttle import client_key
 
-__all__ = ["serve_asgi", "KEEP_ALIVE_SECS"]
+__all__ = ["Exchange", "Front", "serve_asgi", "KEEP_ALIVE_SECS"]
 
 log = logging.getLogger("qftrio.server.http")
 
@@ -113,6 +113,11 @@ _DISCONNECT = {"type": "http.disconnect"}
 _HEAD, _BODY, _END = range(3)
 
 
+#: Answers an :class:`Exchange` itself (True), or leaves it to the ASGI
+#: application (False).
+Front = Callable[["Exchange"], Awaitable[bool]]
+
+
 class _BadRequest(Exception):
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
@@ -152,8 +157,10 @@ class _Server:
         max_body_bytes: int,
         max_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
         trusted_proxies: Sequence[str] = (),
+        front: Front | None = None,
     ) -> None:
         self.app = app
+        self.front = front
         self.state = lifespan_state
         self.max_connections = max_connections
         self.max_body_bytes = max_body_bytes
@@ -518,7 +525,7 @@ class _Connection:
                 return
             if request is None:
                 return
-            exchange = _Exchange(self, request)
+            exchange = Exchange(self, request)
             if not await exchange.run():
                 self.linger = not exchange.body_done
                 return
@@ -575,8 +582,15 @@ class _Connection:
         )
 
 
-class _Exchange:
-    """One request and its answer on a connection."""
+class Exchange:
+    """One request and its answer on a connection.
+
+    A front (see :func:`serve_asgi`) reads the parsed head (``method``,
+    ``path``, ``raw_path``, ``query_string``, ``headers``, ``client``),
+    the body with :meth:`read_chunk`, waits for the client to go with
+    :meth:`wait_disconnect`, and answers with :meth:`respond`; an ASGI
+    application gets the same through ``receive`` and ``send``.
+    """
 
     def __init__(self, connection: _Connection, request: _Request) -> None:
         self.connection = connection
@@ -607,17 +621,19 @@ class _Exchange:
     async def run(self) -> bool:
         """Serve the request; True if the connection can carry another."""
         connection = self.connection
+        server = connection.server
         try:
-            scope = self._scope()
+            self._parse_head()
         except _BadRequest as exc:
             await self._refuse(exc)
             return False
         try:
-            await connection.server.app(scope, self.receive, self.send)
+            if server.front is None or not await server.front(self):
+                await server.app(self._scope(), self.receive, self.send)
         except _Closed:
             return False
         except Exception:
-            log.exception("request failed: %s %s", scope["method"], scope["path"])
+            log.exception("request failed: %s %s", self.method, self.path)
             if not self.head_sent:
                 await self._refuse(_BadRequest(500, "internal", "internal error"))
             return False
@@ -628,7 +644,7 @@ class _Exchange:
         if not self.complete:
             if self.head_sent or connection.eof:
                 return False  # an unfinished answer, or nobody left to answer
-            log.error("no answer to %s %s", scope["method"], scope["path"])
+            log.error("no answer to %s %s", self.method, self.path)
             await self._refuse(_BadRequest(500, "internal", "internal error"))
             return False
         if self.keep_alive and not self.body_done:
@@ -657,9 +673,9 @@ class _Exchange:
                 except (_Closed, _BadRequest):
                     return
 
-    def _scope(self) -> dict[str, Any]:
-        """The request's ASGI scope, once its head is checked for what
-        llhttp leaves to the server (RFC 9112 §3.2, §6.1, RFC 9110 §10.1.1)."""
+    def _parse_head(self) -> None:
+        """Check the head for what llhttp leaves to the server (RFC 9112
+        §3.2, §6.1, RFC 9110 §10.1.1), and read its method and target."""
         request = self.request
         version = request.version
         if version not in _VERSIONS:
@@ -703,28 +719,42 @@ class _Exchange:
             url = httptools.parse_url(request.target)
         except httptools.HttpParserInvalidURLError:
             raise _BadRequest(400, "bad_request", "malformed request target") from None
-        method = request.method.decode("ascii")
+        self.method = method = request.method.decode("ascii")
         self.head_only = method == "HEAD"
-        raw_path = url.path or b"/"
-        path = raw_path.decode("ascii")
+        self.raw_path = url.path or b"/"
+        path = self.raw_path.decode("ascii")
+        self.path = unquote(path) if "%" in path else path
+        self.query_string = url.query or b""
+
+    def _scope(self) -> dict[str, Any]:
+        """The request's ASGI scope."""
+        connection = self.connection
         return {
             "type": "http",
             "asgi": _ASGI,
-            "http_version": version,
-            "method": method,
+            "http_version": self.request.version,
+            "method": self.method,
             "scheme": "http",
-            "path": unquote(path) if "%" in path else path,
-            "raw_path": raw_path,
-            "query_string": url.query or b"",
+            "path": self.path,
+            "raw_path": self.raw_path,
+            "query_string": self.query_string,
             "root_path": "",
-            "headers": request.headers,
-            "client": self._client(),
+            "headers": self.request.headers,
+            "client": self.client,
             "server": connection.local,
             "extensions": {},
             "state": dict(connection.server.state),
         }
 
-    def _client(self) -> tuple[str, int] | None:
+    def header(self, name: bytes) -> str | None:
+        """The first value of the request's header *name* (lower case)."""
+        for key, value in self.request.headers:
+            if key == name:
+                return value.decode("latin-1")
+        return None
+
+    @property
+    def client(self) -> tuple[str, int] | None:
         """The client: the peer, or, when the peer is a trusted proxy, the
         address the proxies name in ``X-Forwarded-For`` (the rightmost that
         is not itself a trusted proxy)."""
@@ -745,9 +775,13 @@ class _Exchange:
 
     # -- the request body -------------------------------------------------
 
-    async def receive(self) -> dict[str, Any]:
+    async def read_chunk(self) -> tuple[bytes, bool] | None:
+        """The next bytes of the body and whether more follow; None when the
+        client has gone or the body cannot be read (the answer is then the
+        server's). After the body's end, it returns only when the client
+        goes."""
         if self.refusal is not None:
-            return _DISCONNECT
+            return None
         if not self.body_done:
             try:
                 if self.expect_continue:
@@ -756,16 +790,28 @@ class _Exchange:
                 body = await self._read_body()
             except _BadRequest as exc:
                 self.refusal = exc
-                return _DISCONNECT
+                return None
             except _Closed:
-                return _DISCONNECT
+                return None
             self.body_delivered = self.body_done
-            return {"type": "http.request", "body": body, "more_body": not self.body_done}
+            return body, not self.body_done
         if not self.body_delivered:
             self.body_delivered = True
-            return {"type": "http.request", "body": b"", "more_body": False}
+            return b"", False
         await self._wait_for_disconnect()
-        return _DISCONNECT
+        return None
+
+    async def wait_disconnect(self) -> None:
+        """Return when the client has gone (the body is read and dropped)."""
+        while await self.read_chunk() is not None:
+            pass
+
+    async def receive(self) -> dict[str, Any]:
+        """ASGI's ``receive``."""
+        chunk = await self.read_chunk()
+        if chunk is None:
+            return _DISCONNECT
+        return {"type": "http.request", "body": chunk[0], "more_body": chunk[1]}
 
     async def _continue(self) -> None:
         """Send ``100 Continue`` if the client waits for it: not once the
@@ -852,21 +898,31 @@ class _Exchange:
 
     # -- the answer -------------------------------------------------------
 
+    async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Answer with *status*, *headers* and all of *body*."""
+        self._start(status, headers)
+        await self._send_body(body, False)
+
     async def send(self, message: dict[str, Any]) -> None:
+        """ASGI's ``send``."""
         kind = message["type"]
         if kind == "http.response.start":
-            if self.started:
-                raise RuntimeError("http.response.start sent twice")
-            self.started = True
-            self.status = message["status"]
-            self.headers = list(message.get("headers", ()))
+            self._start(message["status"], list(message.get("headers", ())))
             return
         if kind != "http.response.body":
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        await self._send_body(message.get("body", b""), message.get("more_body", False))
+
+    def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        if self.started:
+            raise RuntimeError("http.response.start sent twice")
+        self.started = True
+        self.status = status
+        self.headers = headers
+
+    async def _send_body(self, body: bytes, more: bool) -> None:
         if not self.started or self.complete:
             raise RuntimeError("http.response.body out of order")
-        body = message.get("body", b"")
-        more = message.get("more_body", False)
         if not more:
             self.complete = True
         if self.refusal is not None and not self.head_sent:
@@ -947,6 +1003,10 @@ class _Exchange:
         return b"".join(lines)
 
 
+# The name the fault-injection tests patch its phases under.
+_Exchange = Exchange
+
+
 def _address(address: Any) -> tuple[str, int] | None:
     if isinstance(address, tuple) and len(address) >= 2:
         return str(address[0]), int(address[1])
@@ -1008,6 +1068,7 @@ async def serve_asgi(
     max_body_bytes: int = 1 << 20,
     max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
     trusted_proxies: Sequence[str] = (),
+    front: Front | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve *app* on *host*:*port* until *shutdown_trigger* returns, then
@@ -1028,6 +1089,10 @@ async def serve_asgi(
     A request body and its trailers together are at most *max_body_bytes*
     long (413).
 
+    With a *front*, each request goes to it first, as an :class:`Exchange`:
+    it answers what it serves and returns True, or returns False, having
+    read nothing, to leave the request to *app*.
+
     Calls ``task_status.started(urls)`` once listening, with the bound URLs
     (port 0 binds a free port). Raises ``OSError`` if it cannot listen.
     """
@@ -1040,6 +1105,7 @@ async def serve_asgi(
         max_body_bytes,
         max_connections_per_address,
         trusted_proxies,
+        front,
     )
     try:
         async with _lifespan(app, state):
