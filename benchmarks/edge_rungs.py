@@ -290,6 +290,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def print_table(rungs: list[str], sides: list[tuple[str, Path]], results: dict[tuple[str, str, str], list[float]], clients: int) -> None:
+    """The medians so far, side by side, and their ratio."""
+    header = f"{'rung':<10} {'operation':<16}" + "".join(f"{side + ' µs':>12}" for side, _ in sides)
+    print(header)
+    for rung in rungs:
+        for op in ("enqueue", "lease+complete", f"enqueue x{clients}"):
+            row = [results.get((rung, op, side)) for side, _ in sides]
+            if row[0] is None:
+                continue
+            cells = "".join(f"{sorted(values)[len(values) // 2]:>12.0f}" for values in row if values)
+            ratio = ""
+            if len(row) == 2 and row[1]:
+                a, b_ = (sorted(v)[len(v) // 2] for v in row)  # type: ignore[arg-type]
+                ratio = f"   {a / b_:.2f}x"
+            print(f"{rung:<10} {op:<16}{cells}{ratio}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calls", type=int, default=2000, help="calls per measurement (default 2000)")
@@ -331,20 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                             results.setdefault((rung, op, side), []).append(figure)
                     finally:
                         server.stop()
-            print(f"round {round_ + 1} done", file=sys.stderr)
-    header = f"{'rung':<10} {'operation':<16}" + "".join(f"{side + ' µs':>12}" for side, _ in sides)
-    print(header)
-    for rung in rungs:
-        for op in ("enqueue", "lease+complete", f"enqueue x{args.clients}"):
-            row = [results.get((rung, op, side)) for side, _ in sides]
-            if row[0] is None:
-                continue
-            cells = "".join(f"{sorted(values)[len(values) // 2]:>12.0f}" for values in row if values)
-            ratio = ""
-            if len(row) == 2 and row[1]:
-                a, b_ = (sorted(v)[len(v) // 2] for v in row)  # type: ignore[arg-type]
-                ratio = f"   {a / b_:.2f}x"
-            print(f"{rung:<10} {op:<16}{cells}{ratio}")
+            print(f"after round {round_ + 1}:")
+            print_table(rungs, sides, results, args.clients)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""An HTTP/1.1 server for ASGI applications, on Trio.
+"""An HTTP/1.1 server on Trio, for a front and an ASGI application.
 
 It serves qftrio's API: keep-alive, pipelining, ``Content-Length`` and
 chunked request bodies, ``Expect: 100-continue``, HEAD, chunked or
@@ -9,9 +9,10 @@ put a proxy in front for those.
 The framing is parsed by llhttp (Node.js's parser, through ``httptools``)
 with every leniency off, so a request means here what it means to any strict
 parser: what llhttp refuses is answered ``400`` and the connection closed,
-and no second request is ever read where a strict parser sees one. This
-module keeps the connection loop around the parser: each connection is one
-task, and each request's application call runs in it (no task per
+and no second request is ever read where a strict parser sees one. The
+parsing is a protocol object with no I/O (:mod:`qftrio.server.http_parse`);
+this module keeps the connection loop around it: each connection is one
+task, and each request's front or application call runs in it (no task per
 request). The parser runs ahead of the application only as far as one read
 goes; its events (a head, body bytes, the end of a message) are queued and
 served in order, and a parse error comes after the requests before it.
@@ -40,7 +41,6 @@ it can read the answer. The limits are documented in docs/protocol.md
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import email.utils
 import ipaddress
@@ -50,25 +50,20 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from http import HTTPStatus
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import unquote
 
 import httptools
 import trio
 
 from .._json import dumps
+from .http_parse import END, HEAD, MAX_HEAD_BYTES, BadRequest, Request, RequestParser
 from .throttle import client_key
 
 __all__ = ["Exchange", "Front", "serve_asgi", "KEEP_ALIVE_SECS"]
 
 log = logging.getLogger("qftrio.server.http")
 
-#: A request head (the leading empty lines a client may send before it
-#: included) is at most this long and holds at most ``MAX_HEADERS`` fields;
-#: so is the framing between a chunked body's bytes (a chunk's size line and
-#: extensions, the trailer section). Trailers count toward the body cap.
-MAX_HEAD_BYTES = 64 * 1024
-MAX_HEADERS = 100
 KEEP_ALIVE_SECS = 120.0
 #: From a head's first byte (an empty line counts) to its end.
 HEAD_TIMEOUT_SECS = 30.0
@@ -108,22 +103,11 @@ _VERSIONS = frozenset({"1.0", "1.1"})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _DISCONNECT = {"type": "http.disconnect"}
 
-# The parser's events, queued in order: a request head, body bytes, the end
-# of a request.
-_HEAD, _BODY, _END = range(3)
 
 
 #: Answers an :class:`Exchange` itself (True), or leaves it to the ASGI
 #: application (False).
 Front = Callable[["Exchange"], Awaitable[bool]]
-
-
-class _BadRequest(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 class _Closed(Exception):
@@ -280,7 +264,7 @@ class _Server:
         try:
             if answer:
                 connection = _Connection(self, stream, address)
-                await connection.refuse(_BadRequest(503, "unavailable", message))
+                await connection.refuse(BadRequest(503, "unavailable", message))
                 await connection.linger_close()
         except _Closed:
             pass
@@ -297,58 +281,19 @@ class _Server:
             self.slots.release()
 
 
-class _Request(NamedTuple):
-    """A request head, as the parser delivered it."""
-
-    method: bytes
-    target: bytes
-    version: str
-    headers: list[tuple[bytes, bytes]]
-    keep_alive: bool
-    upgrade: bool
-
-
-class _Connection:
-    """One client connection: its bytes fed to llhttp, its requests served
-    in turn. The parser's callbacks (the ``on_*`` methods) run inside
-    :meth:`_feed` and only queue events or raise :class:`_BadRequest`."""
+class _Connection(RequestParser):
+    """One client connection: its bytes read and fed to its parser, its
+    requests served in turn."""
 
     def __init__(self, server: _Server, stream: trio.SocketStream, address: str | None) -> None:
         self.server = server
         self.stream = stream
         #: The address this connection counts against (None: a trusted proxy).
         self.address = address
-        self.parser = httptools.HttpRequestParser(self)
-        # every leniency is off by default; say so, so that a later default
-        # cannot turn one on unseen
-        self.parser.set_dangerous_leniencies(
-            lenient_headers=False,
-            lenient_chunked_length=False,
-            lenient_keep_alive=False,
-            lenient_transfer_encoding=False,
-            lenient_version=False,
-            lenient_data_after_close=False,
-            lenient_optional_lf_after_cr=False,
-            lenient_optional_cr_before_lf=False,
-            lenient_optional_crlf_after_chunk=False,
-            lenient_spaces_after_chunk_size=False,
-        )
-        self.events: collections.deque[tuple[int, Any]] = collections.deque()
-        #: Why the parser stopped: nothing after the queued events can be read.
-        self.error: _BadRequest | None = None
-        #: The parser saw an upgrade request (or CONNECT); what follows it is
-        #: not HTTP, and is not read.
-        self.upgraded = False
+        RequestParser.__init__(self, server.max_body_bytes)
         self.eof = False
         #: The client may still be sending when the connection closes.
         self.linger = False
-        # the message being parsed
-        self.begun = False
-        self.in_head = False
-        self.target = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.head_bytes = 0
-        self.body_bytes = 0
         self.fd = stream.socket.fileno()
         #: The last reads waited for the socket (see :meth:`_read_head`).
         self.parked = False
@@ -357,74 +302,6 @@ class _Connection:
             self.peer = _address(stream.socket.getpeername())
         except OSError:
             self.local = self.peer = None
-
-    # -- the parser's callbacks ---------------------------------------------
-
-    def on_message_begin(self) -> None:
-        self.begun = self.in_head = True
-        self.target = b""
-        self.headers = []
-        self.head_bytes = self.body_bytes = 0
-
-    def on_url(self, url: bytes) -> None:
-        self.target += url
-        self.head_bytes += len(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        size = len(name) + len(value) + 4  # ": " and CRLF
-        if self.in_head:
-            self.head_bytes += size
-            if self.head_bytes > MAX_HEAD_BYTES:
-                raise _BadRequest(431, "headers_too_large", "the request head is too large")
-            if len(self.headers) >= MAX_HEADERS:
-                raise _BadRequest(431, "headers_too_large", "the request has too many header fields")
-            self.headers.append((name.lower(), value.rstrip(b" \t")))
-        else:  # a trailer field: llhttp has checked its syntax, and drops it
-            self._count_body(size)
-
-    def on_headers_complete(self) -> None:
-        parser = self.parser
-        self.in_head = False
-        self.events.append(
-            (
-                _HEAD,
-                _Request(
-                    parser.get_method(),
-                    self.target,
-                    parser.get_http_version(),
-                    self.headers,
-                    parser.should_keep_alive(),
-                    parser.should_upgrade(),
-                ),
-            )
-        )
-
-    def on_body(self, body: bytes) -> None:
-        self._count_body(len(body))
-        self.events.append((_BODY, body))
-
-    def on_message_complete(self) -> None:
-        self.begun = False
-        self.events.append((_END, None))
-
-    def _count_body(self, size: int) -> None:
-        self.body_bytes += size
-        if self.body_bytes > self.server.max_body_bytes:
-            raise _BadRequest(
-                413, "payload_too_large", f"the request body is larger than {self.server.max_body_bytes} bytes"
-            )
-
-    def _feed(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self.upgraded = True
-        except httptools.HttpParserCallbackError as exc:
-            if not isinstance(exc.__context__, _BadRequest):
-                raise exc.__context__ or exc  # a fault of the callbacks, not of the request
-            self.error = exc.__context__
-        except httptools.HttpParserError as exc:
-            self.error = _BadRequest(400, "bad_request", f"malformed request: {exc}")
 
     @property
     def readable(self) -> bool:
@@ -469,12 +346,12 @@ class _Connection:
                 self.server.idle.pop(idle, None)
         return b""
 
-    async def _read_head(self) -> _Request | None:
+    async def _read_head(self) -> Request | None:
         """The next request's head, or None if the client is done (end of
         stream, idle timeout, server closing).
 
         Raises:
-            _BadRequest: a malformed, too large or too slow head.
+            BadRequest: a malformed, too large or too slow head.
         """
         events = self.events
         # the deadline runs from the head's first byte, an empty line included
@@ -496,20 +373,20 @@ class _Connection:
                 with trio.move_on_at(deadline):
                     data = await self._receive()
                 if data is None:
-                    raise _BadRequest(408, "request_timeout", "the request head was not sent in time")
+                    raise BadRequest(408, "request_timeout", "the request head was not sent in time")
             if not data:
                 return None
             received += len(data)
-            self._feed(data)
+            self.feed(data)
             if not events and received > MAX_HEAD_BYTES:
-                raise _BadRequest(431, "headers_too_large", "the request head is too large")
+                raise BadRequest(431, "headers_too_large", "the request head is too large")
         if not self.parked:
             # Pipelined requests come without a wait, and so do their
             # answers: one yield per request keeps a client's stream of them
             # from holding the loop.
             await trio.lowlevel.checkpoint()
         kind, request = events.popleft()
-        assert kind == _HEAD, "a request's events were left unread"
+        assert kind == HEAD, "a request's events were left unread"
         return request
 
     # -- the connection's life ---------------------------------------------------
@@ -518,7 +395,7 @@ class _Connection:
         while not self.server.closing:
             try:
                 request = await self._read_head()
-            except _BadRequest as exc:
+            except BadRequest as exc:
                 self.linger = True
                 with contextlib.suppress(_Closed):
                     await self.refuse(exc)
@@ -571,7 +448,7 @@ class _Connection:
         self.eof = True  # the connection is of no further use
         raise _Closed
 
-    async def refuse(self, exc: _BadRequest) -> None:
+    async def refuse(self, exc: BadRequest) -> None:
         """Send *exc* as a JSON error that closes the connection."""
         body = dumps({"error": {"code": exc.code, "message": exc.message}})
         extra = b"retry-after: 1\r\n" if exc.status == 503 else b""
@@ -592,7 +469,7 @@ class Exchange:
     application gets the same through ``receive`` and ``send``.
     """
 
-    def __init__(self, connection: _Connection, request: _Request) -> None:
+    def __init__(self, connection: _Connection, request: Request) -> None:
         self.connection = connection
         self.request = request
         self.keep_alive = request.keep_alive and not request.upgrade
@@ -604,7 +481,7 @@ class Exchange:
         self.expect_continue = False
         self.continuing: trio.Event | None = None  # set once a 100 Continue is written
         #: Why reading the request failed (framing, size, time): the answer.
-        self.refusal: _BadRequest | None = None
+        self.refusal: BadRequest | None = None
         self.waited = 0.0  # in the current body rate window
         self.window_bytes = 0
         self.framing = 0  # bytes read since the last that brought body bytes
@@ -624,7 +501,7 @@ class Exchange:
         server = connection.server
         try:
             self._parse_head()
-        except _BadRequest as exc:
+        except BadRequest as exc:
             await self._refuse(exc)
             return False
         try:
@@ -635,7 +512,7 @@ class Exchange:
         except Exception:
             log.exception("request failed: %s %s", self.method, self.path)
             if not self.head_sent:
-                await self._refuse(_BadRequest(500, "internal", "internal error"))
+                await self._refuse(BadRequest(500, "internal", "internal error"))
             return False
         if self.refusal is not None:
             if not self.head_sent:
@@ -645,14 +522,14 @@ class Exchange:
             if self.head_sent or connection.eof:
                 return False  # an unfinished answer, or nobody left to answer
             log.error("no answer to %s %s", self.method, self.path)
-            await self._refuse(_BadRequest(500, "internal", "internal error"))
+            await self._refuse(BadRequest(500, "internal", "internal error"))
             return False
         if self.keep_alive and not self.body_done:
             await self._drain()
         # requests the client sent before it stopped sending are still answered
         return self.keep_alive and self.body_done and (not connection.eof or bool(connection.events))
 
-    async def _refuse(self, exc: _BadRequest) -> None:
+    async def _refuse(self, exc: BadRequest) -> None:
         """Answer with *exc* instead of the application, and close."""
         self.keep_alive = False
         with contextlib.suppress(_Closed):
@@ -670,7 +547,7 @@ class Exchange:
             while not self.body_done and drained <= DRAIN_BYTES:
                 try:
                     drained += len(await self._read_body())
-                except (_Closed, _BadRequest):
+                except (_Closed, BadRequest):
                     return
 
     def _parse_head(self) -> None:
@@ -679,7 +556,7 @@ class Exchange:
         request = self.request
         version = request.version
         if version not in _VERSIONS:
-            raise _BadRequest(505, "http_version_not_supported", "only HTTP/1.1 and HTTP/1.0 are served")
+            raise BadRequest(505, "http_version_not_supported", "only HTTP/1.1 and HTTP/1.0 are served")
         connection = self.connection
         if connection.error is not None and not connection.events:
             # llhttp refused this head as it ended (say, a Transfer-Encoding
@@ -696,29 +573,29 @@ class Exchange:
                 transfer_encoding = value.lower()  # llhttp allows one, ending in chunked
             elif name == b"expect":
                 if value.lower() != b"100-continue":
-                    raise _BadRequest(417, "expectation_failed", "only Expect: 100-continue is understood")
+                    raise BadRequest(417, "expectation_failed", "only Expect: 100-continue is understood")
                 self.expect_continue = version == "1.1"
         if hosts > 1 or (hosts == 0 and version == "1.1"):
-            raise _BadRequest(400, "bad_request", "an HTTP/1.1 request needs exactly one Host header")
+            raise BadRequest(400, "bad_request", "an HTTP/1.1 request needs exactly one Host header")
         if transfer_encoding is not None:
             if version == "1.0":
                 # RFC 9112 §6.1: its framing is to be treated as faulty
-                raise _BadRequest(400, "bad_request", "Transfer-Encoding in an HTTP/1.0 request")
+                raise BadRequest(400, "bad_request", "Transfer-Encoding in an HTTP/1.0 request")
             if transfer_encoding != b"chunked":
-                raise _BadRequest(501, "not_implemented", "only the chunked transfer coding is understood")
+                raise BadRequest(501, "not_implemented", "only the chunked transfer coding is understood")
             self.chunked = True
         if request.upgrade and (self.chunked or self.declared):
             # llhttp leaves the body of an upgrade request unparsed
-            raise _BadRequest(400, "bad_request", "a request to switch protocols cannot carry a body here")
+            raise BadRequest(400, "bad_request", "a request to switch protocols cannot carry a body here")
         events = connection.events
-        if events and events[0][0] == _END:  # no body: its end came with the head
+        if events and events[0][0] == END:  # no body: its end came with the head
             events.popleft()
             self.body_done = True
             self.expect_continue = False
         try:
             url = httptools.parse_url(request.target)
         except httptools.HttpParserInvalidURLError:
-            raise _BadRequest(400, "bad_request", "malformed request target") from None
+            raise BadRequest(400, "bad_request", "malformed request target") from None
         self.method = method = request.method.decode("ascii")
         self.head_only = method == "HEAD"
         self.raw_path = url.path or b"/"
@@ -788,7 +665,7 @@ class Exchange:
                     self.expect_continue = False
                     await self._continue()
                 body = await self._read_body()
-            except _BadRequest as exc:
+            except BadRequest as exc:
                 self.refusal = exc
                 return None
             except _Closed:
@@ -830,7 +707,7 @@ class Exchange:
         sets ``body_done`` at the request's end.
 
         Raises:
-            _BadRequest: the body is malformed, too large or too slow.
+            BadRequest: the body is malformed, too large or too slow.
             _Closed: the client went away.
         """
         events = self.connection.events
@@ -839,7 +716,7 @@ class Exchange:
         parts = []
         while events:
             kind, value = events.popleft()
-            if kind == _END:  # a request's events end with its end
+            if kind == END:  # a request's events end with its end
                 self.body_done = True
                 break
             parts.append(value)
@@ -858,7 +735,7 @@ class Exchange:
         with trio.move_on_at(began + BODY_WINDOW_SECS - self.waited):
             data = await connection._receive()
         if data is None:
-            raise _BadRequest(408, "request_timeout", "the request body came too slowly")
+            raise BadRequest(408, "request_timeout", "the request body came too slowly")
         if not data:
             raise _Closed
         self.waited += trio.current_time() - began
@@ -867,7 +744,7 @@ class Exchange:
             self.waited = 0.0
             self.window_bytes = 0
         events = len(connection.events)
-        connection._feed(data)
+        connection.feed(data)
         # Bytes that bring no body (a chunk's size line and extensions, the
         # trailer section) are bounded as a head is: llhttp keeps no limit.
         if len(connection.events) > events:
@@ -875,7 +752,7 @@ class Exchange:
         else:
             self.framing += len(data)
             if self.framing > MAX_HEAD_BYTES:
-                raise _BadRequest(
+                raise BadRequest(
                     431, "headers_too_large", "the request's chunk framing or trailer section is too large"
                 )
 
@@ -890,7 +767,7 @@ class Exchange:
             data = await connection._receive()
             read += len(data)
             if data:
-                connection._feed(data)
+                connection.feed(data)
         if not (self.complete or connection.eof):
             # the parser has stopped (an error, an upgrade): the socket is
             # no longer read, and the client may still be there
