@@ -16,7 +16,6 @@ answer to a throttled address gets ``Retry-After``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -33,7 +32,7 @@ from .engine import Engine
 from .envelope import Call, Disconnected, Envelope, Reply, Route, Router
 from .http11 import Exchange
 from .openapi import document
-from .throttle import Throttle, client_key, current_client
+from .throttle import Throttle, client_of, current_client, retry_after_header
 
 __all__ = ["ApiFront"]
 
@@ -56,14 +55,14 @@ class ApiFront:
         found = self.router.match(exchange.method, exchange.path)
         if found is None:
             return False
-        client = exchange.client
+        peer = exchange.client
         wait = None
         reset = None
-        if client is not None:
-            address = client_key(client[0])
-            wait = self.throttle.retry_after(address)
+        if peer is not None:
             where = {"method": exchange.method, "path": exchange.path, "raw_path": exchange.raw_path}
-            reset = current_client.set((address, where, wait))
+            client = client_of(self.throttle, peer[0], where)
+            wait = client[2]
+            reset = current_client.set(client)
         try:
             if isinstance(found, list):
                 err = errors.ApiError(f"{exchange.method} is not allowed here", code="method_not_allowed")
@@ -128,7 +127,7 @@ async def _respond(
     if close:
         headers.append((b"connection", b"close"))
     if status == 429 and wait is not None:
-        headers.append((b"retry-after", b"%d" % math.ceil(wait)))
+        headers.append(retry_after_header(wait))
     if payload is None:
         await exchange.respond(status, headers, b"")
         return
