@@ -10,7 +10,7 @@ The framing is parsed by llhttp (Node.js's parser, through ``httptools``)
 with every leniency off, so a request means here what it means to any strict
 parser: what llhttp refuses is answered ``400`` and the connection closed,
 and no second request is ever read where a strict parser sees one. The
-parsing is a protocol object with no I/O (:mod:`qftrio.server.http_parse`);
+parsing is a protocol object with no I/O (:mod:`qftrio.server.http_protocol`);
 this module keeps the connection loop around it: each connection is one
 task, and each request's front or application call runs in it (no task per
 request). The parser runs ahead of the application only as far as one read
@@ -49,7 +49,6 @@ import math
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
@@ -57,7 +56,7 @@ import httptools
 import trio
 
 from .._json import dumps
-from .http_parse import END, HEAD, MAX_HEAD_BYTES, BadRequest, Request, RequestParser
+from .http_protocol import END, HEAD, MAX_HEAD_BYTES, NO_BODY_STATUS, REASONS, BadRequest, Request, RequestParser, response_head
 from .throttle import client_key
 
 __all__ = ["Exchange", "Front", "serve_asgi", "KEEP_ALIVE_SECS"]
@@ -96,8 +95,6 @@ MAX_CONNECTIONS_PER_ADDRESS = 256
 MAX_REFUSING_PER_ADDRESS = 8
 READ_SIZE = 65536
 
-_NO_BODY_STATUS = frozenset({204, 304})
-_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _VERSIONS = frozenset({"1.0", "1.1"})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -455,7 +452,7 @@ class _Connection(RequestParser):
         await self.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
             b"connection: close\r\n%sdate: %s\r\n\r\n%s"
-            % (exc.status, _REASONS.get(exc.status, b""), len(body), extra, _date(), body)
+            % (exc.status, REASONS.get(exc.status, b""), len(body), extra, _date(), body)
         )
 
 
@@ -816,7 +813,7 @@ class Exchange:
             pass  # the client is gone; the application need not care
 
     async def _write_framed(self, head: bytes, body: bytes, more: bool) -> None:
-        if self.head_only or self.status in _NO_BODY_STATUS or self.status < 200:
+        if self.head_only or self.status in NO_BODY_STATUS or self.status < 200:
             payload = b""
         elif self.out_chunked:
             payload = b"%x\r\n%s\r\n" % (len(body), body) if body else b""
@@ -834,50 +831,21 @@ class Exchange:
             await self.connection.write(head + payload if payload else head)
 
     def _head(self, first_body: int, more: bool) -> bytes:
-        status = self.status
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
-        length: int | None = None
-        for name, value in self.headers:
-            name = name.lower()
-            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
-                raise RuntimeError("a header of the answer holds a line break")
-            if name == b"content-length":
-                length = int(value)
-                continue
-            elif name == b"transfer-encoding":
-                continue  # the framing is this server's to choose
-            elif name == b"connection":
-                if b"close" in value.lower():
-                    self.keep_alive = False
-                continue
-            elif name == b"date":
-                continue
-            lines.append(b"%s: %s\r\n" % (name, value))
-        framed_by_close = False
-        if status in _NO_BODY_STATUS or status < 200:
-            if length is not None and status == 304:
-                lines.append(b"content-length: %d\r\n" % length)
-        elif length is not None:
-            lines.append(b"content-length: %d\r\n" % length)
-            self.out_left = length
-        elif not more:
-            lines.append(b"content-length: %d\r\n" % first_body)
-            self.out_left = first_body
-        elif self.head_only:
-            pass
-        elif self.request.version == "1.1":
-            lines.append(b"transfer-encoding: chunked\r\n")
-            self.out_chunked = True
-        else:
-            framed_by_close = True
-        if framed_by_close or self.connection.server.closing or not (self.body_done or self._drainable()):
-            self.keep_alive = False
-        if not self.keep_alive:
-            lines.append(b"connection: close\r\n")
-        elif self.request.version == "1.0":
-            lines.append(b"connection: keep-alive\r\n")  # HTTP/1.0 closes by default
-        lines.append(b"date: %s\r\n\r\n" % _date())
-        return b"".join(lines)
+        server = self.connection.server
+        framing = response_head(
+            self.status,
+            self.headers,
+            first_body=first_body,
+            more=more,
+            head_only=self.head_only,
+            version=self.request.version,
+            keep_alive=self.keep_alive and not server.closing and (self.body_done or self._drainable()),
+            date=_date(),
+        )
+        self.keep_alive = framing.keep_alive
+        self.out_left = framing.length
+        self.out_chunked = framing.chunked
+        return framing.head
 
 
 # The name the fault-injection tests patch its phases under.

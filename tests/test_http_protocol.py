@@ -1,11 +1,13 @@
-"""The request side of HTTP/1.1 alone, fed bytes with no socket: what each
-byte stream means as events, and where it stops."""
+"""HTTP/1.1 with no socket: what each byte stream a client sends means as
+events and where it stops, and how an answer is framed."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from qftrio.server.http_parse import BODY, END, HEAD, MAX_HEAD_BYTES, MAX_HEADERS, RequestParser
+from qftrio.server.http_protocol import BODY, END, HEAD, MAX_HEAD_BYTES, MAX_HEADERS, Framing, RequestParser, response_head
 
 
 def parsed(*pieces: bytes, max_body_bytes: int = 1 << 20) -> RequestParser:
@@ -73,3 +75,30 @@ def test_a_fault_stops_the_parser_after_the_events_before_it(raw: bytes, status:
 def test_an_upgrade_stops_the_parsing() -> None:
     parser = parsed(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\nnot http")
     assert parser.upgraded and parser.events[0][1].upgrade
+
+
+def head(status: int = 200, headers: list[tuple[bytes, bytes]] | None = None, **options: Any) -> Framing:
+    given: dict[str, Any] = dict(first_body=5, more=False, head_only=False, version="1.1", keep_alive=True, date=b"D")
+    given.update(options)
+    return response_head(status, headers or [], **given)
+
+
+def test_an_answer_is_framed_by_the_server() -> None:
+    whole = head(headers=[(b"Content-Type", b"x"), (b"Transfer-Encoding", b"gzip"), (b"Date", b"old")])
+    assert whole.head == b"HTTP/1.1 200 OK\r\ncontent-type: x\r\ncontent-length: 5\r\ndate: D\r\n\r\n"
+    assert (whole.length, whole.chunked, whole.keep_alive) == (5, False, True)
+    streamed = head(more=True)
+    assert streamed.chunked and streamed.length is None and b"transfer-encoding: chunked" in streamed.head
+    # HTTP/1.0 has no chunks: the body ends with the connection
+    old = head(more=True, version="1.0")
+    assert not old.chunked and not old.keep_alive and b"connection: close" in old.head
+    assert b"connection: keep-alive" in head(version="1.0").head
+    assert not head(headers=[(b"Connection", b"close")]).keep_alive
+    assert b"content-length" not in head(204).head and head(204).length is None
+    assert b"connection: close" in head(keep_alive=False).head
+
+
+def test_a_line_break_in_an_answer_s_header_is_refused() -> None:
+    for name, value in ((b"x", b"a\r\nset-cookie: evil"), (b"x\n", b"v")):
+        with pytest.raises(RuntimeError):
+            head(headers=[(name, value)])

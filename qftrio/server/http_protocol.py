@@ -1,4 +1,4 @@
-"""The request side of HTTP/1.1 as a protocol object: bytes in, events out.
+"""HTTP/1.1 with no I/O: requests parsed from bytes, answers' heads framed.
 
 :class:`RequestParser` is fed the bytes a client sends (:meth:`~RequestParser.feed`)
 and queues what they mean, in order: a request's head, its body's bytes,
@@ -11,16 +11,23 @@ with every leniency off; this object adds the limits llhttp does not keep
 (the head's size and its number of fields, the body's size) and stops at
 the first fault, which it keeps as :attr:`~RequestParser.error` after the
 events before it.
+
+:func:`response_head` frames an answer: its head, and whether it is sent
+with a ``Content-Length``, chunked, or until the connection closes.
 """
 
 from __future__ import annotations
 
 import collections
+from http import HTTPStatus
 from typing import Any, NamedTuple
 
 import httptools
 
-__all__ = ["BadRequest", "Request", "RequestParser", "HEAD", "BODY", "END", "MAX_HEAD_BYTES", "MAX_HEADERS"]
+__all__ = [
+    "BadRequest", "Framing", "Request", "RequestParser", "response_head",
+    "HEAD", "BODY", "END", "MAX_HEAD_BYTES", "MAX_HEADERS", "NO_BODY_STATUS", "REASONS",
+]  # fmt: skip
 
 #: A request head (the leading empty lines a client may send before it
 #: included) is at most this long and holds at most ``MAX_HEADERS`` fields;
@@ -28,6 +35,9 @@ __all__ = ["BadRequest", "Request", "RequestParser", "HEAD", "BODY", "END", "MAX
 #: extensions, the trailer section). Trailers count toward the body cap.
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
+
+REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+NO_BODY_STATUS = frozenset({204, 304})
 
 # The parser's events, queued in order: a request head, body bytes, the end
 # of a request.
@@ -162,3 +172,79 @@ class RequestParser:
             self.error = exc.__context__
         except httptools.HttpParserError as exc:
             self.error = BadRequest(400, "bad_request", f"malformed request: {exc}")
+
+
+class Framing(NamedTuple):
+    """An answer's head and how its body is framed."""
+
+    head: bytes
+    #: The body's length, when a ``Content-Length`` frames it.
+    length: int | None
+    chunked: bool
+    #: Whether the connection carries another request after it.
+    keep_alive: bool
+
+
+def response_head(
+    status: int,
+    headers: list[tuple[bytes, bytes]],
+    *,
+    first_body: int,
+    more: bool,
+    head_only: bool,
+    version: str,
+    keep_alive: bool,
+    date: bytes,
+) -> Framing:
+    """Frame an answer of *status* and *headers* whose first part of the body
+    is *first_body* bytes long (*more*: others follow), to a request of HTTP
+    *version* (a ``HEAD`` with *head_only*) on a connection that may carry
+    another request (*keep_alive*). The framing is the server's to choose: a
+    ``Content-Length`` given is kept, ``Transfer-Encoding`` and ``Date``
+    given are replaced.
+
+    Raises:
+        RuntimeError: a header holds a line break.
+    """
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b""))]
+    length: int | None = None
+    out_left: int | None = None
+    chunked = False
+    for name, value in headers:
+        name = name.lower()
+        if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
+            raise RuntimeError("a header of the answer holds a line break")
+        if name == b"content-length":
+            length = int(value)
+            continue
+        elif name == b"transfer-encoding":
+            continue  # the framing is this server's to choose
+        elif name == b"connection":
+            if b"close" in value.lower():
+                keep_alive = False
+            continue
+        elif name == b"date":
+            continue
+        lines.append(b"%s: %s\r\n" % (name, value))
+    if status in NO_BODY_STATUS or status < 200:
+        if length is not None and status == 304:
+            lines.append(b"content-length: %d\r\n" % length)
+    elif length is not None:
+        lines.append(b"content-length: %d\r\n" % length)
+        out_left = length
+    elif not more:
+        lines.append(b"content-length: %d\r\n" % first_body)
+        out_left = first_body
+    elif head_only:
+        pass
+    elif version == "1.1":
+        lines.append(b"transfer-encoding: chunked\r\n")
+        chunked = True
+    else:
+        keep_alive = False  # the body ends where the connection does
+    if not keep_alive:
+        lines.append(b"connection: close\r\n")
+    elif version == "1.0":
+        lines.append(b"connection: keep-alive\r\n")  # HTTP/1.0 closes by default
+    lines.append(b"date: %s\r\n\r\n" % date)
+    return Framing(b"".join(lines), out_left, chunked, keep_alive)
