@@ -1,5 +1,4 @@
-"""The application API's routes (tenant tokens) and the health check,
-served through Quart.
+"""The application API's routes (tenant tokens) and the health check.
 
 Enqueue lives with the worker protocol's hot routes
 (:mod:`qftrio.server.protocol`); everything else a tenant calls is here.

@@ -7,7 +7,7 @@ in one place: authorise the caller, cap and read the body, parse body, query
 and path into their models, and map every error to its JSON answer. A
 route's handler only calls the engine.
 
-The same declarations give ``/openapi.json`` (see :mod:`qftrio.server.app`)
+The same declarations give ``/openapi.json`` (see :mod:`qftrio.server.openapi`)
 and the router: :class:`Router` finds a route by method and path, or the
 methods a path allows.
 """
@@ -38,8 +38,8 @@ M = TypeVar("M", bound=pydantic.BaseModel)
 Reply = tuple[int, Any]
 
 #: Who may call a route: the worker token, a tenant token (the handler gets
-#: the tenant), or anyone.
-Caller = Literal["worker", "tenant", "anyone"]
+#: the tenant), the metrics token (anyone when none is set), or anyone.
+Caller = Literal["worker", "tenant", "metrics", "anyone"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -79,7 +79,9 @@ class Route:
             than opaque ids (a queue's name), by parameter.
         waits: whether a call may wait long (a long poll); its answer is then
             abandoned when the client disconnects.
-        hot: answered straight from ASGI rather than through Quart.
+        media: the content type of a success answer that is not JSON (the
+            handler's payload is then its bytes).
+        documented: whether ``/openapi.json`` lists it.
     """
 
     method: str
@@ -92,18 +94,25 @@ class Route:
     query: type[pydantic.BaseModel] | None = None
     path_params: dict[str, pydantic.TypeAdapter[Any]] = dataclasses.field(default_factory=dict)
     waits: Callable[[Call], bool] | None = None
-    hot: bool = False
+    media: str | None = None
+    documented: bool = True
 
     @property
     def name(self) -> str:
         return self.handler.__name__
 
+    def path_names(self) -> list[str]:
+        """The path's parameters, in order."""
+        return re.findall(r"<(\w+)>", self.path)
+
     def statuses(self) -> list[int]:
         """Every status the route answers, in order."""
         # 422 for an unknown query parameter, on every route.
         found = set(self.answers) | set(self.errors) | {422, 503}
-        if self.caller != "anyone":
+        if self.caller in ("worker", "tenant"):
             found |= {401, 403, 429}  # 429: the client's address gave too many wrong credentials
+        elif self.caller == "metrics":
+            found |= {401, 429}
         if self.body is not None:
             found |= {400, 413}
         return sorted(found)
@@ -320,6 +329,8 @@ class Envelope:
             tenant = self.credentials.tenant(authorization)
         elif route.caller == "worker":
             self.credentials.worker(authorization)
+        elif route.caller == "metrics":
+            self.credentials.metrics(authorization)
         for name, adapter in route.path_params.items():
             try:
                 adapter.validate_python(params[name])
