@@ -48,6 +48,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from .. import errors
 from .._batching import Batcher
 from ..models import (
+    TERMINAL,
     MAX_ANSWER_BYTES,
     MAX_BATCH,
     QUEUES_PAGE,
@@ -90,6 +91,7 @@ from .store.base import (
     Store,
 )
 from .sightings import Sightings
+from .waits import JobWaits
 from .waker import Parked, Waker, wake_after_reports
 from .workflows import new_workflow
 
@@ -132,6 +134,11 @@ class Engine:
     MAX_SESSION_ID = sessions.MAX_SESSION_ID
     #: A session's idle end moves on at most this often.
     SESSION_TOUCH_SECS = sessions.SESSION_TOUCH_SECS
+    #: Waits (``GET /api/v1/jobs/{id}/wait``) one tenant may have parked on
+    #: this server at once.
+    MAX_WAITS_PER_TENANT = 1000
+    #: Seconds a wait's end may take to unregister it (shielded).
+    WAIT_END_SECS = 5.0
 
     def __init__(
         self,
@@ -153,6 +160,8 @@ class Engine:
             store, clock, idle_secs=session_idle_secs, lifetime_secs=session_lifetime_secs
         )
         self.waker = Waker()
+        self.waits = JobWaits(self.MAX_WAITS_PER_TENANT)
+        store.on_ended = self.waits.ended
         self.metrics = Metrics()
         self.sightings = Sightings(
             every=self.SIGHTING_EVERY_SECS, window=self.WORKERS_SEEN_SECS, capacity=self.MAX_SIGHTINGS
@@ -209,6 +218,7 @@ class Engine:
         """Make parked long-polls return (empty) at once, and new ones not wait."""
         self._closing.set()
         self.waker.notify_all()
+        self.waits.close()
 
     @property
     def closing(self) -> bool:
@@ -354,6 +364,42 @@ class Engine:
         if job is None:
             raise errors.NotFound(f"job {job_id} not found")
         return job
+
+    async def job_wait(self, tenant: str, job_id: str, timeout_secs: float) -> Job:
+        """The job once it is terminal (completed, failed, cancelled), or as
+        it stands when *timeout_secs* pass or the server begins shutting
+        down; at once when it is terminal already. Woken by the store's word
+        that it ended, from this server or another (:attr:`Store.on_ended`),
+        and reading it again every ``safety_poll_secs`` besides.
+
+        Raises:
+            NotFound: no such job of *tenant*.
+            TooManyRequests: the tenant has ``MAX_WAITS_PER_TENANT`` waits
+                parked here already.
+        """
+        job = await self.job_get(tenant, job_id)
+        if job.status in TERMINAL or timeout_secs <= 0 or self.closing:
+            return job
+        deadline = trio.current_time() + timeout_secs
+        with self.waits.park(tenant, job_id) as parked:
+            wait_id = await self.store.job_wait_begin(job_id, now=self.clock(), wait_secs=timeout_secs)
+            try:
+                while True:
+                    remaining = deadline - trio.current_time()
+                    # Listening before the read: an end another server
+                    # commits after it reaches this wait.
+                    await self.store.notifications_wanted(max(0.0, remaining))
+                    job = await self.job_get(tenant, job_id)
+                    remaining = deadline - trio.current_time()
+                    if job.status in TERMINAL or remaining <= 0 or self.waits.closed:
+                        return job
+                    with trio.move_on_after(min(remaining, self.safety_poll_secs)):
+                        await parked.event.wait()
+                    parked.rearm()
+            finally:
+                # The wait's row goes even when the caller went away.
+                with trio.CancelScope(shield=True), trio.move_on_after(self.WAIT_END_SECS):
+                    await self.store.job_wait_end(wait_id)
 
     async def jobs_list(
         self,

@@ -20,7 +20,7 @@ import logging
 import math
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 from urllib.parse import parse_qsl
 
 import pydantic
@@ -304,6 +304,17 @@ class Disconnected(Exception):
     """The client went away before its request was read or answered."""
 
 
+class Answer(NamedTuple):
+    """A route's answer: its status and payload, whether the connection
+    must close after it, and for a ``429`` the seconds of ``Retry-After``
+    the handler named."""
+
+    status: int
+    payload: Any
+    close: bool = False
+    retry_after: float | None = None
+
+
 class Envelope:
     """Authorisation, body cap, parsing and error mapping, for every route."""
 
@@ -342,32 +353,32 @@ class Envelope:
             body = parse_body(route.body, await self._read_body(content_length, receive_chunk))
         return Call(tenant=tenant, body=body, query=query, path=params)
 
-    async def run(self, route: Route, call: Call) -> tuple[int, Any, bool]:
-        """The handler's answer to *call*, errors mapped:
-        ``(status, payload, close)``."""
+    async def run(self, route: Route, call: Call) -> Answer:
+        """The handler's answer to *call*, errors mapped."""
         try:
             status, payload = await route.handler(self.engine, call)
         except Exception as exc:
             return self.refusal(route, exc)
-        return status, payload, False
+        return Answer(status, payload)
 
-    async def answer(self, route: Route, params: dict[str, str], **request: Any) -> tuple[int, Any, bool]:
-        """:meth:`prepare` then :meth:`run`, as ``(status, payload, close)``."""
+    async def answer(self, route: Route, params: dict[str, str], **request: Any) -> Answer:
+        """:meth:`prepare` then :meth:`run`."""
         try:
             call = await self.prepare(route, params, **request)
         except Exception as exc:
             return self.refusal(route, exc)
         return await self.run(route, call)
 
-    def refusal(self, route: Route, exc: Exception) -> tuple[int, Any, bool]:
+    def refusal(self, route: Route, exc: Exception) -> Answer:
         """The answer to *exc*, raised while answering *route* (call it in
         the ``except`` block: a bug is logged with its traceback)."""
         if isinstance(exc, errors.ApiError):
             # A 413 leaves the body unread: the connection cannot carry
             # another request.
-            return exc.status_code, exc.to_wire(), isinstance(exc, errors.PayloadTooLarge)
+            retry_after = exc.retry_after if isinstance(exc, errors.TooManyRequests) else None
+            return Answer(exc.status_code, exc.to_wire(), isinstance(exc, errors.PayloadTooLarge), retry_after)
         log.exception("request failed: %s %s", route.method, route.path)
-        return 500, errors.ApiError("internal error").to_wire(), False
+        return Answer(500, errors.ApiError("internal error").to_wire())
 
     async def _read_body(self, declared: str | None, receive_chunk: ChunkReceiver) -> bytes:
         cap = self.max_body_bytes

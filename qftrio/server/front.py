@@ -29,7 +29,7 @@ from .api import ALL_ROUTES
 from .auth import Credentials
 from .docs_page import DOCS_PAGE
 from .engine import Engine
-from .envelope import Call, Disconnected, Envelope, Reply, Route, Router
+from .envelope import Answer, Call, Disconnected, Envelope, Reply, Route, Router
 from .http11 import Exchange
 from .openapi import document
 from .throttle import Throttle, client_of, current_client, retry_after_header
@@ -93,7 +93,7 @@ class ApiFront:
         except Disconnected:
             return  # nobody to answer
         except Exception as exc:
-            await _respond(exchange, wait, *self.envelope.refusal(route, exc))
+            await _respond_with(exchange, wait, self.envelope.refusal(route, exc))
             return
         if route.waits is not None and route.waits(call):
             # A long poll is abandoned if its client goes away. Its answer is
@@ -107,11 +107,19 @@ class ApiFront:
         await self._answer(exchange, wait, route, call)
 
     async def _answer(self, exchange: Exchange, wait: float | None, route: Route, call: Call) -> None:
-        status, payload, close = await self.envelope.run(route, call)
-        if route.media is not None and 200 <= status < 300:
-            await exchange.respond(status, [(b"content-type", route.media.encode()), (b"content-length", b"%d" % len(payload))], payload)
+        answer = await self.envelope.run(route, call)
+        if route.media is not None and 200 <= answer.status < 300:
+            payload = answer.payload
+            await exchange.respond(answer.status, [(b"content-type", route.media.encode()), (b"content-length", b"%d" % len(payload))], payload)
             return
-        await _respond(exchange, wait, status, payload, close)
+        await _respond_with(exchange, wait, answer)
+
+
+async def _respond_with(exchange: Exchange, wait: float | None, answer: Answer) -> None:
+    """:func:`_respond` with *answer*; its own ``Retry-After`` before the
+    throttle's."""
+    retry = answer.retry_after if answer.retry_after is not None else wait
+    await _respond(exchange, retry, answer.status, answer.payload, answer.close)
 
 
 async def _respond(
