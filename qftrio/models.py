@@ -285,43 +285,79 @@ class _WireForm:
         self.cls = cls
         self.hints = typing.get_type_hints(cls, include_extras=True)
         self.fields = dataclasses.fields(cls)
+        self.kinds = {field.name: self._kind(self.hints[field.name]) for field in self.fields}
         env: dict[str, Any] = {"__name__": cls.__module__, "format_time": format_time, "parse_time": parse_time}
-        out, read = [], []
+        read = []
         for field in self.fields:
             name = field.name
-            kind, inner, optional = self._kind(self.hints[name])
-            value, got = f"self.{name}", self._read(field, env)
+            kind, inner, optional = self.kinds[name]
+            got = self._read(field, env)
             if kind == "time":
-                out.append(f"{name!r}: format_time({value})")
                 got = f"parse_time({got})"
             elif kind == "enum":
                 env[f"_lookup_{name}"] = {member.value: member for member in inner}
                 env[f"_enum_{name}"] = inner
-                wire = f"{value}.value"
-                out.append(f"{name!r}: None if {value} is None else {wire}" if optional else f"{name!r}: {wire}")
                 member = f"(_lookup_{name}.get({got}) or _enum_{name}({got}))"  # a dict lookup first: faster
                 got = f"(None if {got} is None else {member})" if optional else member
             elif kind == "records":
                 env[f"_records_{name}"] = functools.partial(_records, inner.from_wire)
-                out.append(f"{name!r}: [item.to_wire() for item in {value}]")
                 got = f"_records_{name}({got})"
-            else:
-                out.append(f"{name!r}: {value}")
             read.append(f"{name}={got}")
-        source = (
-            "def to_wire(self):\n    return {" + ", ".join(out) + "}\n"
-            "def from_wire(cls, data):\n    get = data.get\n    return cls(" + ", ".join(read) + ")\n"
-        )
+        source = "def from_wire(cls, data):\n    get = data.get\n    return cls(" + ", ".join(read) + ")\n"
         source += self._init_source(env)
         exec(source, env)
         env["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
         type.__setattr__(cls, "__init__", env["__init__"])
-        self.to_wire: Callable[[Any], dict[str, Any]] = env["to_wire"]
+        self.to_wire: Callable[[Any], dict[str, Any]] = self.writer("to_wire", "self", lambda name: f"self.{name}")
         self.from_wire: Callable[[type, dict[str, Any]], Any] = env["from_wire"]
         for function in (self.to_wire, self.from_wire):
             function.__qualname__ = f"{cls.__qualname__}.{function.__name__}"
         type.__setattr__(cls, "to_wire", self.to_wire)
         type.__setattr__(cls, "from_wire", classmethod(self.from_wire))
+
+    def writer(
+        self, name: str, params: str, value: Callable[[str], str], env: dict[str, Any] | None = None
+    ) -> Callable[..., dict[str, Any]]:
+        """``name(params)``: the wire form of the record whose field *f* has
+        the value whose source is ``value(f)`` (``self.f`` for ``to_wire``;
+        another record's attribute or a constant of *env* for a record not
+        built yet, as a store's new job)."""
+        env = {"__name__": self.cls.__module__, "format_time": format_time, **(env or {})}
+        out = []
+        for field in self.fields:
+            kind, _, optional = self.kinds[field.name]
+            got = value(field.name)
+            if kind == "time":
+                got = f"format_time({got})"
+            elif kind == "enum":
+                got = f"None if {got} is None else {got}.value" if optional else f"{got}.value"
+            elif kind == "records":
+                got = f"[item.to_wire() for item in {got}]"
+            out.append(f"{field.name!r}: {got}")
+        return _compiled(name, params, "{" + ", ".join(out) + "}", env)
+
+    def builder(
+        self, name: str, params: str, value: Callable[[str], str], env: dict[str, Any] | None = None
+    ) -> Callable[..., Any]:
+        """``name(params)``: the record whose field *f* is the value whose
+        source is ``value(f)``, every field named (a store's reader of a row:
+        a field added to the record is read, or fails at import)."""
+        env = {"__name__": self.cls.__module__, "_record": self.cls, **(env or {})}
+        args = ", ".join(f"{field.name}={value(field.name)}" for field in self.fields)
+        return _compiled(name, params, f"_record({args})", env)
+
+    def defaults(self, names: typing.Iterable[str], env: dict[str, Any]) -> dict[str, str]:
+        """The source of each field of *names* as its default, put in *env*
+        (``ValueError`` for a field that has none)."""
+        by_name = {field.name: field for field in self.fields}
+        out = {}
+        for name in names:
+            default = by_name[name].default
+            if default is dataclasses.MISSING:
+                raise ValueError(f"{self.cls.__name__}.{name} has no default: its value must be given")
+            env[f"_default_{name}"] = default
+            out[name] = f"_default_{name}"
+        return out
 
     def _init_source(self, env: dict[str, Any]) -> str:
         """The source of ``__init__``: keyword-only, as the dataclass's, each
@@ -369,17 +405,26 @@ class _WireForm:
         inside it as *answers* maps them to their own models."""
         fields: dict[str, Any] = {}
         for field in self.fields:
-            kind, inner, optional = self._kind(self.hints[field.name])
+            kind, inner, optional = self.kinds[field.name]
             wire: Any = {"time": Time, "records": list[answers.get(inner, inner)]}.get(kind, inner)
             fields[field.name] = (wire | None if optional else wire, ...)
         return create_model(name, __base__=base, __doc__=doc, **fields)  # type: ignore[call-overload, no-any-return]
+
+
+def _compiled(name: str, params: str, expression: str, env: dict[str, Any]) -> Callable[..., Any]:
+    """The function ``name(params)`` answering *expression*, compiled in *env*."""
+    exec(f"def {name}({params}):\n    return {expression}\n", env)
+    function: Callable[..., Any] = env[name]
+    return function
 
 
 def _records(from_wire: Callable[[Any], Any], items: list[Any] | None) -> tuple[Any, ...]:
     return tuple(map(from_wire, items)) if items else ()
 
 
-_JOB_WIRE = _WireForm(Job)
+#: How a job is written and built: its wire form, and the generated readers
+#: of the stores (`builder`) and of their new jobs (`writer`).
+JOB_FORM = _WireForm(Job)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -1191,7 +1236,7 @@ class ErrorEntryAnswer(_Answer):
 
 
 #: A job, as :class:`Job` declares it.
-JobAnswer = _JOB_WIRE.answer_model("JobAnswer", "A job.", _Answer, {ErrorEntry: ErrorEntryAnswer})
+JobAnswer = JOB_FORM.answer_model("JobAnswer", "A job.", _Answer, {ErrorEntry: ErrorEntryAnswer})
 
 
 #: A schedule, as :class:`Schedule` declares it.

@@ -10,8 +10,9 @@ import re
 
 import pytest
 
-from qftrio.models import Job
+from qftrio.models import Job, Status
 from qftrio.server.store import changes, sql
+from qftrio.server.store.base import Inserted, NewJob
 
 FIELDS = [field.name for field in dataclasses.fields(Job)]
 
@@ -92,3 +93,72 @@ def test_both_stores_count_scheduled_jobs_up_to_the_same_cap() -> None:
     from qftrio.models import MAX_SCHEDULED_COUNT
 
     assert f"LIMIT {MAX_SCHEDULED_COUNT})" in sql.load("postgres")["queues_stats"]
+
+
+# -- a new job's fields, in the order each store's insert takes them ------------------------
+
+NEW_FIELDS = ["id"] + [field.name for field in dataclasses.fields(NewJob)]
+
+
+def _top_level(text: str) -> list[str]:
+    """*text*'s comma-separated parts outside parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return parts + [text[start:].strip()]
+
+
+def _insert(statement: str, table: str, values: str) -> dict[str, str]:
+    """``{column: its value's expression}`` of the ``INSERT INTO table``."""
+    text = re.sub(r"--[^\n]*", "", statement)
+    match = re.search(rf"INSERT INTO {table} \(([^)]*)\)\s*{values}\s*(.*?)\s*(?:\)\s*;?\s*$|FROM batch)", text, re.S)
+    assert match is not None, statement
+    columns = [column.strip().strip('"') for column in match[1].split(",")]
+    exprs = _top_level(match[2].removeprefix("(") if values == "VALUES" else match[2])
+    assert len(columns) == len(exprs), (columns, exprs)
+    return dict(zip(columns, exprs))
+
+
+def test_new_job_fields_are_job_fields() -> None:
+    assert set(NEW_FIELDS) - set(FIELDS) == {"idempotency_key"}
+
+
+def test_the_sqlite_insert_takes_new_job_fields_in_their_order() -> None:
+    values = _insert(sql.load("sqlite")["job_insert"], "jobs", "VALUES")
+    for position, name in enumerate(NEW_FIELDS, start=1):
+        assert values[name] == f"?{position}", f"job_insert: {name} is {values[name]}, not ?{position}"
+
+
+def test_the_postgres_insert_takes_new_job_fields_in_their_order() -> None:
+    values = _insert(sql.load("postgres")["jobs_insert"], "qftrio_jobs", "SELECT")
+    for position, name in enumerate(NEW_FIELDS):
+        places = set(re.findall(r"j->>?(\d+)", values[name]))
+        assert places == {str(position)}, f"jobs_insert: {name} is {values[name]}, not element {position}"
+
+
+def test_a_store_insert_out_of_order_is_caught() -> None:
+    values = _insert("INSERT INTO jobs (id, queue, tenant) VALUES (?1, ?2, ?3)", "jobs", "VALUES")
+    assert values["tenant"] != f"?{NEW_FIELDS.index('tenant') + 1}"
+
+
+def test_an_inserted_job_is_its_new_job_with_every_field() -> None:
+    # every field of NewJob set, so that one Inserted leaves out shows
+    new = NewJob(
+        tenant="t", queue="q", kind="k", payload={"a": 1}, priority=3, max_attempts=2, scheduled_at=5.0,
+        idempotency_key="i", workflow_id="w", step="s", context={"c": 1}, timeout_secs=9,
+        backoff={"initial_secs": 1.0}, headers={"h": "v"}, schedule="daily", concurrency={"key": "c", "limit": 1},
+        rate_limit="r", unique={"key": "u", "statuses": ["pending"]},
+    )  # fmt: skip
+    assert {f.name for f in dataclasses.fields(NewJob)} == set(NEW_FIELDS[1:])
+    inserted = Inserted("id", new, 7.0)
+    job = inserted.job
+    for name in NEW_FIELDS[1:]:
+        if name != "idempotency_key":
+            assert getattr(job, name) == getattr(new, name), name
+    assert (job.id, job.status, job.attempt, job.created_at, job.updated_at) == ("id", Status.PENDING, 0, 7.0, 7.0)
+    assert inserted.to_wire() == job.to_wire()
+    earlier = Inserted("other", new, 8.0, job)
+    assert earlier.job is job and earlier.to_wire() == job.to_wire()

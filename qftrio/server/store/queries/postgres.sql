@@ -221,7 +221,9 @@ WITH older AS (
 SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notified;
 
 -- name: jobs_insert
--- $1 is the batch as JSON, one array per job (PostgresStore._insert_batch).
+-- $1 is the batch as JSON, one array per job (PostgresStore._insert_batch):
+-- the job's id, then NewJob's fields in their order (base.new_job_row;
+-- tests/test_store_sql.py).
 -- The NOTIFY of the new jobs' queues is part of the statement (delivered
 -- when it commits): no round trip of its own.
 WITH batch AS MATERIALIZED (
