@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import pathlib
 import re
 
 import pytest
 
+from qftrio import models
 from qftrio.models import Job, Status
 from qftrio.server.store import changes, sql
 from qftrio.server.store.base import Inserted, NewJob
@@ -162,3 +164,76 @@ def test_an_inserted_job_is_its_new_job_with_every_field() -> None:
     assert inserted.to_wire() == job.to_wire()
     earlier = Inserted("other", new, 8.0, job)
     assert earlier.job is job and earlier.to_wire() == job.to_wire()
+
+
+# -- the SQL enqueue function's bounds and defaults, from the models -------------------------
+
+#: The request models qftrio_enqueue checks a job by, and the fields it
+#: checks otherwise (a time's form; headers by the constants of their rule).
+ENQUEUE_MODELS = [models.EnqueueRequest, models.JobConfig, models.BackoffConfig, models.ConcurrencyConfig,
+                  models.UniqueConfig, models.EnqueueBatchRequest]  # fmt: skip
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "minLength", "maxLength", "minItems", "maxItems", "pattern")
+
+
+def _functions_source() -> str:
+    text = (pathlib.Path(sql.__file__).parent / "migrations" / "postgres" / "functions.sql").read_text()
+    return re.sub(r"--[^\n]*", "", text)
+
+
+def enforced() -> list[tuple[str, str, str]]:
+    """``(model, field, keyword)`` of every bound and default the route
+    enforces on a job, from the models' JSON schemas."""
+    out = []
+    for model in ENQUEUE_MODELS:
+        for field, schema in model.model_json_schema()["properties"].items():
+            if field == "headers":
+                continue
+            schema = next((s for s in schema.get("anyOf", ()) if s.get("type") != "null"), schema)
+            if "$ref" in schema or schema.get("items", {}).get("$ref"):
+                out += [(model.__name__, field, k) for k in ("minItems", "maxItems") if k in schema]
+                continue  # a model of its own, walked as one
+            out += [(model.__name__, field, k) for k in BOUNDS if k in schema]
+            info = model.model_fields[field]
+            if not info.is_required() and info.get_default(call_default_factory=True) not in (None, {}):
+                out.append((model.__name__, field, "default"))
+    return out
+
+
+def test_every_bound_and_default_of_the_route_is_written_from_the_models() -> None:
+    source = _functions_source()
+    assert ("JobConfig", "max_attempts", "maximum") in enforced()
+    assert ("BackoffConfig", "jitter", "default") in enforced()
+    missing = []
+    for model, field, keyword in enforced():
+        names = {f"{{{{{model}.{field}.{keyword}}}}}"}
+        if keyword in ("minimum", "maximum", "exclusiveMinimum"):
+            names.add(f"{{{{{model}.{field}.range}}}}")
+        if keyword == "pattern" and sql.bound(model, field, keyword) == models.NAME_PATTERN:
+            names.add("{{NAME_PATTERN}}")
+        if not any(name in source for name in names):
+            missing.append(f"{model}.{field}.{keyword}")
+    for name in ("MAX_HEADERS_BYTES", "MAX_HEADER_NAME", "HEADER_NAME_PATTERN", "HEADER_VALUE_PATTERN"):
+        if f"{{{{{name}}}}}" not in source:
+            missing.append(name)
+    assert not missing, f"functions.sql does not write these from the models: {missing}"
+
+
+def test_no_bound_of_the_models_is_written_by_hand() -> None:
+    source = re.sub(r"[*/%] 1000(000)?\b", "", _functions_source())  # milli- and microseconds, not bounds
+    values = [sql.bound(*key) for key in enforced()] + [models.MAX_HEADERS_BYTES, models.MAX_HEADER_NAME]
+    for value in values:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > 100:
+            assert not re.search(rf"(?<![\w.]){value}(?![\w.])", source), f"functions.sql writes {value} by hand"
+        elif isinstance(value, (str, list)) and len(value) > 1:
+            assert sql.literal(value) not in source, f"functions.sql writes {value!r} by hand"
+    assert not re.search(r"\d+ \* 86400", source), "functions.sql writes a duration by hand"
+
+
+def test_the_functions_are_written_with_the_models_bounds() -> None:
+    text = sql.functions("postgres")
+    assert "{{" not in text
+    assert sql.bound("JobConfig", "timeout_secs", "maximum") == models.MAX_TIMEOUT_SECS
+    assert f"at || '.timeout_secs',\n            1, {models.MAX_TIMEOUT_SECS})" in text
+    assert sql.bound("BackoffConfig", "initial_secs", "range") == f"0, true, {models.MAX_DELAY_SECS}"
+    assert sql.literal(models.HEADER_NAME_PATTERN) == "'^[A-Za-z0-9!#$%&''*+.^_`|~-]+$'"
+    assert sql.literal(["pending", "running"]) == """'["pending", "running"]'"""

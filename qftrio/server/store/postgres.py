@@ -48,6 +48,7 @@ stored exactly.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import uuid
@@ -357,10 +358,29 @@ async def _run_plan(db: pgtrio.Database, make: Callable[[], changes.Plan[T]]) ->
 # -- migrations -------------------------------------------------------------------
 
 
+#: The functions (``migrations/postgres/functions.sql``, its bounds written
+#: from the models), and what the ledger records of them: a digest, so that
+#: a qftrio whose functions differ from the schema's applies its own.
+FUNCTIONS = sql.functions("postgres")
+FUNCTIONS_DIGEST = "functions " + hashlib.sha256(FUNCTIONS.encode()).hexdigest()[:16]
+
+
 async def _applied_versions(conn: pgtrio.Connection) -> set[str] | None:
+    """The versions the ledger holds (``functions`` when the functions are
+    this qftrio's), or None with no ledger."""
     if not await conn.fetchval(Q["migrations_table_exists"]):
         return None
-    return {r["version"] for r in await conn.fetch(Q["migrations_applied"])}
+    applied = {r["version"] for r in await conn.fetch(Q["migrations_applied"])}
+    if "functions" in applied and await conn.fetchval(Q["functions_applied"]) != FUNCTIONS_DIGEST:
+        applied.discard("functions")
+    return applied
+
+
+def _pending_of(applied: set[str]) -> list[tuple[str, str, str]]:
+    """``(version, name, script)`` of what *applied* lacks, in order: the
+    numbered migrations, then the functions."""
+    shipped = [*sql.migrations("postgres"), ("functions", "functions", FUNCTIONS)]
+    return [migration for migration in shipped if migration[0] not in applied]
 
 
 async def _migrate_on(conn: pgtrio.Connection) -> list[str]:
@@ -374,29 +394,29 @@ async def _migrate_on(conn: pgtrio.Connection) -> list[str]:
         if applied is None:
             await conn.execute(Q["migrations_table"])
             applied = set()
-        done = []
-        known = set()
-        for version, name, script in sql.migrations("postgres"):
-            known.add(version)
-            if version in applied:
-                continue
-            async with conn.transaction():
+        pending = _pending_of(applied)
+        # One transaction: the functions are never older or newer than the
+        # tables they read.
+        async with conn.transaction():
+            for version, name, script in pending:
                 await conn.execute(script)
-                await conn.execute(Q["migration_record"], version, name)
+                if version == "functions":
+                    await conn.execute(Q["functions_record"], FUNCTIONS_DIGEST)
+                else:
+                    await conn.execute(Q["migration_record"], version, name)
+        for _, name, _ in pending:
             log.info("applied migration %s", name)
-            done.append(name)
-        unknown = applied - known
+        unknown = applied - {version for version, _, _ in _pending_of(set())}
         if unknown:
             log.warning("the database has migrations this qftrio does not know: %s", ", ".join(sorted(unknown)))
-        return done
+        return [name for _, name, _ in pending]
     finally:
         await conn.execute(Q["migration_unlock"], MIGRATION_LOCK_KEY)
         await conn.execute(Q["migration_settings_reset"])
 
 
 async def _pending_on(conn: pgtrio.Connection) -> list[str]:
-    applied = await _applied_versions(conn) or set()
-    return [name for version, name, _ in sql.migrations("postgres") if version not in applied]
+    return [name for _, name, _ in _pending_of(await _applied_versions(conn) or set())]
 
 
 async def _migrate_when_behind(db: pgtrio.Database, url: str) -> list[str]:

@@ -59,6 +59,14 @@ SELECT version FROM qftrio_schema_migrations;
 -- name: migration_record
 INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2);
 
+-- name: functions_applied
+-- The digest of the functions.sql the schema has (postgres._migrate_on).
+SELECT name FROM qftrio_schema_migrations WHERE version = 'functions';
+
+-- name: functions_record
+INSERT INTO qftrio_schema_migrations (version, name) VALUES ('functions', $1)
+ON CONFLICT (version) DO UPDATE SET name = excluded.name, applied_at = now();
+
 -- name: claim
 -- Fair tenants (transitions.fair_order): the queue's tenants with pending
 -- jobs are found by skipping through qftrio_jobs_claim_idx, one probe each,
