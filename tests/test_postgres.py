@@ -259,7 +259,8 @@ async def test_reports_probe_their_own_rows_whatever_the_planner_estimates() -> 
             tokens = [uuid.UUID(x.lease_token) for x in batch]
             statements = {
                 "complete": (Q["complete"], ids, tokens, ["{}"] * 100, T0),
-                "complete_locking": (Q["complete_locking"], ids, tokens, ["{}"] * 100, T0),
+                "complete_lock": (Q["complete_lock"], ids, tokens, T0),
+                "complete_write": (Q["complete_write"], ids, ["{}"] * 100, list(range(1, 101)), T0),
                 "heartbeat": (Q["heartbeat"], ids, tokens, [60.0] * 100, T0),
                 "heartbeat_locking": (Q["heartbeat_locking"], ids, tokens, [60.0] * 100, T0),
                 "fail": (Q["fail"], ids, tokens, ["pending"] * 100, [T0 + 9] * 100, ["e"] * 100, T0),

@@ -1039,54 +1039,62 @@ class PostgresStore(Store):
         rows: list[Any] = [None] * len(unique)
         for row in await self._db.fetch(Q["complete"], ids, tokens, results_of, now):
             rows[row["ord"] - 1] = row
-        decided = [self._completion(row) for row in rows]
-        # Workflow steps (the batch holding one completed nothing yet), and
-        # completions the statement left alone because they raced another
-        # change of their job: decided again under the lock.
-        locking = [k for k, row in enumerate(rows) if row["step"] or (decided[k].applied and not row["applied"])]
-        unblocked: set[int] = set()  # positions in `unique` whose completion enqueued steps
-        if locking:
-            at = range(len(unique)) if any(row["step"] for row in rows) else locking
-
-            async def complete(conn: pgtrio.Connection) -> tuple[list[pgtrio.Record], set[int]]:
-                keys = [ids[k] for k in at]
-                await _lock_workflows_of_jobs(conn, keys)
-                done = await conn.fetch(
-                    Q["complete_locking"], keys, [tokens[k] for k in at], [results_of[k] for k in at], now
-                )
-                applied = [row for row in done if row["applied"]]
-                return done, (await self._after_complete(conn, applied, now=now) if applied else set())
-
-            step_rows, step_unblocked = await self._db.run(complete)
-            for k, row in zip(at, step_rows, strict=True):
-                rows[k] = row
-                decided[k] = self._completion(row)
-                if row["ord"] in step_unblocked:
-                    unblocked.add(k)
-        results = []
-        # The jobs of a batch are mostly of one queue and kind, claimed
-        # together: one result serves each such group.
+        results: list[ReportResult] = []
+        # Each item is decided once: by the statement, which completed the
+        # current leases outside workflows (the jobs of a batch are mostly of
+        # one queue and kind, claimed together: one result serves each such
+        # group); else by transitions.complete on the row it read, unless
+        # that row is a workflow step, or would be completed yet was not (it
+        # changed between the statement's read and its write): those are
+        # decided under the lock, once, by _complete_locked.
         applied_in: dict[tuple[str, str, float | None, bool], ReportResult] = {}
-        for k, (result, row) in enumerate(zip(decided, rows)):
-            if result.applied != row["applied"]:  # running under the token, yet unchanged under the lock
-                raise RuntimeError("jobs_complete: a locked row refused its guarded write")
-            if result.applied:
+        undecided: list[int] = []
+        for k, row in enumerate(rows):
+            result = self._completion(row)
+            if row["applied"]:
                 group = (row["queue"], row["kind"], row["claimed_at"], row["keyed"])
-                if k in unblocked:
-                    result = dataclasses.replace(
-                        result,
-                        kind=row["kind"],
-                        claimed_at=row["claimed_at"],
-                        keyed=row["keyed"],
-                        ready_queues=(WORKFLOW_QUEUE,),
-                    )
-                else:
-                    result = applied_in.get(group) or applied_in.setdefault(
-                        group,
-                        dataclasses.replace(result, kind=row["kind"], claimed_at=row["claimed_at"], keyed=row["keyed"]),
-                    )
+                result = applied_in.get(group) or applied_in.setdefault(
+                    group, dataclasses.replace(result, kind=row["kind"], claimed_at=row["claimed_at"], keyed=row["keyed"])
+                )
+            elif row["step"] or result.applied:
+                undecided.append(k)
             results.append(result)
+        if undecided:
+            some = [ids[k] for k in undecided], [tokens[k] for k in undecided], [results_of[k] for k in undecided]
+
+            async def complete(conn: pgtrio.Connection) -> list[ReportResult]:
+                return await self._complete_locked(conn, *some, now=now)
+
+            locked = await self._db.run(complete)
+            for k, result in zip(undecided, locked, strict=True):
+                results[k] = result
         return transitions.answers(results, slot)
+
+    async def _complete_locked(
+        self, conn: pgtrio.Connection, ids: list[Any], tokens: list[Any], results_of: list[Any], *, now: float
+    ) -> list[ReportResult]:
+        """The completions of *ids*, decided under the lock of their rows
+        (their workflows' first): what transitions.complete applies is
+        written, and the workflows of the steps completed advance."""
+        await _lock_workflows_of_jobs(conn, ids)
+        decided = [self._completion(row) for row in await conn.fetch(Q["complete_lock"], ids, tokens, now)]
+        write = [k for k, result in enumerate(decided) if result.applied]
+        if not write:
+            return decided
+        done = await conn.fetch(
+            Q["complete_write"], [ids[k] for k in write], [results_of[k] for k in write], [k + 1 for k in write], now
+        )
+        unblocked = await self._after_complete(conn, done, now=now)
+        for row in done:
+            k = row["ord"] - 1
+            decided[k] = dataclasses.replace(
+                decided[k],
+                kind=row["kind"],
+                claimed_at=row["claimed_at"],
+                keyed=row["keyed"],
+                ready_queues=(WORKFLOW_QUEUE,) if row["ord"] in unblocked else (),
+            )
+        return decided
 
     @staticmethod
     def _completion(row: pgtrio.Record) -> ReportResult:

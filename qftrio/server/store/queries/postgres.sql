@@ -452,8 +452,9 @@ coalesce(status = 'running' AND deadline <= $4, false)
 -- One statement, so one transaction, per batch of jobs outside workflows:
 -- the current leases are completed without being locked first (the guarded
 -- write of transitions.complete), the other items' rows read as they stood.
--- A batch holding a workflow step completes nothing here: it goes whole
--- through complete_locking, which locks the steps' workflows first. A
+-- A batch holding a workflow step completes nothing here: its steps, and
+-- what the statement could not decide, go through complete_lock and
+-- complete_write, which lock the steps' workflows first. A
 -- job's workflow never changes, so telling them apart needs no lock.
 WITH items AS (
     -- One primary key probe per item, whatever the planner estimates of the
@@ -472,8 +473,9 @@ WITH items AS (
     -- TID scan: no second probe, and no estimate makes it look dearer than
     -- reading the table). The guard compares with what the probe read, not
     -- with 'running', which would let the planner join the running jobs'
-    -- index instead. A row changed since is left alone: the probe read it
-    -- running under the token, so the store decides it again under its lock.
+    -- index instead. A row changed since is left alone, and undecided: the
+    -- probe read it running under the token, so the store decides it under
+    -- its lock (complete_lock).
     UPDATE qftrio_jobs AS j SET status = 'completed', result = c.result, locked_until = NULL, updated_at = $4
     FROM items AS c
     WHERE j.ctid = ANY(ARRAY(SELECT row FROM items WHERE current))
@@ -492,35 +494,35 @@ SELECT i.ord, i.queue, false, i.status, coalesce(i.lease_token = i.token AND NOT
 FROM items AS i
 WHERE i.ord NOT IN (SELECT ord FROM completed);
 
--- name: complete_locking
--- Every outcome, the rows locked (id order) after their workflows.
+-- name: complete_lock
+-- The jobs of a batch's items that complete could not decide (workflow
+-- steps, and rows changed between its read and its write), locked in id
+-- order after their workflows: each row's status and whether the token is
+-- current (the token, and the attempt not over: attempt_over at $3), which
+-- transitions.complete decides on.
 WITH items AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
+    SELECT * FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS i(id, token, ord)
 ), locked AS (
-    SELECT ctid AS row, id, status, lease_token, queue,
-        status = 'running' AND coalesce(deadline > $4, true) AS running,
-        {attempt_over} AS over
+    SELECT id, status, lease_token, queue, coalesce(status = 'running' AND deadline <= $3, false) AS over
     FROM qftrio_jobs
     WHERE id = ANY($1::uuid[])
     ORDER BY id
     FOR UPDATE
-), completed AS (
-    -- The locked versions, by their addresses (as in complete).
-    UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
-    FROM items AS i JOIN locked AS l ON l.id = i.id
-    WHERE l.running AND l.lease_token = i.token
-      AND j.ctid = ANY(ARRAY(SELECT row FROM locked)) AND j.ctid = l.row
-      AND j.status = l.status AND j.lease_token = i.token
-    RETURNING j.id, j.tenant, j.queue, j.workflow_id, j.step, j.result, j.kind, j.claimed_at,
-        j.concurrency_key IS NOT NULL AS keyed
 )
-SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token AND NOT l.over, false) AS current,
-       c.id IS NOT NULL AS applied, c.tenant, c.workflow_id, c.step, c.result, c.kind, c.claimed_at,
-       coalesce(c.keyed, false) AS keyed
+SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token AND NOT l.over, false) AS current
 FROM items AS i
 LEFT JOIN locked AS l ON l.id = i.id
-LEFT JOIN completed AS c ON c.id = i.id
 ORDER BY i.ord;
+
+-- name: complete_write
+-- Complete the jobs complete_lock locked and transitions.complete applied
+-- ($3: each one's place in the batch). The rows are locked since their
+-- decision: no guard but their ids (a filter on the status would let the
+-- planner read the running jobs' index instead of probing each).
+UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
+FROM unnest($1::uuid[], $2::jsonb[], $3::int[]) AS i(id, result, ord)
+WHERE j.id = ANY($1::uuid[]) AND j.id = i.id
+RETURNING i.ord, j.workflow_id, j.step, j.result, j.kind, j.claimed_at, j.concurrency_key IS NOT NULL AS keyed;
 
 -- name: fail_lock
 SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff,
