@@ -262,9 +262,10 @@ async def test_reports_probe_their_own_rows_whatever_the_planner_estimates() -> 
                 "complete_lock": (Q["complete_lock"], ids, tokens, T0),
                 "complete_write": (Q["complete_write"], ids, ["{}"] * 100, list(range(1, 101)), T0),
                 "heartbeat": (Q["heartbeat"], ids, tokens, [60.0] * 100, T0),
-                "heartbeat_locking": (Q["heartbeat_locking"], ids, tokens, [60.0] * 100, T0),
+                "heartbeat_lock": (Q["heartbeat_lock"], ids, tokens, T0),
+                "heartbeat_write": (Q["heartbeat_write"], ids, [T0 + 60] * 100, T0),
                 "fail": (Q["fail"], ids, tokens, ["pending"] * 100, [T0 + 9] * 100, ["e"] * 100, T0),
-                # the batch's workflows, before its fail or locking complete
+                # the batch's workflows, before its fail or locked complete
                 "lock_workflows_of_jobs": (Q["lock_workflows_of_jobs"], ids),
             }
             for name, (statement, *args) in statements.items():

@@ -7,8 +7,8 @@ rules every backend must keep:
 * Each method is one transaction: it applies fully or not at all, and each
   state transition (a job's change with all it causes: its workflow's
   advance, the wake-ups) commits with it. One exception, on PostgreSQL: a
-  report item that raced another change of its job is decided again under
-  the row lock, in a transaction of its own, after the rest of its batch.
+  report item that raced another change of its job is decided under the
+  row lock, in a transaction of its own, after the rest of its batch.
 * Time is given by the caller (``now``, epoch seconds); a store never reads a
   clock of its own, so the engine and the tests decide what time it is.
 * Methods that act on many jobs (``jobs_claim``, ``jobs_complete``,

@@ -20,10 +20,9 @@ How the rules of :mod:`.base` are kept with many servers at once:
   answers :mod:`~qftrio.server.transitions` decides on.
 * Heartbeats and completions are one statement per batch (``unnest``
   arrays), so one transaction: the current leases are changed without being
-  locked first, the other items' rows read for their outcome. A batch
-  holding a workflow step goes whole through one transaction that locks the
-  steps' workflows first; an item that raced another change of its job is
-  decided again under the row lock. Failures lock the rows (``SELECT ...
+  locked first, the other items' rows read for their outcome. A workflow
+  step, and an item that raced another change of its job, is decided once,
+  under the row lock (its workflow's first), in a transaction of its own. Failures lock the rows (``SELECT ...
   FOR UPDATE``), ask the engine's ``retry_at`` through
   :func:`~qftrio.server.transitions.fail`, and update, in one transaction
   (:func:`.changes.jobs_fail`).
@@ -1003,24 +1002,50 @@ class PostgresStore(Store):
         rows: list[Any] = [None] * len(unique)
         for row in await self._db.fetch(Q["heartbeat"], ids, tokens, extends, now):
             rows[row["ord"] - 1] = row
-        decided = [self._beat(row, extends[k], now) for k, row in enumerate(rows)]
-        # Leases to extend that the statement left alone: they raced
-        # another change of their job, and are decided again under the lock.
-        raced = [k for k, (result, row) in enumerate(zip(decided, rows)) if result.locked_until is not None and not row["changed"]]
+        # Each item is decided once: by the statement, which extended the
+        # current leases; else by transitions.heartbeat on the row it read,
+        # unless that lease would be extended yet was not (it raced another
+        # change of its job): those are decided under the lock, once.
+        out: list[HeartbeatResult] = []
+        raced: list[int] = []
+        for k, row in enumerate(rows):
+            result = self._beat(row, extends[k], now)
+            if row["changed"]:
+                result = dataclasses.replace(result, locked_until=row["locked_until"])
+            elif result.locked_until is not None:
+                raced.append(k)
+            out.append(result)
         if raced:
-            again = await self._db.fetch(
-                Q["heartbeat_locking"], [ids[k] for k in raced], [tokens[k] for k in raced], [extends[k] for k in raced], now
-            )
-            for k, row in zip(raced, again, strict=True):
-                rows[k] = row
-                decided[k] = self._beat(row, extends[k], now)
-                if decided[k].locked_until is not None and not row["changed"]:
-                    raise RuntimeError("jobs_heartbeat: a locked row refused its guarded write")
-        out = [
-            dataclasses.replace(result, locked_until=row["locked_until"]) if row["changed"] else result
-            for result, row in zip(decided, rows)
-        ]
+            some = [ids[k] for k in raced], [tokens[k] for k in raced], [extends[k] for k in raced]
+
+            async def beat(conn: pgtrio.Connection) -> list[HeartbeatResult]:
+                return await self._heartbeat_locked(conn, *some, now=now)
+
+            for k, result in zip(raced, await self._db.run(beat), strict=True):
+                out[k] = result
         return transitions.answers(out, slot)
+
+    @staticmethod
+    async def _heartbeat_locked(
+        conn: pgtrio.Connection, ids: list[Any], tokens: list[Any], extends: list[float], *, now: float
+    ) -> list[HeartbeatResult]:
+        """The heartbeats of *ids*, decided under the lock of their rows:
+        the leases transitions.heartbeat extends are written as it decided."""
+        decided = [
+            transitions.heartbeat(
+                None if row["status"] is None else STATUS_OF[row["status"]],
+                row["current"],
+                extend_secs=extend,
+                now=now,
+                deadline=row["deadline"],
+            )
+            for row, extend in zip(await conn.fetch(Q["heartbeat_lock"], ids, tokens, now), extends, strict=True)
+        ]
+        write = [k for k, result in enumerate(decided) if result.locked_until is not None]
+        if write:
+            until = [decided[k].locked_until for k in write]
+            await conn.execute(Q["heartbeat_write"], [ids[k] for k in write], until, now)
+        return decided
 
     @staticmethod
     def _beat(row: pgtrio.Record, extend: float, now: float) -> HeartbeatResult:

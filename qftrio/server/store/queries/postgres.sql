@@ -387,7 +387,8 @@ SELECT least(
 -- extended without being locked first (the guarded write of
 -- transitions.heartbeat); the other items' rows are read as they stood, for
 -- their outcome. Each row is found by one probe of the primary key, as in
--- complete.
+-- complete. A row changed between the read and the write is left alone,
+-- and undecided: the store decides it under its lock (heartbeat_lock).
 WITH items AS (
     SELECT i.ord, i.id, i.token, i.extend, j.row, j.status, j.lease_token, j.over,
         coalesce(j.status = 'running' AND j.lease_token = i.token AND NOT j.over, false) AS current
@@ -413,34 +414,31 @@ SELECT i.ord, i.id, false, NULL, i.status, coalesce(i.lease_token = i.token AND 
 FROM items AS i
 WHERE i.ord NOT IN (SELECT ord FROM extended);
 
--- name: heartbeat_locking
--- A heartbeat that raced another change of its job: lock the rows (id
--- order), extend those still running under the token, report every row.
+-- name: heartbeat_lock
+-- The jobs of heartbeats the heartbeat statement could not decide (they
+-- raced another change of their job), locked in id order: each row's
+-- status, whether the token is current (attempt_over at $3) and the
+-- attempt's deadline, which transitions.heartbeat decides on.
 WITH items AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
+    SELECT * FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS i(id, token, ord)
 ), locked AS (
-    SELECT ctid AS row, id, status, lease_token,
-        status = 'running' AND coalesce(deadline > $4, true) AS running,
-        {attempt_over} AS over
+    SELECT id, status, lease_token, deadline, coalesce(status = 'running' AND deadline <= $3, false) AS over
     FROM qftrio_jobs
     WHERE id = ANY($1::uuid[])
     ORDER BY id
     FOR UPDATE
-), extended AS (
-    -- The locked versions, by their addresses (as in complete).
-    UPDATE qftrio_jobs AS j SET locked_until = least($4 + i.extend, j.deadline), updated_at = $4
-    FROM items AS i JOIN locked AS l ON l.id = i.id
-    WHERE l.running AND l.lease_token = i.token
-      AND j.ctid = ANY(ARRAY(SELECT row FROM locked)) AND j.ctid = l.row
-      AND j.status = l.status AND j.lease_token = i.token
-    RETURNING j.id, j.locked_until
 )
-SELECT i.ord, i.id, e.id IS NOT NULL AS changed, e.locked_until, l.status,
-    coalesce(l.lease_token = i.token AND NOT l.over, false) AS current
+SELECT i.ord, l.status, l.deadline, coalesce(l.lease_token = i.token AND NOT l.over, false) AS current
 FROM items AS i
 LEFT JOIN locked AS l ON l.id = i.id
-LEFT JOIN extended AS e ON e.id = i.id
 ORDER BY i.ord;
+
+-- name: heartbeat_write
+-- Extend the leases heartbeat_lock locked to what transitions.heartbeat
+-- decided (the rows are locked since: no guard but their ids).
+UPDATE qftrio_jobs AS j SET locked_until = i.until, updated_at = $3
+FROM unnest($1::uuid[], $2::float8[]) AS i(id, until)
+WHERE j.id = ANY($1::uuid[]) AND j.id = i.id;
 
 -- name: attempt_over
 -- transitions.attempt_over of the row read, at $4: the job runs past its
