@@ -17,6 +17,7 @@ from pydantic import (
     Field,
     StringConstraints,
     TypeAdapter,
+    ValidationError,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
@@ -463,3 +464,62 @@ class WorkflowsListQuery(_Fields):
     cursor: str | None = None
 
 
+
+
+# --------------------------------------------------------------------------
+# What a request that breaks its model is told: the server's 422 and the
+# client's local checks alike (docs/client.md), in qftrio's words.
+
+#: What a pydantic error type means, in words; ``{}`` fields come from its context.
+_WORDS = {
+    "missing": "is required",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "dict_type": "must be a JSON object",
+    "list_type": "must be a list",
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be at most {le}",
+    "less_than": "must be less than {lt}",
+    "string_too_short": "must have at least {min_length} character(s)",
+    "string_too_long": "must have at most {max_length} characters",
+    "too_short": "must have at least {min_length} item(s)",
+    "too_long": "must have at most {max_length} items",
+    "datetime_type": "must be an RFC 3339 time, e.g. 2026-11-30T12:00:00Z",
+    "datetime_parsing": "must be an RFC 3339 time, e.g. 2026-11-30T12:00:00Z",
+    "datetime_from_date_parsing": "must be an RFC 3339 time, e.g. 2026-11-30T12:00:00Z",
+}
+
+
+def field_errors(exc: ValidationError, where: str) -> str:
+    """Every field of a request that breaks its model, by its path in the
+    body (``config.max_attempts: must be at least 1``; *where*, ``body`` or
+    ``query``, for the request as a whole), joined by ``; ``."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or where}: {_in_words(err, where)}"
+        for err in exc.errors(include_url=False)
+    )
+
+
+def _in_words(err: Any, where: str) -> str:
+    kind = err["type"]
+    context = err.get("ctx", {})
+    if kind == "extra_forbidden":
+        return f"unknown {'parameter' if where == 'query' else 'field'}"
+    if kind == "value_error" and "error" in context:
+        return str(context["error"])  # a model's own check: its words, without "Value error, "
+    if kind in ("too_short", "too_long") and isinstance(err.get("input"), str):
+        kind = f"string_{kind}"  # a length checked after another check of the text: its characters
+    if kind == "string_pattern_mismatch":
+        if context.get("pattern") == NAME_PATTERN:
+            return "must be 1-128 characters of A-Z a-z 0-9 _ . - (no spaces)"
+        return f"must match {context.get('pattern')}"
+    try:
+        return _WORDS[kind].format(**context)
+    except (KeyError, IndexError):
+        return str(err.get("msg", "invalid"))
