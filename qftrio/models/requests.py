@@ -236,7 +236,16 @@ class UniqueConfig(_Body):
     period_secs: Annotated[float, Field(gt=0, le=10 * 365 * 86400), BeforeValidator(_json_number)] | None = None
 
 
+def _one_schedule_schema(schema: dict[str, Any]) -> None:
+    # What _one_schedule says, for /openapi.json: not both of delay_secs and
+    # scheduled_at (either may be null).
+    both = ("delay_secs", "scheduled_at")
+    schema["not"] = {"required": list(both), "properties": {name: {"not": {"type": "null"}} for name in both}}
+
+
 class JobConfig(_Body):
+    model_config = ConfigDict(json_schema_extra=_one_schedule_schema)
+
     queue: Name = "default"
     priority: Int = Field(0, ge=-(2**31), le=2**31 - 1)
     max_attempts: Int = Field(5, ge=1, le=1000)
