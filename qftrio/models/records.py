@@ -373,8 +373,27 @@ class Lease:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class HeldBack:
+    """Of a queue's pending jobs whose time has come, those flow control
+    holds back: by their concurrency key at its limit, and by their rate
+    limit with no unit left (a job held back by both counts in both), each
+    counted up to :data:`MAX_SCHEDULED_COUNT`."""
+
+    concurrency: int = 0
+    rate_limit: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency, "rate_limit": self.rate_limit}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> HeldBack:
+        return cls(concurrency=int(data.get("concurrency", 0)), rate_limit=int(data.get("rate_limit", 0)))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class QueueStats:
-    """Backlog figures of one queue, as one tenant sees it."""
+    """Backlog figures of one queue, as one tenant sees it, named as the
+    wire names them (``GET /api/v1/queues/{queue}/stats``)."""
 
     queue: str
     counts: dict[str, int]
@@ -385,18 +404,24 @@ class QueueStats:
     #: Of the pending jobs, those whose time has not come (a delay, a retry's
     #: backoff, a snooze), counted up to :data:`MAX_SCHEDULED_COUNT`.
     scheduled: int = 0
-    #: Of the pending jobs whose time has come, those held back by their
-    #: concurrency key at its limit, and by their rate limit with no unit
-    #: left (a job held back by both counts in both), each counted up to
-    #: :data:`MAX_SCHEDULED_COUNT`.
-    held_concurrency: int = 0
-    held_rate_limit: int = 0
+    #: Of the pending jobs whose time has come, those flow control holds back.
+    held_back: HeldBack = HeldBack()
+
+    @property
+    def held_concurrency(self) -> int:
+        """``held_back.concurrency``."""
+        return self.held_back.concurrency
+
+    @property
+    def held_rate_limit(self) -> int:
+        """``held_back.rate_limit``."""
+        return self.held_back.rate_limit
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "queue": self.queue,
             "counts": {**{s.value: self.counts.get(s.value, 0) for s in Status}, "scheduled": self.scheduled},
-            "held_back": {"concurrency": self.held_concurrency, "rate_limit": self.held_rate_limit},
+            "held_back": self.held_back.to_wire(),
             "oldest_ready_at": format_time(self.oldest_ready_at),
             "next_available_at": format_time(self.next_available_at),
             "paused": self.paused,
@@ -411,8 +436,7 @@ class QueueStats:
             next_available_at=parse_time(data.get("next_available_at")),
             paused=bool(data.get("paused", False)),
             scheduled=int(data["counts"].get("scheduled", 0)),
-            held_concurrency=int(data.get("held_back", {}).get("concurrency", 0)),
-            held_rate_limit=int(data.get("held_back", {}).get("rate_limit", 0)),
+            held_back=HeldBack.from_wire(data.get("held_back") or {}),
         )
 
 

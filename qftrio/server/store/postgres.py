@@ -65,6 +65,7 @@ from ...models import (
     JOB_FORM,
     STATUS_OF,
     ErrorEntry,
+    HeldBack,
     Job,
     Lease,
     QueueStats,
@@ -566,8 +567,7 @@ def _stats_row(row: pgtrio.Record) -> QueueStats:
         oldest_ready_at=row["oldest_ready_at"],
         next_available_at=row["next_available_at"],
         scheduled=row["scheduled"],
-        held_concurrency=row["held_concurrency"],
-        held_rate_limit=row["held_rate_limit"],
+        held_back=HeldBack(concurrency=row["held_concurrency"], rate_limit=row["held_rate_limit"]),
         paused=row["paused"],
     )
 

@@ -43,6 +43,7 @@ from ...models import (
     MAX_SCHEDULED_COUNT,
     STATUS_OF,
     ErrorEntry,
+    HeldBack,
     Job,
     Lease,
     QueueStats,
@@ -500,8 +501,9 @@ def _stats(
                     next_available_at=min(nexts) if nexts else None,
                     paused=(t, q) in paused,
                     scheduled=waiting,
-                    held_concurrency=held_concurrency,
-                    held_rate_limit=min(sum(rated.values()), MAX_SCHEDULED_COUNT),
+                    held_back=HeldBack(
+                        concurrency=held_concurrency, rate_limit=min(sum(rated.values()), MAX_SCHEDULED_COUNT)
+                    ),
                 ),
             )
         )
