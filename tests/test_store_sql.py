@@ -237,3 +237,9 @@ def test_the_functions_are_written_with_the_models_bounds() -> None:
     assert sql.bound("BackoffConfig", "initial_secs", "range") == f"0, true, {models.MAX_DELAY_SECS}"
     assert sql.literal(models.HEADER_NAME_PATTERN) == "'^[A-Za-z0-9!#$%&''*+.^_`|~-]+$'"
     assert sql.literal(["pending", "running"]) == """'["pending", "running"]'"""
+
+
+def test_the_sql_wire_form_of_a_job_is_written_from_its_fields() -> None:
+    expression = sql.job_wire()
+    assert re.findall(r"'(\w+)', ", expression) == FIELDS
+    assert "{{JOB_WIRE}}" in _functions_source() and expression in sql.functions("postgres")

@@ -25,7 +25,7 @@ from typing import Any
 
 from ... import models
 
-__all__ = ["load", "migrations", "functions", "bound", "literal"]
+__all__ = ["load", "migrations", "functions", "bound", "literal", "job_wire"]
 
 _NAME = re.compile(r"^-- name: ([a-z0-9_]+)\s*$", re.MULTILINE)
 _INCLUDE = re.compile(r"\{([a-z0-9_]+)\}")
@@ -82,6 +82,8 @@ def bound(name: str, field: str | None = None, keyword: str | None = None) -> An
     ``default`` (as the model fills it in), or its ``range`` (a number's
     lowest value, whether that is excluded, and its highest: the arguments of
     ``qftrio_enqueue_float``)."""
+    if name == "JOB_WIRE":
+        return job_wire()
     value = getattr(models, name)
     if field is None:
         return value
@@ -95,6 +97,24 @@ def bound(name: str, field: str | None = None, keyword: str | None = None) -> An
         return _Raw(f"{literal(schema['exclusiveMinimum' if open_ else 'minimum'])}, {str(open_).lower()}, "
                     f"{literal(schema['maximum'])}")  # fmt: skip
     return schema[keyword]
+
+
+def job_wire(row: str = "j") -> _Raw:
+    """The SQL expression of the wire form of the job row *row*
+    (``qftrio_jobs``), as :meth:`Job.to_wire <qftrio.models.Job.to_wire>`
+    writes it: from Job's fields, each time as ``qftrio_wire_time`` writes
+    it, the ids as text."""
+    parts = []
+    for name, (kind, _, _) in models.JOB_FORM.kinds.items():
+        column = f'{row}."{name}"' if name == "unique" else f"{row}.{name}"
+        if kind == "time":
+            column = f"qftrio_wire_time({column})"
+        elif kind == "records":  # the error history: [] as it is
+            column = f"CASE WHEN {column} = '[]' THEN {column} ELSE qftrio_wire_errors({column}) END"
+        elif name in ("id", "workflow_id"):  # uuid columns
+            column = f"{column}::text"
+        parts.append(f"'{name}', {column}")
+    return _Raw("jsonb_build_object(" + ", ".join(parts) + ")")
 
 
 class _Raw(str):

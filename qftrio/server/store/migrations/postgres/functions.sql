@@ -9,7 +9,8 @@
 -- keyword (maximum, exclusiveMinimum, default, ...) of a field of a request
 -- model of qftrio.models, as its JSON schema states it, and NAME a constant
 -- of qftrio.models; each is written as an SQL literal when the file is read
--- (store/sql.py, functions), so that the bounds and defaults the route
+-- (store/sql.py, functions; JOB_WIRE is the expression of a job's wire
+-- form), so that the bounds and defaults the route
 -- enforces are written here by the models alone (tests/test_store_sql.py).
 
 
@@ -486,20 +487,12 @@ LANGUAGE sql STABLE AS $$
     FROM jsonb_array_elements(errors) WITH ORDINALITY AS x(e, i)
 $$;
 
--- A job as the HTTP API answers it (qftrio.models.Job.to_wire). One
--- expression too (a new job has no error history to read).
+-- A job as the HTTP API answers it (qftrio.models.Job.to_wire), written
+-- from Job's fields (store/sql.py, job_wire). One expression too (a new job
+-- has no error history to read).
 CREATE OR REPLACE FUNCTION qftrio_job_wire(j qftrio_jobs) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object(
-        'id', j.id::text, 'tenant', j.tenant, 'queue', j.queue, 'kind', j.kind, 'payload', j.payload,
-        'status', j.status, 'priority', j.priority, 'attempt', j.attempt, 'max_attempts', j.max_attempts,
-        'scheduled_at', qftrio_wire_time(j.scheduled_at), 'created_at', qftrio_wire_time(j.created_at),
-        'updated_at', qftrio_wire_time(j.updated_at), 'locked_until', qftrio_wire_time(j.locked_until),
-        'worker_id', j.worker_id, 'result', j.result, 'error', j.error,
-        'errors', CASE WHEN j.errors = '[]' THEN j.errors ELSE qftrio_wire_errors(j.errors) END,
-        'workflow_id', j.workflow_id::text, 'step', j.step, 'context', j.context,
-        'timeout_secs', j.timeout_secs, 'backoff', j.backoff, 'headers', j.headers, 'schedule', j.schedule,
-        'concurrency', j.concurrency, 'rate_limit', j.rate_limit, 'unique', j."unique")
+    SELECT {{JOB_WIRE}}
 $$;
 
 -- Insert `jobs` (checked records) of `tenant` in one statement, as the
