@@ -4,7 +4,7 @@
 
 ``server``: the PostgreSQL store's insert (``jobs_insert``, as
 ``POST /api/v1/jobs`` runs it once pydantic has checked the job); ``sql``:
-the functions of migration 0014, which check each job in PL/pgSQL and
+the functions of migrations/postgres/functions.sql, which check each job in PL/pgSQL and
 insert it as the store does. One job per call (``--single`` calls) and
 ``--batch`` jobs per call (``--jobs`` in all), each call its own
 transaction, on one connection; the sides alternate within each round

@@ -55,7 +55,7 @@ from .models import (
     Job,
     Lease,
     LeaseRequest,
-    NAME_PATTERN,
+    field_errors,
     Outcome,
     QueueStats,
     RateLimit,
@@ -141,60 +141,13 @@ def _check_finite(value: Any, where: str) -> None:
 
 def _build(model_cls: type[pydantic.BaseModel], **fields: Any) -> dict[str, Any]:
     """Validate a request body locally, so that a bad argument fails before
-    the network is touched, with the same message the server would give."""
+    the network is touched, with the message the server would give: every
+    field by its path in the body (``config.max_attempts``), in the same
+    words (:func:`qftrio.models.field_errors`)."""
     try:
         return _body(model_cls(**fields))
     except pydantic.ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        # The client takes a job's options as flat keyword arguments: a
-        # check of them together names them itself.
-        where = ".".join(str(p) for p in first["loc"]).removeprefix("config.") or "body"
-        raise InvalidArgument(_plain(first) if where == "config" else f"{where}: {_plain(first)}") from None
-
-
-#: What a pydantic error type means, in words; ``{}`` fields come from its context.
-_PLAIN = {
-    "missing": "is required",
-    "extra_forbidden": "unknown field",
-    "string_type": "must be a string",
-    "int_type": "must be an integer",
-    "int_parsing": "must be an integer",
-    "int_from_float": "must be a whole number",
-    "float_type": "must be a number",
-    "float_parsing": "must be a number",
-    "bool_type": "must be true or false",
-    "dict_type": "must be a JSON object",
-    "list_type": "must be a list",
-    "greater_than_equal": "must be at least {ge}",
-    "greater_than": "must be more than {gt}",
-    "less_than_equal": "must be at most {le}",
-    "less_than": "must be less than {lt}",
-    "string_too_short": "must have at least {min_length} character(s)",
-    "string_too_long": "must have at most {max_length} characters",
-    "too_short": "must have at least {min_length} item(s)",
-    "too_long": "must have at most {max_length} items",
-    "datetime_type": "must be an RFC 3339 time, e.g. 2026-11-30T12:00:00Z",
-    "datetime_parsing": "must be an RFC 3339 time, e.g. 2026-11-30T12:00:00Z",
-    "datetime_from_date_parsing": "must be an RFC 3339 time, e.g. 2026-11-30T12:00:00Z",
-}
-
-
-def _plain(err: Any) -> str:
-    """A pydantic error in the words the rest of qftrio uses."""
-    kind = err["type"]
-    if kind == "value_error" and "error" in err.get("ctx", {}):
-        return str(err["ctx"]["error"])  # a model's own check: its words, without "Value error, "
-    if kind == "string_pattern_mismatch":
-        if err.get("ctx", {}).get("pattern") == NAME_PATTERN:
-            return "must be 1-128 characters of A-Z a-z 0-9 _ . - (no spaces)"
-        return f"must match {err['ctx']['pattern']}"
-    template = _PLAIN.get(kind)
-    if template is None:
-        return str(err.get("msg", "invalid"))
-    try:
-        return template.format(**err.get("ctx", {}))
-    except (KeyError, IndexError):
-        return str(err.get("msg", "invalid"))
+        raise InvalidArgument(field_errors(exc, "body")) from None
 
 
 def _time(value: Any) -> Any:

@@ -70,11 +70,11 @@ async def test_enqueue_get_list_cancel_retry_stats(server, capsys: pytest.Captur
     assert capsys.readouterr().err == "qftrio: invalid argument: kind: must be 1-128 characters of A-Z a-z 0-9 _ . - (no spaces)\n"
     assert await run_cli("enqueue", "k", "--queue", "a/b", *opts) == 2
     err = capsys.readouterr().err
-    assert err.startswith("qftrio: invalid argument: queue: must be") and "422" not in err and "String should" not in err
+    assert err.startswith("qftrio: invalid argument: config.queue: must be") and "422" not in err and "String should" not in err
     for argv, says in (
-        (["--scheduled-at", "soon"], "scheduled_at: must be an RFC 3339 time"),
-        (["--delay-secs", "1", "--scheduled-at", "2030-01-01T00:00:00Z"], "give delay_secs or scheduled_at, not both"),
-        (["--timeout-secs", str(8 * 86400)], "timeout_secs: must be at most 604800"),
+        (["--scheduled-at", "soon"], "config.scheduled_at: must be an RFC 3339 time"),
+        (["--delay-secs", "1", "--scheduled-at", "2030-01-01T00:00:00Z"], "config: give delay_secs or scheduled_at, not both"),
+        (["--timeout-secs", str(8 * 86400)], "config.timeout_secs: must be at most 604800"),
     ):
         assert await run_cli("enqueue", "k", *argv, *opts) == 2
         assert capsys.readouterr().err.startswith(f"qftrio: invalid argument: {says}")

@@ -184,7 +184,7 @@ async def test_the_clients_send_headers_and_the_worker_gets_them(
 
 
 async def test_the_client_refuses_bad_headers_before_sending(tenant: qftrio.Client) -> None:
-    with pytest.raises(qftrio.InvalidInput, match=r"^headers\.a: must hold no control character"):
+    with pytest.raises(qftrio.InvalidInput, match=r"^config\.headers\.a: must hold no control character"):
         await tenant.enqueue("resize", headers={"a": "\r\n"})
-    with pytest.raises(qftrio.InvalidInput, match=r"^headers: names and values hold"):
+    with pytest.raises(qftrio.InvalidInput, match=r"^config\.headers: names and values hold"):
         await tenant.enqueue("resize", headers={"a": "x" * (MAX_HEADERS_BYTES + 1)})

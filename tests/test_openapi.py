@@ -122,6 +122,10 @@ async def test_the_document_is_complete(http: httpx.AsyncClient) -> None:
         assert status["enum"] == statuses, action
         needs = [branch["required"] for branch in body["anyOf"]]
         assert needs == [["queue"], ["status"], ["kind"], ["created_after"], ["created_before"], ["all"]], action
+    # a job's delay_secs and scheduled_at, not both
+    config = schemas["JobConfig"]["not"]
+    assert config["required"] == ["delay_secs", "scheduled_at"]
+    assert all(config["properties"][name] == {"not": {"type": "null"}} for name in config["required"])
     assert "paused" in schemas["QueueStatsAnswer"]["required"]
     assert "200" in paths["/api/v1/queues/{queue}/pause"]["post"]["responses"]
     assert "200" in paths["/api/v1/workers"]["get"]["responses"]

@@ -33,6 +33,7 @@ from qftrio.server.store.base import CompleteItem, FailItem, HeartbeatItem, NewJ
 from qftrio.server.store import sql as statements
 from qftrio.server.store.pgtrio import Record
 from qftrio.server.store.postgres import (
+    FUNCTIONS_DIGEST,
     ALL_QUEUES,
     Q,
     PostgresStore,
@@ -260,11 +261,13 @@ async def test_reports_probe_their_own_rows_whatever_the_planner_estimates() -> 
             tokens = [uuid.UUID(x.lease_token) for x in batch]
             statements = {
                 "complete": (Q["complete"], ids, tokens, ["{}"] * 100, T0),
-                "complete_locking": (Q["complete_locking"], ids, tokens, ["{}"] * 100, T0),
+                "complete_lock": (Q["complete_lock"], ids, tokens, T0),
+                "complete_write": (Q["complete_write"], ids, ["{}"] * 100, list(range(1, 101)), T0),
                 "heartbeat": (Q["heartbeat"], ids, tokens, [60.0] * 100, T0),
-                "heartbeat_locking": (Q["heartbeat_locking"], ids, tokens, [60.0] * 100, T0),
+                "heartbeat_lock": (Q["heartbeat_lock"], ids, tokens, T0),
+                "heartbeat_write": (Q["heartbeat_write"], ids, [T0 + 60] * 100, T0),
                 "fail": (Q["fail"], ids, tokens, ["pending"] * 100, [T0 + 9] * 100, ["e"] * 100, T0),
-                # the batch's workflows, before its fail or locking complete
+                # the batch's workflows, before its fail or locked complete
                 "lock_workflows_of_jobs": (Q["lock_workflows_of_jobs"], ids),
             }
             for name, (statement, *args) in statements.items():
@@ -656,11 +659,11 @@ async def test_concurrent_migrations_apply_once() -> None:
             async with trio.open_nursery() as nursery:
                 for _ in range(3):
                     nursery.start_soon(run)
-            assert sorted(results) == [[], [], [name for _, name, _ in statements.migrations("postgres")]]
+            numbered = statements.migrations("postgres")
+            assert sorted(results) == [[], [], [name for _, name, _ in numbered] + ["functions"]]
             rows = await sql(url, "SELECT version, name FROM qftrio_schema_migrations")
             versions = sorted((r["version"], r["name"]) for r in rows)
-            assert versions == [(version, name) for version, name, _ in statements.migrations("postgres")]
-            assert versions[-1] == statements.migrations("postgres")[-1][:2]
+            assert versions == [(version, name) for version, name, _ in numbered] + [("functions", FUNCTIONS_DIGEST)]
             assert await migrate(url, timeout=None) == []
             async with open_postgres_store(url, migrate=False, timeout=None) as store:
                 await store.ping()
@@ -694,7 +697,7 @@ async def test_migration_0005_keeps_every_listing_and_count() -> None:
                     )
 
             rows = await at_0004()
-            after = [name for version, name, _ in statements.migrations("postgres") if version > "0004"]
+            after = [name for version, name, _ in statements.migrations("postgres") if version > "0004"] + ["functions"]
             assert await migrate(url, timeout=None) == after and after[0] == "0005_filter_without_running"
             newest_first = sorted(rows, key=lambda r: (r["created_at"], r["id"]), reverse=True)
             async with open_postgres_store(url, migrate=False, timeout=None) as store:

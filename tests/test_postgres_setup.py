@@ -33,7 +33,7 @@ from qftrio.cli import main
 from qftrio.server.config import Config
 from qftrio.server.serve import serve
 from qftrio.server.store import pgtrio, sql
-from qftrio.server.store.postgres import MIGRATION_LOCK_KEY, _migrate_on, migrate
+from qftrio.server.store.postgres import MIGRATION_LOCK_KEY, _migrate_on, migrate, pending_migrations
 
 from .pg import connection, pg_url
 from .processes import ROOT, free_port
@@ -47,7 +47,7 @@ pytestmark = [
 SERVE = ["serve", "--bind", "127.0.0.1:0", "--worker-token", "worker-token-0123456789", "--tenant", "acme=tenant-token-0123456789"]
 
 #: Every migration the package ships, in order.
-ALL_MIGRATIONS = [name for _, name, _ in sql.migrations("postgres")]
+ALL_MIGRATIONS = [name for _, name, _ in sql.migrations("postgres")] + ["functions"]
 
 
 def database_url() -> str:
@@ -324,6 +324,30 @@ async def test_a_role_that_waited_while_the_owner_migrated_runs_no_ddl() -> None
                 assert await _migrate_on(conn) == ALL_MIGRATIONS
                 await run("SELECT pg_advisory_unlock($1)")
             assert applied == [[]]
+
+
+async def test_functions_that_differ_from_this_qftrios_are_replaced_once() -> None:
+    # a database another qftrio migrated (its functions.sql differed), and
+    # one migrated before functions.sql was kept apart from the migrations
+    with trio.fail_after(60):
+        async with database_with_data_role() as (owner, _, _):
+            await migrate_as(owner)
+            float_of = "SELECT qftrio_enqueue_json_float(2)::text"
+            for stale in (
+                "UPDATE qftrio_schema_migrations SET name = 'functions 0000' WHERE version = 'functions'",
+                "DELETE FROM qftrio_schema_migrations WHERE version = 'functions'",
+            ):
+                await sql(
+                    owner,
+                    "CREATE OR REPLACE FUNCTION qftrio_enqueue_json_float(f float8) RETURNS jsonb"
+                    " LANGUAGE sql IMMUTABLE AS $$ SELECT '0'::jsonb $$",
+                    stale,
+                )
+                assert await pending_migrations(owner) == ["functions"]
+                assert await migrate_as(owner) == ["functions"]
+                assert [tuple(row) for row in await sql(owner, float_of)] == [("2.0",)]
+                assert await migrate_as(owner) == []
+                assert await pending_migrations(owner) == []
 
 
 @pytest.mark.xdist_group("pg_hba")  # rewrites the cluster's pg_hba.conf

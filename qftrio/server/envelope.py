@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl
 import pydantic
 
 from .. import errors
-from ..models import NAME_PATTERN
+from ..models import field_errors as _field_errors  # the client words its own checks so too
 from .auth import Credentials
 from .engine import Engine
 
@@ -166,20 +166,6 @@ def _allowed(routes: list[Route]) -> list[str]:
 
 
 # -- parsing -------------------------------------------------------------------
-
-
-def _field_errors(exc: pydantic.ValidationError, where: str) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        name = ".".join(str(p) for p in err["loc"]) or where
-        if err["type"] == "string_pattern_mismatch":
-            message = f"must match {NAME_PATTERN}"
-        elif err["type"] == "extra_forbidden":
-            message = f"unknown {'field' if where == 'body' else 'parameter'}"
-        else:
-            message = err["msg"]
-        parts.append(f"{name}: {message}")
-    return "; ".join(parts)
 
 
 def parse_body(model: type[M], raw: bytes) -> M:

@@ -7,8 +7,8 @@ rules every backend must keep:
 * Each method is one transaction: it applies fully or not at all, and each
   state transition (a job's change with all it causes: its workflow's
   advance, the wake-ups) commits with it. One exception, on PostgreSQL: a
-  report item that raced another change of its job is decided again under
-  the row lock, in a transaction of its own, after the rest of its batch.
+  report item that raced another change of its job is decided under the
+  row lock, in a transaction of its own, after the rest of its batch.
 * Time is given by the caller (``now``, epoch seconds); a store never reads a
   clock of its own, so the engine and the tests decide what time it is.
 * Methods that act on many jobs (``jobs_claim``, ``jobs_complete``,
@@ -60,19 +60,20 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import functools
 import math
 import os
 import random
 import re
+import typing
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import trio
 
 from ..._backoff import backoff as _backoff
 from ...models import (
+    JOB_FORM,
     CompleteItem,
     FailItem,
     HeartbeatItem,
@@ -88,11 +89,11 @@ from ...models import (
     WorkerInfo,
     Workflow,
     WorkflowStatus,
-    format_time,
 )
 
 __all__ = [
     "NewJob",
+    "new_job_row",
     "Inserted",
     "new_ids",
     "unique_since",
@@ -199,19 +200,40 @@ class NewJob:
     #: ``{key, limit}``: claimed only while fewer than ``limit`` running jobs
     #: of the tenant carry ``key`` (a lease that ran out still counts).
     concurrency: dict[str, Any] | None = None
+    #: A rate limit of the tenant: each claim of the job takes a unit of it.
+    rate_limit: str | None = None
     #: ``{key, statuses, period_secs}``: inserted only if no job of the
     #: tenant with ``key`` is in ``statuses`` (created within
     #: ``period_secs``); that job is answered instead, as for a repeated
     #: idempotency key.
     unique: dict[str, Any] | None = None
-    #: A rate limit of the tenant: each claim of the job takes a unit of it.
-    rate_limit: str | None = None
-
     @property
     def flow_controlled(self) -> bool:
         """Whether a claim must weigh this job against others: never handed
         straight to a parked long-poll."""
         return self.concurrency is not None or self.rate_limit is not None
+
+
+def new_job_row(json: Callable[[Any], Any]) -> Callable[[str, NewJob], tuple[Any, ...]]:
+    """``row(job_id, new)``: the arguments of a store's insert of a job, its
+    id and then :class:`NewJob`'s fields in their order, a JSON value (a
+    dict field) through *json* and ``None`` as it is. Generated from the
+    fields, so that a field added is inserted (tests/test_store_sql.py holds
+    each store's insert to this order)."""
+    hints = typing.get_type_hints(NewJob)
+    values = ["job_id"]
+    for field in dataclasses.fields(NewJob):
+        value, hint = f"new.{field.name}", hints[field.name]
+        optional = type(None) in typing.get_args(hint)
+        if typing.get_origin(hint) is dict:
+            value = f"_json({value})"
+        elif optional and any(typing.get_origin(arg) is dict for arg in typing.get_args(hint)):
+            value = f"None if {value} is None else _json({value})"
+        values.append(value)
+    env: dict[str, Any] = {"_json": json}
+    exec("def row(job_id, new):\n    return (" + ", ".join(values) + ",)\n", env)
+    row: Callable[[str, NewJob], tuple[Any, ...]] = env["row"]
+    return row
 
 
 class Turns:
@@ -262,73 +284,46 @@ class Inserted:
         """Whether this call created the job."""
         return self.existing is None
 
-    @property
-    def job(self) -> Job:
-        """The job as stored."""
-        if self.existing is not None:
-            return self.existing
-        new = self.new
-        return Job(
-            id=self.id,
-            tenant=new.tenant,
-            queue=new.queue,
-            kind=new.kind,
-            payload=new.payload,
-            status=Status.PENDING,
-            priority=new.priority,
-            attempt=0,
-            max_attempts=new.max_attempts,
-            scheduled_at=new.scheduled_at,
-            created_at=self.at,
-            updated_at=self.at,
-            workflow_id=new.workflow_id,
-            step=new.step,
-            context=new.context,
-            timeout_secs=new.timeout_secs,
-            backoff=new.backoff,
-            headers=new.headers,
-            schedule=new.schedule,
-            concurrency=new.concurrency,
-            rate_limit=new.rate_limit,
-            unique=new.unique,
-        )
+    if TYPE_CHECKING:  # generated below, from Job's fields
 
-    def to_wire(self) -> dict[str, Any]:
-        """``self.job.to_wire()``, without building the job: the fields every
-        job of one insert shares come from one template, the others from
-        *new*."""
-        if self.existing is not None:
-            return self.existing.to_wire()
-        new = self.new
-        wire = dict(_pending_wire(new.tenant, self.at))
-        wire["id"] = self.id
-        wire["queue"] = new.queue
-        wire["kind"] = new.kind
-        wire["payload"] = new.payload
-        wire["priority"] = new.priority
-        wire["max_attempts"] = new.max_attempts
-        wire["scheduled_at"] = format_time(new.scheduled_at)
-        wire["workflow_id"] = new.workflow_id
-        wire["step"] = new.step
-        wire["context"] = new.context
-        wire["timeout_secs"] = new.timeout_secs
-        wire["backoff"] = new.backoff
-        wire["headers"] = new.headers
-        wire["schedule"] = new.schedule
-        wire["concurrency"] = new.concurrency
-        wire["rate_limit"] = new.rate_limit
-        wire["unique"] = new.unique
-        wire["errors"] = []  # the template's own list is shared
-        return wire
+        @property
+        def job(self) -> Job:
+            """The job as stored."""
+
+        def to_wire(self) -> dict[str, Any]:
+            """``self.job.to_wire()``, without building the job."""
 
 
-@functools.lru_cache(maxsize=64)
-def _pending_wire(tenant: str, at: float) -> dict[str, Any]:
-    # Never handed out: Inserted.to_wire copies it.
-    return Job(
-        id="", tenant=tenant, queue="", kind="", payload={}, status=Status.PENDING, priority=0, attempt=0,
-        max_attempts=0, scheduled_at=at, created_at=at, updated_at=at,
-    ).to_wire()  # fmt: skip
+def _inserted_forms() -> None:
+    """``Inserted.job`` and ``Inserted.to_wire``, from :class:`Job`'s fields:
+    each is *new*'s field of that name, what an insert sets (below), or
+    else the field's default; a field of ``Job`` with none of the three
+    fails here, at import."""
+    env: dict[str, Any] = {"_PENDING": Status.PENDING}
+    new_fields = {field.name for field in dataclasses.fields(NewJob)}
+    given = {"id": "self.id", "status": "_PENDING", "attempt": "0", "created_at": "self.at", "updated_at": "self.at"}
+    rest = [f.name for f in dataclasses.fields(Job) if f.name not in given and f.name not in new_fields]
+    source = {**given, **JOB_FORM.defaults(rest, env)}
+
+    def value(name: str) -> str:
+        return source.get(name) or f"self.new.{name}"
+
+    build = JOB_FORM.builder("job", "self", value, env)
+    wire = JOB_FORM.writer("to_wire", "self", value, env)
+
+    def job(self: Inserted) -> Job:
+        return self.existing if self.existing is not None else build(self)  # type: ignore[no-any-return]
+
+    def to_wire(self: Inserted) -> dict[str, Any]:
+        return self.existing.to_wire() if self.existing is not None else wire(self)
+
+    job.__doc__ = "The job as stored."
+    to_wire.__doc__ = "``self.job.to_wire()``, without building the job."
+    type.__setattr__(Inserted, "job", property(job))
+    type.__setattr__(Inserted, "to_wire", to_wire)
+
+
+_inserted_forms()
 
 
 _RANDOM_62 = (1 << 62) - 1

@@ -20,10 +20,9 @@ How the rules of :mod:`.base` are kept with many servers at once:
   answers :mod:`~qftrio.server.transitions` decides on.
 * Heartbeats and completions are one statement per batch (``unnest``
   arrays), so one transaction: the current leases are changed without being
-  locked first, the other items' rows read for their outcome. A batch
-  holding a workflow step goes whole through one transaction that locks the
-  steps' workflows first; an item that raced another change of its job is
-  decided again under the row lock. Failures lock the rows (``SELECT ...
+  locked first, the other items' rows read for their outcome. A workflow
+  step, and an item that raced another change of its job, is decided once,
+  under the row lock (its workflow's first), in a transaction of its own. Failures lock the rows (``SELECT ...
   FOR UPDATE``), ask the engine's ``retry_at`` through
   :func:`~qftrio.server.transitions.fail`, and update, in one transaction
   (:func:`.changes.jobs_fail`).
@@ -48,6 +47,7 @@ stored exactly.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import uuid
@@ -62,8 +62,10 @@ import trio
 from ... import _json, errors
 from ..._backoff import backoff
 from ...models import (
+    JOB_FORM,
     STATUS_OF,
     ErrorEntry,
+    HeldBack,
     Job,
     Lease,
     QueueStats,
@@ -104,6 +106,7 @@ from .base import (
     Turns,
     issued,
     new_ids,
+    new_job_row,
     unique_since,
     workers_of,
 )
@@ -152,44 +155,33 @@ def _uuid(value: str | None) -> uuid.UUID | None:
     return parsed if str(parsed) == value else None
 
 
-def _job(row: pgtrio.Record) -> Job:
-    # One per claimed job: a dict lookup for the status, and no generator for
-    # an empty error history, take it from 4.6 to 3.5 µs.
-    workflow_id = row["workflow_id"]
-    history = row["errors"]
-    return Job(
-        id=str(row["id"]),
-        tenant=row["tenant"],
-        queue=row["queue"],
-        kind=row["kind"],
-        payload=row["payload"],
-        status=STATUS_OF[row["status"]],
-        priority=row["priority"],
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        scheduled_at=row["scheduled_at"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        locked_until=row["locked_until"],
-        worker_id=row["worker_id"],
-        result=row["result"],
-        error=row["error"],
-        errors=tuple(ErrorEntry(attempt=int(e["attempt"]), error=str(e["error"]), at=float(e["at"])) for e in history)
-        if history
-        else (),
-        workflow_id=None if workflow_id is None else str(workflow_id),
-        step=row["step"],
-        context=row["context"],
-        timeout_secs=row["timeout_secs"],
-        backoff=row["backoff"],
-        headers=row["headers"],
-        schedule=row["schedule"],
-        concurrency=row["concurrency"],
-        rate_limit=row["rate_limit"],
-        unique=row["unique"],
-        last_progress=row["progress"],
-        progress_at=row["progress_at"],
-    )
+def _errors(history: list[dict[str, Any]]) -> tuple[ErrorEntry, ...]:
+    # no generator for an empty history: one per claimed job
+    if not history:
+        return ()
+    return tuple(ErrorEntry(attempt=int(e["attempt"]), error=str(e["error"]), at=float(e["at"])) for e in history)
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _job_value(name: str) -> str:
+    # Each of Job's fields read by name (job_columns); a dict lookup for the
+    # status, ids read as strings.
+    special = {
+        "id": 'str(row["id"])',
+        "status": 'STATUS_OF[row["status"]]',
+        "errors": '_errors(row["errors"])',
+        "workflow_id": '_str_or_none(row["workflow_id"])',
+    }
+    return special.get(name) or f"row[{JOB_FORM.wire[name]!r}]"
+
+
+#: A job of a row of ``job_columns``.
+_job: Callable[[pgtrio.Record], Job] = JOB_FORM.builder(
+    "_job", "row", _job_value, {"STATUS_OF": STATUS_OF, "_errors": _errors, "_str_or_none": _str_or_none}
+)
 
 
 def _insert_batch(ids: Sequence[str], jobs: Sequence[NewJob]) -> str:
@@ -203,25 +195,18 @@ def _insert_batch(ids: Sequence[str], jobs: Sequence[NewJob]) -> str:
             would refuse it.
     """
     try:
-        return orjson.dumps(
-            [
-                [
-                    job_id, new.tenant, new.queue, new.kind, _json_fragment(new.payload), new.priority,
-                    new.max_attempts, new.scheduled_at, new.idempotency_key, new.workflow_id, new.step,
-                    None if new.context is None else _json_fragment(new.context), new.timeout_secs,
-                    None if new.backoff is None else _json_fragment(new.backoff),
-                    None if new.headers is None else _json_fragment(new.headers), new.schedule,
-                    new.concurrency, new.rate_limit, new.unique,
-                ]  # fmt: skip
-                for job_id, new in zip(ids, jobs)
-            ]
-        ).decode()
+        return orjson.dumps([_insert_row(job_id, new) for job_id, new in zip(ids, jobs)]).decode()
     except (TypeError, ValueError) as exc:
         raise errors.InvalidInput(f"a value cannot be stored: {exc}", code="unstorable") from None
 
 
 def _json_fragment(value: Any) -> orjson.Fragment:
     return orjson.Fragment(_json.dumps_strict(value))
+
+
+#: One job of ``jobs_insert``: its id and fields, each JSON value as the
+#: jsonb dumper would write it.
+_insert_row = new_job_row(_json_fragment)
 
 
 async def _notify(conn: pgtrio.Connection, queues: Sequence[str] | set[str]) -> None:
@@ -377,10 +362,29 @@ async def _run_plan(db: pgtrio.Database, make: Callable[[], changes.Plan[T]]) ->
 # -- migrations -------------------------------------------------------------------
 
 
+#: The functions (``migrations/postgres/functions.sql``, its bounds written
+#: from the models), and what the ledger records of them: a digest, so that
+#: a qftrio whose functions differ from the schema's applies its own.
+FUNCTIONS = sql.functions("postgres")
+FUNCTIONS_DIGEST = "functions " + hashlib.sha256(FUNCTIONS.encode()).hexdigest()[:16]
+
+
 async def _applied_versions(conn: pgtrio.Connection) -> set[str] | None:
+    """The versions the ledger holds (``functions`` when the functions are
+    this qftrio's), or None with no ledger."""
     if not await conn.fetchval(Q["migrations_table_exists"]):
         return None
-    return {r["version"] for r in await conn.fetch(Q["migrations_applied"])}
+    applied = {r["version"] for r in await conn.fetch(Q["migrations_applied"])}
+    if "functions" in applied and await conn.fetchval(Q["functions_applied"]) != FUNCTIONS_DIGEST:
+        applied.discard("functions")
+    return applied
+
+
+def _pending_of(applied: set[str]) -> list[tuple[str, str, str]]:
+    """``(version, name, script)`` of what *applied* lacks, in order: the
+    numbered migrations, then the functions."""
+    shipped = [*sql.migrations("postgres"), ("functions", "functions", FUNCTIONS)]
+    return [migration for migration in shipped if migration[0] not in applied]
 
 
 async def _migrate_on(conn: pgtrio.Connection) -> list[str]:
@@ -394,29 +398,29 @@ async def _migrate_on(conn: pgtrio.Connection) -> list[str]:
         if applied is None:
             await conn.execute(Q["migrations_table"])
             applied = set()
-        done = []
-        known = set()
-        for version, name, script in sql.migrations("postgres"):
-            known.add(version)
-            if version in applied:
-                continue
-            async with conn.transaction():
+        pending = _pending_of(applied)
+        # One transaction: the functions are never older or newer than the
+        # tables they read.
+        async with conn.transaction():
+            for version, name, script in pending:
                 await conn.execute(script)
-                await conn.execute(Q["migration_record"], version, name)
+                if version == "functions":
+                    await conn.execute(Q["functions_record"], FUNCTIONS_DIGEST)
+                else:
+                    await conn.execute(Q["migration_record"], version, name)
+        for _, name, _ in pending:
             log.info("applied migration %s", name)
-            done.append(name)
-        unknown = applied - known
+        unknown = applied - {version for version, _, _ in _pending_of(set())}
         if unknown:
             log.warning("the database has migrations this qftrio does not know: %s", ", ".join(sorted(unknown)))
-        return done
+        return [name for _, name, _ in pending]
     finally:
         await conn.execute(Q["migration_unlock"], MIGRATION_LOCK_KEY)
         await conn.execute(Q["migration_settings_reset"])
 
 
 async def _pending_on(conn: pgtrio.Connection) -> list[str]:
-    applied = await _applied_versions(conn) or set()
-    return [name for version, name, _ in sql.migrations("postgres") if version not in applied]
+    return [name for _, name, _ in _pending_of(await _applied_versions(conn) or set())]
 
 
 async def _migrate_when_behind(db: pgtrio.Database, url: str) -> list[str]:
@@ -567,8 +571,7 @@ def _stats_row(row: pgtrio.Record) -> QueueStats:
         oldest_ready_at=row["oldest_ready_at"],
         next_available_at=row["next_available_at"],
         scheduled=row["scheduled"],
-        held_concurrency=row["held_concurrency"],
-        held_rate_limit=row["held_rate_limit"],
+        held_back=HeldBack(concurrency=row["held_concurrency"], rate_limit=row["held_rate_limit"]),
         paused=row["paused"],
     )
 
@@ -1016,24 +1019,50 @@ class PostgresStore(Store):
         rows: list[Any] = [None] * len(unique)
         for row in await self._db.fetch(Q["heartbeat"], ids, tokens, extends, now):
             rows[row["ord"] - 1] = row
-        decided = [self._beat(row, extends[k], now) for k, row in enumerate(rows)]
-        # Leases to extend that the statement left alone: they raced
-        # another change of their job, and are decided again under the lock.
-        raced = [k for k, (result, row) in enumerate(zip(decided, rows)) if result.locked_until is not None and not row["changed"]]
+        # Each item is decided once: by the statement, which extended the
+        # current leases; else by transitions.heartbeat on the row it read,
+        # unless that lease would be extended yet was not (it raced another
+        # change of its job): those are decided under the lock, once.
+        out: list[HeartbeatResult] = []
+        raced: list[int] = []
+        for k, row in enumerate(rows):
+            result = self._beat(row, extends[k], now)
+            if row["changed"]:
+                result = dataclasses.replace(result, locked_until=row["locked_until"])
+            elif result.locked_until is not None:
+                raced.append(k)
+            out.append(result)
         if raced:
-            again = await self._db.fetch(
-                Q["heartbeat_locking"], [ids[k] for k in raced], [tokens[k] for k in raced], [extends[k] for k in raced], now
-            )
-            for k, row in zip(raced, again, strict=True):
-                rows[k] = row
-                decided[k] = self._beat(row, extends[k], now)
-                if decided[k].locked_until is not None and not row["changed"]:
-                    raise RuntimeError("jobs_heartbeat: a locked row refused its guarded write")
-        out = [
-            dataclasses.replace(result, locked_until=row["locked_until"]) if row["changed"] else result
-            for result, row in zip(decided, rows)
-        ]
+            some = [ids[k] for k in raced], [tokens[k] for k in raced], [extends[k] for k in raced]
+
+            async def beat(conn: pgtrio.Connection) -> list[HeartbeatResult]:
+                return await self._heartbeat_locked(conn, *some, now=now)
+
+            for k, result in zip(raced, await self._db.run(beat), strict=True):
+                out[k] = result
         return transitions.answers(out, slot)
+
+    @staticmethod
+    async def _heartbeat_locked(
+        conn: pgtrio.Connection, ids: list[Any], tokens: list[Any], extends: list[float], *, now: float
+    ) -> list[HeartbeatResult]:
+        """The heartbeats of *ids*, decided under the lock of their rows:
+        the leases transitions.heartbeat extends are written as it decided."""
+        decided = [
+            transitions.heartbeat(
+                None if row["status"] is None else STATUS_OF[row["status"]],
+                row["current"],
+                extend_secs=extend,
+                now=now,
+                deadline=row["deadline"],
+            )
+            for row, extend in zip(await conn.fetch(Q["heartbeat_lock"], ids, tokens, now), extends, strict=True)
+        ]
+        write = [k for k, result in enumerate(decided) if result.locked_until is not None]
+        if write:
+            until = [decided[k].locked_until for k in write]
+            await conn.execute(Q["heartbeat_write"], [ids[k] for k in write], until, now)
+        return decided
 
     @staticmethod
     def _beat(row: pgtrio.Record, extend: float, now: float) -> HeartbeatResult:
@@ -1083,54 +1112,62 @@ class PostgresStore(Store):
         rows: list[Any] = [None] * len(unique)
         for row in await self._db.fetch(Q["complete"], ids, tokens, results_of, now):
             rows[row["ord"] - 1] = row
-        decided = [self._completion(row) for row in rows]
-        # Workflow steps (the batch holding one completed nothing yet), and
-        # completions the statement left alone because they raced another
-        # change of their job: decided again under the lock.
-        locking = [k for k, row in enumerate(rows) if row["step"] or (decided[k].applied and not row["applied"])]
-        unblocked: set[int] = set()  # positions in `unique` whose completion enqueued steps
-        if locking:
-            at = range(len(unique)) if any(row["step"] for row in rows) else locking
-
-            async def complete(conn: pgtrio.Connection) -> tuple[list[pgtrio.Record], set[int]]:
-                keys = [ids[k] for k in at]
-                await _lock_workflows_of_jobs(conn, keys)
-                done = await conn.fetch(
-                    Q["complete_locking"], keys, [tokens[k] for k in at], [results_of[k] for k in at], now
-                )
-                applied = [row for row in done if row["applied"]]
-                return done, (await self._after_complete(conn, applied, now=now) if applied else set())
-
-            step_rows, step_unblocked = await self._db.run(complete)
-            for k, row in zip(at, step_rows, strict=True):
-                rows[k] = row
-                decided[k] = self._completion(row)
-                if row["ord"] in step_unblocked:
-                    unblocked.add(k)
-        results = []
-        # The jobs of a batch are mostly of one queue and kind, claimed
-        # together: one result serves each such group.
+        results: list[ReportResult] = []
+        # Each item is decided once: by the statement, which completed the
+        # current leases outside workflows (the jobs of a batch are mostly of
+        # one queue and kind, claimed together: one result serves each such
+        # group); else by transitions.complete on the row it read, unless
+        # that row is a workflow step, or would be completed yet was not (it
+        # changed between the statement's read and its write): those are
+        # decided under the lock, once, by _complete_locked.
         applied_in: dict[tuple[str, str, float | None, bool], ReportResult] = {}
-        for k, (result, row) in enumerate(zip(decided, rows)):
-            if result.applied != row["applied"]:  # running under the token, yet unchanged under the lock
-                raise RuntimeError("jobs_complete: a locked row refused its guarded write")
-            if result.applied:
+        undecided: list[int] = []
+        for k, row in enumerate(rows):
+            result = self._completion(row)
+            if row["applied"]:
                 group = (row["queue"], row["kind"], row["claimed_at"], row["keyed"])
-                if k in unblocked:
-                    result = dataclasses.replace(
-                        result,
-                        kind=row["kind"],
-                        claimed_at=row["claimed_at"],
-                        keyed=row["keyed"],
-                        ready_queues=(WORKFLOW_QUEUE,),
-                    )
-                else:
-                    result = applied_in.get(group) or applied_in.setdefault(
-                        group,
-                        dataclasses.replace(result, kind=row["kind"], claimed_at=row["claimed_at"], keyed=row["keyed"]),
-                    )
+                result = applied_in.get(group) or applied_in.setdefault(
+                    group, dataclasses.replace(result, kind=row["kind"], claimed_at=row["claimed_at"], keyed=row["keyed"])
+                )
+            elif row["step"] or result.applied:
+                undecided.append(k)
             results.append(result)
+        if undecided:
+            some = [ids[k] for k in undecided], [tokens[k] for k in undecided], [results_of[k] for k in undecided]
+
+            async def complete(conn: pgtrio.Connection) -> list[ReportResult]:
+                return await self._complete_locked(conn, *some, now=now)
+
+            locked = await self._db.run(complete)
+            for k, result in zip(undecided, locked, strict=True):
+                results[k] = result
         return transitions.answers(results, slot)
+
+    async def _complete_locked(
+        self, conn: pgtrio.Connection, ids: list[Any], tokens: list[Any], results_of: list[Any], *, now: float
+    ) -> list[ReportResult]:
+        """The completions of *ids*, decided under the lock of their rows
+        (their workflows' first): what transitions.complete applies is
+        written, and the workflows of the steps completed advance."""
+        await _lock_workflows_of_jobs(conn, ids)
+        decided = [self._completion(row) for row in await conn.fetch(Q["complete_lock"], ids, tokens, now)]
+        write = [k for k, result in enumerate(decided) if result.applied]
+        if not write:
+            return decided
+        done = await conn.fetch(
+            Q["complete_write"], [ids[k] for k in write], [results_of[k] for k in write], [k + 1 for k in write], now
+        )
+        unblocked = await self._after_complete(conn, done, now=now)
+        for row in done:
+            k = row["ord"] - 1
+            decided[k] = dataclasses.replace(
+                decided[k],
+                kind=row["kind"],
+                claimed_at=row["claimed_at"],
+                keyed=row["keyed"],
+                ready_queues=(WORKFLOW_QUEUE,) if row["ord"] in unblocked else (),
+            )
+        return decided
 
     @staticmethod
     def _completion(row: pgtrio.Record) -> ReportResult:

@@ -18,10 +18,14 @@ a batch's length) start from a named fragment here too.
 
 from __future__ import annotations
 
+import json
 import re
 from importlib import resources
+from typing import Any
 
-__all__ = ["load", "migrations"]
+from ... import models
+
+__all__ = ["load", "migrations", "functions", "bound", "literal", "job_wire"]
 
 _NAME = re.compile(r"^-- name: ([a-z0-9_]+)\s*$", re.MULTILINE)
 _INCLUDE = re.compile(r"\{([a-z0-9_]+)\}")
@@ -52,9 +56,80 @@ def migrations(backend: str) -> list[tuple[str, str, str]]:
     folder = resources.files(__package__).joinpath("migrations", backend)
     out = []
     for entry in folder.iterdir():
-        if entry.name.endswith(".sql"):
+        if entry.name.endswith(".sql") and entry.name[:1].isdigit():  # not functions.sql
             stem = entry.name[: -len(".sql")]
             version, _, _ = stem.partition("_")
             out.append((version, stem, entry.read_text(encoding="utf-8")))
     out.sort()
     return out
+
+
+_PLACEHOLDER = re.compile(r"\{\{([A-Za-z_]+)(?:\.([a-z_]+)\.([A-Za-z]+))?\}\}")
+
+
+def functions(backend: str) -> str:
+    """``migrations/<backend>/functions.sql``, each ``{{...}}`` in it written
+    as the SQL literal of what it names (:func:`bound`)."""
+    text = resources.files(__package__).joinpath("migrations", backend, "functions.sql").read_text(encoding="utf-8")
+    return _PLACEHOLDER.sub(lambda m: literal(bound(m[1], m[2], m[3])), text)
+
+
+def bound(name: str, field: str | None = None, keyword: str | None = None) -> Any:
+    """What a placeholder of ``functions.sql`` names: the constant *name* of
+    :mod:`qftrio.models`; or, for the field *field* of its request model
+    *name*, the *keyword* of the field's JSON schema (``maximum``,
+    ``exclusiveMinimum``, ``maxLength``, ``minItems``, ``pattern``, ...), its
+    ``default`` (as the model fills it in), or its ``range`` (a number's
+    lowest value, whether that is excluded, and its highest: the arguments of
+    ``qftrio_enqueue_float``)."""
+    if name == "JOB_WIRE":
+        return job_wire()
+    value = getattr(models, name)
+    if field is None:
+        return value
+    if keyword == "default":
+        return value.model_fields[field].get_default(call_default_factory=True)
+    schema = value.model_json_schema()["properties"][field]
+    # an optional field: the schema of its value, beside null's
+    schema = next((s for s in schema.get("anyOf", ()) if s.get("type") != "null"), schema)
+    if keyword == "range":
+        open_ = "exclusiveMinimum" in schema
+        return _Raw(f"{literal(schema['exclusiveMinimum' if open_ else 'minimum'])}, {str(open_).lower()}, "
+                    f"{literal(schema['maximum'])}")  # fmt: skip
+    return schema[keyword]
+
+
+def job_wire(row: str = "j") -> _Raw:
+    """The SQL expression of the wire form of the job row *row*
+    (``qftrio_jobs``), as :meth:`Job.to_wire <qftrio.models.Job.to_wire>`
+    writes it: from Job's fields, each time as ``qftrio_wire_time`` writes
+    it, the ids as text."""
+    parts = []
+    for field, (kind, _, _) in models.JOB_FORM.kinds.items():
+        name = models.JOB_FORM.wire[field]  # the column's name too
+        column = f'{row}."{name}"' if name == "unique" else f"{row}.{name}"
+        if kind == "time":
+            column = f"qftrio_wire_time({column})"
+        elif kind == "records":  # the error history: [] as it is
+            column = f"CASE WHEN {column} = '[]' THEN {column} ELSE qftrio_wire_errors({column}) END"
+        elif name in ("id", "workflow_id"):  # uuid columns
+            column = f"{column}::text"
+        parts.append(f"'{name}', {column}")
+    return _Raw("jsonb_build_object(" + ", ".join(parts) + ")")
+
+
+class _Raw(str):
+    """SQL written as it is."""
+
+
+def literal(value: Any) -> str:
+    """*value* as an SQL literal (a list or dict as its JSON text)."""
+    if isinstance(value, _Raw):
+        return value
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "NULL"}[value]
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if not isinstance(value, str):
+        value = json.dumps(value)
+    return "'" + value.replace("'", "''") + "'"

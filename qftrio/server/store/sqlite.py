@@ -29,6 +29,7 @@ import re
 import sqlite3
 import threading
 import uuid
+import typing
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from queue import SimpleQueue
@@ -39,9 +40,11 @@ import trio
 
 from ... import _json, errors
 from ...models import (
+    JOB_FORM,
     MAX_SCHEDULED_COUNT,
     STATUS_OF,
     ErrorEntry,
+    HeldBack,
     Job,
     Lease,
     QueueStats,
@@ -81,6 +84,7 @@ from .base import (
     Store,
     Turns,
     new_ids,
+    new_job_row,
     new_tokens,
     unique_since,
     workers_of,
@@ -107,45 +111,36 @@ def _dumps(value: Any) -> str | None:
     return None if value is None else _json.dumps_str(value)
 
 
-def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
-    (
-        id_, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
-        updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context, timeout_secs,
-        backoff, headers, schedule, concurrency, rate_limit, unique, progress, progress_at,
-    ) = row  # fmt: skip
-    return Job(
-        id=id_,
-        tenant=tenant,
-        queue=queue,
-        kind=kind,
-        payload=_json.loads(payload),
-        status=STATUS_OF[status],
-        priority=priority,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        scheduled_at=scheduled_at,
-        created_at=created_at,
-        updated_at=updated_at,
-        locked_until=locked_until,
-        worker_id=worker_id,
-        result=_loads(result),
-        error=error,
-        errors=()
-        if errors_ == "[]"
-        else tuple(ErrorEntry(attempt=e["attempt"], error=e["error"], at=e["at"]) for e in _json.loads(errors_)),
-        workflow_id=workflow_id,
-        step=step,
-        context=_loads(context),
-        timeout_secs=timeout_secs,
-        backoff=_loads(backoff),
-        headers=_loads(headers),
-        schedule=schedule,
-        concurrency=_loads(concurrency),
-        rate_limit=rate_limit,
-        unique=_loads(unique),
-        last_progress=_loads(progress),
-        progress_at=progress_at,
-    )
+def _errors(text: str) -> tuple[ErrorEntry, ...]:
+    if text == "[]":  # no decoding for an empty history: one per claimed job
+        return ()
+    return tuple(ErrorEntry(attempt=e["attempt"], error=e["error"], at=e["at"]) for e in _json.loads(text))
+
+
+def _job_values() -> dict[str, str]:
+    # Each of Job's fields by its place in job_columns (Job's order), JSON
+    # columns decoded.
+    out = {}
+    for i, name in enumerate(JOB_FORM.kinds):
+        kind, inner, optional = JOB_FORM.kinds[name]
+        value = f"row[{i}]"
+        if name == "status":
+            value = f"STATUS_OF[{value}]"
+        elif name == "errors":
+            value = f"_errors({value})"
+        elif typing.get_origin(inner) is dict:
+            value = f"_loads({value})" if optional else f"_json.loads({value})"
+        out[name] = value
+    return out
+
+
+#: A job of a row of ``job_columns``.
+_row_to_job: Callable[[sqlite3.Row | tuple[Any, ...]], Job] = JOB_FORM.builder(
+    "_row_to_job", "row", _job_values().__getitem__, {"STATUS_OF": STATUS_OF, "_errors": _errors, "_loads": _loads, "_json": _json}
+)
+
+#: The arguments of ``job_insert`` but the last (``now``).
+_insert_row = new_job_row(_json.dumps_str)
 
 
 @dataclasses.dataclass(slots=True)
@@ -209,14 +204,7 @@ def _insert_jobs(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -
                 job = _row_to_job(row)
                 out.append(Inserted(job.id, new, now, job))
                 continue
-        rows.append(
-            (
-                job_id, new.tenant, new.queue, new.kind, _dumps(new.payload), new.priority, new.max_attempts,
-                new.scheduled_at, now, now, new.idempotency_key, new.workflow_id, new.step, _dumps(new.context),
-                new.timeout_secs, _dumps(new.backoff), _dumps(new.headers), new.schedule,
-                _dumps(new.concurrency), new.rate_limit, _dumps(new.unique),
-            )  # fmt: skip
-        )
+        rows.append((*_insert_row(job_id, new), now))
         out.append(Inserted(job_id, new, now))
         if keyed:
             # A repeat of the key later in the batch must find this job:
@@ -515,8 +503,9 @@ def _stats(
                     next_available_at=min(nexts) if nexts else None,
                     paused=(t, q) in paused,
                     scheduled=waiting,
-                    held_concurrency=held_concurrency,
-                    held_rate_limit=min(sum(rated.values()), MAX_SCHEDULED_COUNT),
+                    held_back=HeldBack(
+                        concurrency=held_concurrency, rate_limit=min(sum(rated.values()), MAX_SCHEDULED_COUNT)
+                    ),
                 ),
             )
         )

@@ -59,6 +59,14 @@ SELECT version FROM qftrio_schema_migrations;
 -- name: migration_record
 INSERT INTO qftrio_schema_migrations (version, name) VALUES ($1, $2);
 
+-- name: functions_applied
+-- The digest of the functions.sql the schema has (postgres._migrate_on).
+SELECT name FROM qftrio_schema_migrations WHERE version = 'functions';
+
+-- name: functions_record
+INSERT INTO qftrio_schema_migrations (version, name) VALUES ('functions', $1)
+ON CONFLICT (version) DO UPDATE SET name = excluded.name, applied_at = now();
+
 -- name: claim
 -- Fair tenants (transitions.fair_order): the queue's tenants with pending
 -- jobs are found by skipping through qftrio_jobs_claim_idx, one probe each,
@@ -221,7 +229,9 @@ WITH older AS (
 SELECT inserted.*, (SELECT found FROM older) AS older_found FROM inserted, notified;
 
 -- name: jobs_insert
--- $1 is the batch as JSON, one array per job (PostgresStore._insert_batch).
+-- $1 is the batch as JSON, one array per job (PostgresStore._insert_batch):
+-- the job's id, then NewJob's fields in their order (base.new_job_row;
+-- tests/test_store_sql.py).
 -- The NOTIFY of the new jobs' queues is part of the statement (delivered
 -- when it commits): no round trip of its own.
 WITH batch AS MATERIALIZED (
@@ -377,7 +387,8 @@ SELECT least(
 -- extended without being locked first (the guarded write of
 -- transitions.heartbeat); the other items' rows are read as they stood, for
 -- their outcome. Each row is found by one probe of the primary key, as in
--- complete.
+-- complete. A row changed between the read and the write is left alone,
+-- and undecided: the store decides it under its lock (heartbeat_lock).
 WITH items AS (
     SELECT i.ord, i.id, i.token, i.extend, j.row, j.status, j.lease_token, j.over,
         coalesce(j.status = 'running' AND j.lease_token = i.token AND NOT j.over, false) AS current
@@ -424,34 +435,31 @@ WITH items AS (
 )
 SELECT ord, status, current FROM items;
 
--- name: heartbeat_locking
--- A heartbeat that raced another change of its job: lock the rows (id
--- order), extend those still running under the token, report every row.
+-- name: heartbeat_lock
+-- The jobs of heartbeats the heartbeat statement could not decide (they
+-- raced another change of their job), locked in id order: each row's
+-- status, whether the token is current (attempt_over at $3) and the
+-- attempt's deadline, which transitions.heartbeat decides on.
 WITH items AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) WITH ORDINALITY AS i(id, token, extend, ord)
+    SELECT * FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS i(id, token, ord)
 ), locked AS (
-    SELECT ctid AS row, id, status, lease_token,
-        status = 'running' AND coalesce(deadline > $4, true) AS running,
-        {attempt_over} AS over
+    SELECT id, status, lease_token, deadline, coalesce(status = 'running' AND deadline <= $3, false) AS over
     FROM qftrio_jobs
     WHERE id = ANY($1::uuid[])
     ORDER BY id
     FOR UPDATE
-), extended AS (
-    -- The locked versions, by their addresses (as in complete).
-    UPDATE qftrio_jobs AS j SET locked_until = least($4 + i.extend, j.deadline), updated_at = $4
-    FROM items AS i JOIN locked AS l ON l.id = i.id
-    WHERE l.running AND l.lease_token = i.token
-      AND j.ctid = ANY(ARRAY(SELECT row FROM locked)) AND j.ctid = l.row
-      AND j.status = l.status AND j.lease_token = i.token
-    RETURNING j.id, j.locked_until
 )
-SELECT i.ord, i.id, e.id IS NOT NULL AS changed, e.locked_until, l.status,
-    coalesce(l.lease_token = i.token AND NOT l.over, false) AS current
+SELECT i.ord, l.status, l.deadline, coalesce(l.lease_token = i.token AND NOT l.over, false) AS current
 FROM items AS i
 LEFT JOIN locked AS l ON l.id = i.id
-LEFT JOIN extended AS e ON e.id = i.id
 ORDER BY i.ord;
+
+-- name: heartbeat_write
+-- Extend the leases heartbeat_lock locked to what transitions.heartbeat
+-- decided (the rows are locked since: no guard but their ids).
+UPDATE qftrio_jobs AS j SET locked_until = i.until, updated_at = $3
+FROM unnest($1::uuid[], $2::float8[]) AS i(id, until)
+WHERE j.id = ANY($1::uuid[]) AND j.id = i.id;
 
 -- name: attempt_over
 -- transitions.attempt_over of the row read, at $4: the job runs past its
@@ -463,8 +471,9 @@ coalesce(status = 'running' AND deadline <= $4, false)
 -- One statement, so one transaction, per batch of jobs outside workflows:
 -- the current leases are completed without being locked first (the guarded
 -- write of transitions.complete), the other items' rows read as they stood.
--- A batch holding a workflow step completes nothing here: it goes whole
--- through complete_locking, which locks the steps' workflows first. A
+-- A batch holding a workflow step completes nothing here: its steps, and
+-- what the statement could not decide, go through complete_lock and
+-- complete_write, which lock the steps' workflows first. A
 -- job's workflow never changes, so telling them apart needs no lock.
 WITH items AS (
     -- One primary key probe per item, whatever the planner estimates of the
@@ -483,8 +492,9 @@ WITH items AS (
     -- TID scan: no second probe, and no estimate makes it look dearer than
     -- reading the table). The guard compares with what the probe read, not
     -- with 'running', which would let the planner join the running jobs'
-    -- index instead. A row changed since is left alone: the probe read it
-    -- running under the token, so the store decides it again under its lock.
+    -- index instead. A row changed since is left alone, and undecided: the
+    -- probe read it running under the token, so the store decides it under
+    -- its lock (complete_lock).
     UPDATE qftrio_jobs AS j SET status = 'completed', result = c.result, locked_until = NULL, updated_at = $4
     FROM items AS c
     WHERE j.ctid = ANY(ARRAY(SELECT row FROM items WHERE current))
@@ -503,35 +513,35 @@ SELECT i.ord, i.queue, false, i.status, coalesce(i.lease_token = i.token AND NOT
 FROM items AS i
 WHERE i.ord NOT IN (SELECT ord FROM completed);
 
--- name: complete_locking
--- Every outcome, the rows locked (id order) after their workflows.
+-- name: complete_lock
+-- The jobs of a batch's items that complete could not decide (workflow
+-- steps, and rows changed between its read and its write), locked in id
+-- order after their workflows: each row's status and whether the token is
+-- current (the token, and the attempt not over: attempt_over at $3), which
+-- transitions.complete decides on.
 WITH items AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
+    SELECT * FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS i(id, token, ord)
 ), locked AS (
-    SELECT ctid AS row, id, status, lease_token, queue,
-        status = 'running' AND coalesce(deadline > $4, true) AS running,
-        {attempt_over} AS over
+    SELECT id, status, lease_token, queue, coalesce(status = 'running' AND deadline <= $3, false) AS over
     FROM qftrio_jobs
     WHERE id = ANY($1::uuid[])
     ORDER BY id
     FOR UPDATE
-), completed AS (
-    -- The locked versions, by their addresses (as in complete).
-    UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
-    FROM items AS i JOIN locked AS l ON l.id = i.id
-    WHERE l.running AND l.lease_token = i.token
-      AND j.ctid = ANY(ARRAY(SELECT row FROM locked)) AND j.ctid = l.row
-      AND j.status = l.status AND j.lease_token = i.token
-    RETURNING j.id, j.tenant, j.queue, j.workflow_id, j.step, j.result, j.kind, j.claimed_at,
-        j.concurrency_key IS NOT NULL AS keyed
 )
-SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token AND NOT l.over, false) AS current,
-       c.id IS NOT NULL AS applied, c.tenant, c.workflow_id, c.step, c.result, c.kind, c.claimed_at,
-       coalesce(c.keyed, false) AS keyed
+SELECT i.ord, l.status, l.queue, coalesce(l.lease_token = i.token AND NOT l.over, false) AS current
 FROM items AS i
 LEFT JOIN locked AS l ON l.id = i.id
-LEFT JOIN completed AS c ON c.id = i.id
 ORDER BY i.ord;
+
+-- name: complete_write
+-- Complete the jobs complete_lock locked and transitions.complete applied
+-- ($3: each one's place in the batch). The rows are locked since their
+-- decision: no guard but their ids (a filter on the status would let the
+-- planner read the running jobs' index instead of probing each).
+UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
+FROM unnest($1::uuid[], $2::jsonb[], $3::int[]) AS i(id, result, ord)
+WHERE j.id = ANY($1::uuid[]) AND j.id = i.id
+RETURNING i.ord, j.workflow_id, j.step, j.result, j.kind, j.claimed_at, j.concurrency_key IS NOT NULL AS keyed;
 
 -- name: fail_lock
 SELECT id, status, lease_token, queue, attempt, max_attempts, workflow_id, kind, claimed_at, backoff,

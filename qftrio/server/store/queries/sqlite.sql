@@ -34,11 +34,15 @@ SELECT {job_columns}
 FROM jobs WHERE tenant = ? AND idempotency_key = ?;
 
 -- name: job_insert
-INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,
-    created_at, updated_at, idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers, schedule,
-    concurrency, concurrency_key, concurrency_limit, rate_limit, "unique", unique_key)
-VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, 0, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-    ?19, json_extract(?19, '$.key'), json_extract(?19, '$.limit'), ?20, ?21, json_extract(?21, '$.key'));
+-- The job's id, then NewJob's fields in their order (base.new_job_row), then
+-- the insert's time (tests/test_store_sql.py).
+INSERT INTO jobs (id, tenant, queue, kind, payload, priority, max_attempts, scheduled_at,
+    idempotency_key, workflow_id, step, context, timeout_secs, backoff, headers, schedule,
+    concurrency, concurrency_key, concurrency_limit, rate_limit, "unique", unique_key,
+    status, attempt, created_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+    ?17, json_extract(?17, '$.key'), json_extract(?17, '$.limit'), ?18, ?19, json_extract(?19, '$.key'),
+    'pending', 0, ?20, ?20);
 
 -- name: job_by_unique_key
 -- The tenant's newest job with the unique key in one of the statuses (?3, a
