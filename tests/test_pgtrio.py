@@ -199,10 +199,10 @@ async def test_listen_receives_what_others_send_and_not_what_the_pool_sends() ->
                 await db.fetch("SELECT pg_notify('pgtrio test', 'own')")
                 async with connection(url()) as other:
                     await other.fetch("SELECT pg_notify('pgtrio test', 'a'), pg_notify('pgtrio test', 'b')")
-                assert await listener.receive() == {"a", "b"}
+                assert await listener.receive() == ["a", "b"]  # in the order they came
                 # a poke wakes a receive with nothing
                 async with trio.open_nursery() as nursery:
-                    received: list[set[str]] = []
+                    received: list[list[str]] = []
 
                     async def receive() -> None:
                         received.append(await listener.receive())
@@ -210,14 +210,14 @@ async def test_listen_receives_what_others_send_and_not_what_the_pool_sends() ->
                     nursery.start_soon(receive)
                     await trio.testing.wait_all_tasks_blocked()
                     listener.poke()
-                assert received == [set()]
+                assert received == [[]]
                 # one sent while the connection answers a statement of its own
                 # (as its idle check) is read with the answer, and kept
                 async with connection(url()) as other, trio.open_nursery() as nursery:
                     nursery.start_soon(listener._conn.fetchval, "SELECT pg_sleep(0.3)")
                     await trio.sleep(0.05)
                     await other.fetch("SELECT pg_notify('pgtrio test', 'during')")
-                assert await listener.receive() == {"during"}
+                assert await listener.receive() == ["during"]
                 await listener.unlisten()
                 async with connection(url()) as other:
                     await other.fetch("SELECT pg_notify('pgtrio test', 'unheard')")
@@ -231,7 +231,7 @@ async def test_an_idle_listener_checks_its_connection_and_hears_on(autojump_cloc
     async with pgtrio.open_watchdog() as watchdog:
         async with pgtrio.open_listener(url(), "pgtrio idle", watchdog=watchdog) as listener:
             await listener.listen()
-            received: list[set[str]] = []
+            received: list[list[str]] = []
 
             async def receive() -> None:
                 received.append(await listener.receive(keepalive_secs=60))
@@ -241,7 +241,7 @@ async def test_an_idle_listener_checks_its_connection_and_hears_on(autojump_cloc
                 await trio.sleep(600)  # ten checks, on the virtual clock
                 async with connection(url()) as other:
                     await other.fetch("SELECT pg_notify('pgtrio idle', 'late')")
-            assert received == [{"late"}]
+            assert received == [["late"]]
 
 
 async def test_executemany_runs_every_row_and_raises_the_first_error() -> None:

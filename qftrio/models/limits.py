@@ -56,6 +56,8 @@ MAX_HEADERS_BYTES = 8192
 MAX_PROGRESS_BYTES = 8192
 #: The longest a wait on a job holds (``GET /api/v1/jobs/{id}/wait``).
 MAX_JOB_WAIT_SECS = 60
+#: ``GET /api/v1/events?stats_secs=``: at most this many seconds between stats.
+MAX_EVENT_STATS_SECS = 60
 MAX_HEADER_NAME = 256
 
 

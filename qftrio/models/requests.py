@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 import typing
+import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -37,6 +38,7 @@ from .limits import (
     MAX_IDEMPOTENCY_KEY,
     MAX_JOB_ID,
     MAX_JOB_WAIT_SECS,
+    MAX_EVENT_STATS_SECS,
     MAX_LEASE_JOBS,
     MAX_LEASE_SECS,
     MAX_PROGRESS_BYTES,
@@ -489,6 +491,17 @@ class JobWaitQuery(_Fields):
     """``GET /api/v1/jobs/{id}/wait``: how long to wait for the job to end."""
 
     timeout_secs: float = Field(30, ge=0, le=MAX_JOB_WAIT_SECS)
+
+
+class EventsQuery(_Fields):
+    """``GET /api/v1/events``: which of the tenant's jobs to watch (every
+    one by default), and how often to send each queue's stats (never by
+    default)."""
+
+    queue: Name | None = None
+    kind: Name | None = None
+    job: uuid.UUID | None = None
+    stats_secs: int | None = Field(None, ge=1, le=MAX_EVENT_STATS_SECS)
 
 
 class QueuesListQuery(_Fields):

@@ -19,6 +19,7 @@ from ..models import (
     JobAnswer,
     JobsListQuery,
     JobWaitQuery,
+    EventsQuery,
     JobsPageAnswer,
     QueueStatsAnswer,
     QueuesAnswer,
@@ -41,7 +42,7 @@ from ..models import (
 )
 from . import transitions
 from .engine import Engine
-from .envelope import Call, Reply, Route
+from .envelope import Call, Reply, Route, Stream
 from .protocol import ROUTES as PROTOCOL_ROUTES
 from .store.base import BulkAction
 
@@ -76,6 +77,20 @@ async def job_wait(engine: Engine, call: Call) -> Reply:
 
 def _waits(call: Call) -> bool:
     return bool(call.query.timeout_secs > 0)
+
+
+async def events(engine: Engine, call: Call) -> Reply:
+    """Server-sent events: ``job`` on every change of the tenant's matching
+    jobs, made by any server; ``stats`` every ``stats_secs``; a comment
+    every 15 s; ``overflow`` (and the end) for a client that falls behind.
+    Nothing is replayed."""
+    q: EventsQuery = call.query
+    job = None if q.job is None else str(q.job)
+    subscriber = engine.events_open(_tenant(call), queue=q.queue, kind=q.kind, job=job)
+    return 200, Stream(
+        lambda write: engine.events_run(subscriber, stats_secs=q.stats_secs, write=write),
+        lambda: engine.events.close_one(subscriber),
+    )
 
 
 async def jobs_list(engine: Engine, call: Call) -> Reply:
@@ -264,6 +279,8 @@ ROUTES: list[Route] = [
     Route("GET", "/api/v1/jobs/<job_id>", job_get, "tenant", {200: JobAnswer}, (404,)),
     Route("GET", "/api/v1/jobs/<job_id>/wait", job_wait, "tenant", {200: JobAnswer}, (404, 429), query=JobWaitQuery,
           waits=_waits),
+    Route("GET", "/api/v1/events", events, "tenant", {200: None}, (429,), query=EventsQuery, waits=lambda call: True,
+          media="text/event-stream"),
     Route("GET", "/api/v1/jobs", jobs_list, "tenant", {200: JobsPageAnswer}, query=JobsListQuery),
     Route("POST", "/api/v1/jobs/<job_id>/cancel", job_cancel, "tenant", {200: JobAnswer}, (404, 409), body=EmptyBody),
     Route("POST", "/api/v1/jobs/<job_id>/retry", job_retry, "tenant", {200: JobAnswer}, (404, 409), body=EmptyBody),

@@ -40,7 +40,8 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
@@ -91,6 +92,7 @@ from .store.base import (
     Store,
 )
 from .sightings import Sightings
+from .events import KEEPALIVE, EventStreams, Subscriber, relay, sse
 from .waits import JobWaits
 from .waker import Parked, Waker, wake_after_reports
 from .workflows import new_workflow
@@ -137,6 +139,17 @@ class Engine:
     #: Waits (``GET /api/v1/jobs/{id}/wait``) one tenant may have parked on
     #: this server at once.
     MAX_WAITS_PER_TENANT = 1000
+    #: Event streams (``GET /api/v1/events``) one tenant may have open on
+    #: this server at once.
+    MAX_STREAMS_PER_TENANT = 100
+    #: An open stream sends a comment this often, and renews its
+    #: registration in the store.
+    EVENTS_KEEPALIVE_SECS = 15.0
+    #: A stream's registration outlives its last renewal by this long (a
+    #: stream of a server that died stops costing notifications then).
+    EVENTS_HOLD_SECS = 60.0
+    #: Queues one ``event: stats`` round covers at most, with no queue named.
+    MAX_STATS_QUEUES = 100
     #: Seconds a wait's end may take to unregister it (shielded).
     WAIT_END_SECS = 5.0
 
@@ -162,6 +175,8 @@ class Engine:
         self.waker = Waker()
         self.waits = JobWaits(self.MAX_WAITS_PER_TENANT)
         store.on_ended = self.waits.ended
+        self.events = EventStreams(self.MAX_STREAMS_PER_TENANT)
+        store.on_event = self.events.changed
         self.metrics = Metrics()
         self.sightings = Sightings(
             every=self.SIGHTING_EVERY_SECS, window=self.WORKERS_SEEN_SECS, capacity=self.MAX_SIGHTINGS
@@ -219,6 +234,7 @@ class Engine:
         self._closing.set()
         self.waker.notify_all()
         self.waits.close()
+        self.events.close()
 
     @property
     def closing(self) -> bool:
@@ -400,6 +416,61 @@ class Engine:
                 # The wait's row goes even when the caller went away.
                 with trio.CancelScope(shield=True), trio.move_on_after(self.WAIT_END_SECS):
                     await self.store.job_wait_end(wait_id)
+
+    def events_open(self, tenant: str, *, queue: str | None, kind: str | None, job: str | None) -> Subscriber:
+        """Open an event stream of *tenant*'s jobs that match the filters;
+        :meth:`events_run` relays it.
+
+        Raises:
+            TooManyRequests: the tenant has ``MAX_STREAMS_PER_TENANT``
+                streams open here already.
+            Unavailable: the server is shutting down.
+        """
+        return self.events.open(tenant, queue=queue, kind=kind, job=job)
+
+    async def events_run(
+        self, subscriber: Subscriber, *, stats_secs: float | None, write: Callable[[bytes], Awaitable[bool]]
+    ) -> None:
+        """Relay *subscriber*'s events with *write* (False: the client has
+        gone) until the client goes, the stream overflows or the server
+        shuts down. The stream is registered in the store, and the store
+        listening, before the first write (a comment): a change committed
+        after the client has the answer's head is on the stream."""
+        tenant = subscriber.tenant
+        try:
+            stream_id = await self.store.events_begin(
+                tenant, now=self.clock(), until=self.clock() + self.EVENTS_HOLD_SECS
+            )
+            try:
+                await self.store.notifications_wanted(2 * self.EVENTS_KEEPALIVE_SECS)
+                if not await write(KEEPALIVE):
+                    return
+
+                async def keep() -> None:
+                    await self.store.events_renew(stream_id, until=self.clock() + self.EVENTS_HOLD_SECS)
+                    await self.store.notifications_wanted(2 * self.EVENTS_KEEPALIVE_SECS)
+
+                async def stats() -> list[bytes]:
+                    if subscriber.queue is not None:
+                        found = await self.queues_stats(tenant, subscriber.queue)
+                    else:
+                        found, _ = await self.queues_page(tenant, limit=self.MAX_STATS_QUEUES)
+                    return [sse("stats", queue.to_wire()) for queue in found]
+
+                async def fill(event: dict[str, Any]) -> dict[str, Any]:
+                    job = await self.store.job_get(event["id"], tenant=tenant)
+                    return {**event, "progress": None if job is None else job.last_progress}
+
+                await relay(
+                    subscriber, write, keepalive_secs=self.EVENTS_KEEPALIVE_SECS, keep=keep,
+                    stats_secs=stats_secs, stats=stats, fill=fill,
+                )  # fmt: skip
+            finally:
+                # The registration goes even when the client went away.
+                with trio.CancelScope(shield=True), trio.move_on_after(self.WAIT_END_SECS):
+                    await self.store.events_end(stream_id)
+        finally:
+            self.events.close_one(subscriber)
 
     async def jobs_list(
         self,

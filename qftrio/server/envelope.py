@@ -30,7 +30,7 @@ from ..models import field_errors as _field_errors  # the client words its own c
 from .auth import Credentials
 from .engine import Engine
 
-__all__ = ["Call", "Caller", "ChunkReceiver", "Handler", "Route", "Router", "Envelope", "Disconnected", "Reply", "parse_body", "parse_query"]
+__all__ = ["Stream", "Call", "Caller", "ChunkReceiver", "Handler", "Route", "Router", "Envelope", "Disconnected", "Reply", "parse_body", "parse_query"]
 
 log = logging.getLogger("qftrio.server")
 
@@ -284,6 +284,17 @@ def _find_unheld(value: Any, where: list[str]) -> tuple[list[str], str] | None:
 
 
 # -- the envelope ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stream:
+    """A handler's payload that is written as it comes (``event-stream``):
+    :attr:`run` writes it with the function it is given (which returns False
+    once the client has gone), and :attr:`close` releases what it holds,
+    whether or not it ran."""
+
+    run: Callable[[Callable[[bytes], Awaitable[bool]]], Awaitable[None]]
+    close: Callable[[], None]
 
 
 class Disconnected(Exception):

@@ -16,6 +16,7 @@ answer to a throttled address gets ``Retry-After``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,12 +30,14 @@ from .api import ALL_ROUTES
 from .auth import Credentials
 from .docs_page import DOCS_PAGE
 from .engine import Engine
-from .envelope import Answer, Call, Disconnected, Envelope, Reply, Route, Router
+from .envelope import Answer, Call, Disconnected, Envelope, Reply, Route, Router, Stream
 from .http11 import Exchange
 from .openapi import document
 from .throttle import Throttle, client_of, current_client, retry_after_header
 
 __all__ = ["ApiFront"]
+
+log = logging.getLogger("qftrio.server")
 
 _JSON = (b"content-type", b"application/json")
 
@@ -108,11 +111,41 @@ class ApiFront:
 
     async def _answer(self, exchange: Exchange, wait: float | None, route: Route, call: Call) -> None:
         answer = await self.envelope.run(route, call)
+        if isinstance(answer.payload, Stream):
+            await self._stream(exchange, wait, route, answer.payload)
+            return
         if route.media is not None and 200 <= answer.status < 300:
             payload = answer.payload
             await exchange.respond(answer.status, [(b"content-type", route.media.encode()), (b"content-length", b"%d" % len(payload))], payload)
             return
         await _respond_with(exchange, wait, answer)
+
+
+    async def _stream(self, exchange: Exchange, wait: float | None, route: Route, stream: Stream) -> None:
+        """Write *stream* as its chunks come (chunked); the head goes with
+        the first. An error before it is answered as any route's."""
+        assert route.media is not None
+
+        async def write(chunk: bytes) -> bool:
+            if not exchange.head_sent:
+                exchange.start(200, [(b"content-type", route.media.encode()), (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no")])
+            await exchange.write_chunk(chunk)
+            return not exchange.gone
+
+        try:
+            await stream.run(write)
+        except Exception as exc:
+            if exchange.head_sent:
+                log.exception("a stream failed: %s %s", route.method, route.path)
+            else:
+                await _respond_with(exchange, wait, self.envelope.refusal(route, exc))
+                return
+        finally:
+            stream.close()
+        if not exchange.head_sent:  # the server closed before the stream began
+            await _respond_with(exchange, wait, self.envelope.refusal(route, errors.Unavailable("the server is shutting down")))
+            return
+        await exchange.end_chunks()
 
 
 async def _respond_with(exchange: Exchange, wait: float | None, answer: Answer) -> None:

@@ -777,6 +777,23 @@ class Exchange:
         self._start(status, headers)
         await self._send_body(body, False)
 
+    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Begin an answer whose body :meth:`write_chunk` writes as it
+        comes, and :meth:`end_chunks` ends."""
+        self._start(status, headers)
+
+    async def write_chunk(self, chunk: bytes) -> None:
+        """Write the next part of the body begun with :meth:`start`."""
+        await self._send_body(chunk, True)
+
+    async def end_chunks(self) -> None:
+        await self._send_body(b"", False)
+
+    @property
+    def gone(self) -> bool:
+        """Whether the client can no longer be written to."""
+        return self.connection.eof
+
     async def send(self, message: dict[str, Any]) -> None:
         """ASGI's ``send``."""
         kind = message["type"]

@@ -571,6 +571,18 @@ class Store(abc.ABC):
     #: wait reads the job again.
     on_ended: Callable[[str], None] | None = None
 
+    #: Called on Trio's thread with each change of a job whose tenant has an
+    #: event stream registered (:meth:`events_begin`), by this process or,
+    #: on a store several servers share, by any of them, in the order each
+    #: server committed them: a dict of the job's ``id``, ``tenant``,
+    #: ``queue``, ``kind``, ``status``, ``attempt``, ``progress`` and ``at``
+    #: (its ``updated_at``), or, when its progress was too large to carry,
+    #: ``progress_omitted`` instead of ``progress``. A change is an enqueue,
+    #: or a new status, attempt or progress (a heartbeat that changes none
+    #: of these is not one). ``{"lost": True}`` says that changes may have
+    #: been missed (the store could not keep up, or lost its connection).
+    on_event: Callable[[dict[str, Any]], None] | None = None
+
     # -- lifecycle ---------------------------------------------------------
 
     @abc.abstractmethod
@@ -852,6 +864,20 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def job_wait_end(self, wait_id: str) -> None:
         """Remove a wait :meth:`job_wait_begin` registered."""
+
+    @abc.abstractmethod
+    async def events_begin(self, tenant: str, *, now: float, until: float) -> str:
+        """Register an event stream of *tenant*'s, so that its jobs' changes
+        are passed to :attr:`on_event` until :meth:`events_end`, or *until*
+        (epoch seconds) if this server dies first; returns its id."""
+
+    @abc.abstractmethod
+    async def events_renew(self, stream_id: str, *, until: float) -> None:
+        """Keep the stream *stream_id* registered until *until*."""
+
+    @abc.abstractmethod
+    async def events_end(self, stream_id: str) -> None:
+        """Remove a stream :meth:`events_begin` registered."""
 
     @abc.abstractmethod
     async def jobs_progress(self, items: Sequence[ProgressItem], *, now: float) -> list[HeartbeatResult]:

@@ -1344,7 +1344,7 @@ class Listener:
         self._channel = '"' + channel.replace('"', '""') + '"'
         self._ignore = ignore
         self._always = always
-        self._pending: set[str] = set()
+        self._pending: dict[str, None] = {}  # deduplicated, in the order they came
         self._poked = False
         self._waiting: trio.CancelScope | None = None
         conn.on_notify = self._notified
@@ -1360,9 +1360,9 @@ class Listener:
         if notify.be_pid in self._ignore and (self._always is None or not self._always(payload)):
             return
         if len(self._pending) >= self.MAX_PENDING:
-            self._pending = {"*"}
+            self._pending = {"*": None}
         else:
-            self._pending.add(payload)
+            self._pending[payload] = None
 
     def poke(self) -> None:
         """Make a :meth:`receive` waiting now (or the next one) return, with
@@ -1392,9 +1392,9 @@ class Listener:
         with database_errors():
             await self._conn.execute(f"UNLISTEN {self._channel}")
 
-    async def receive(self, *, keepalive_secs: float = 30.0) -> set[str]:
+    async def receive(self, *, keepalive_secs: float = 30.0) -> list[str]:
         """Wait for notifications, or a :meth:`poke`, and return the
-        notifications' payloads (deduplicated).
+        notifications' payloads (deduplicated), in the order they came.
 
         Every *keepalive_secs* without any, the connection is checked with a
         query, so that a silently dead connection is noticed.
@@ -1425,8 +1425,8 @@ class Listener:
                 with database_errors():
                     await conn.fetchval("SELECT 1")
         self._poked = False
-        pending, self._pending = self._pending, set()
-        return pending
+        pending, self._pending = self._pending, {}
+        return list(pending)
 
     async def aclose(self) -> None:
         self._conn.terminate()

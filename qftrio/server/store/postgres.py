@@ -122,6 +122,8 @@ CHANNEL = "qftrio_jobs"
 #: The prefix of a notification on CHANNEL that a job ended (migration 0018);
 #: a queue's name cannot hold its colon.
 ENDED = "ended:"
+#: The prefix of a job change's notification, its JSON after (migration 0019).
+EVENT = "event:"
 
 #: What :meth:`PostgresStore.run_listener` passes to ``on_notify`` when it may
 #: have missed notifications (its connection was lost and came back): wake
@@ -672,12 +674,14 @@ class PostgresStore(Store):
         async def listen(listener: pgtrio.Listener) -> None:
             await listener.listen()
             on_notify(ALL_QUEUES)
+            if self.on_event is not None:
+                self.on_event({"lost": True})
 
         while True:
             try:
                 async with pgtrio.open_listener(
                     self._url, CHANNEL, timeout=self._timeout, ignore=self._db.backends, watchdog=self._db.watchdog,
-                    always=lambda payload: payload.startswith(ENDED),
+                    always=lambda payload: payload.startswith((ENDED, EVENT)),
                 ) as listener:
                     if self._wanted():
                         await listen(listener)
@@ -692,7 +696,8 @@ class PostgresStore(Store):
                         if listener.listening:
                             self._listening.set()
                         with trio.move_on_at(self._wanted_until if listener.listening else math.inf):
-                            for payload in sorted(await listener.receive(keepalive_secs=self._keepalive)):
+                            # In the order they came: a job's changes in the order they were made.
+                            for payload in await listener.receive(keepalive_secs=self._keepalive):
                                 self._notified(payload, on_notify)
                         if self._wanted() and not listener.listening:
                             await listen(listener)
@@ -722,9 +727,16 @@ class PostgresStore(Store):
             if self.on_ended is not None:
                 self.on_ended(payload[len(ENDED) :])
             return
+        if payload.startswith(EVENT):
+            if self.on_event is not None:
+                self.on_event(orjson.loads(payload[len(EVENT) :]))
+            return
         on_notify(payload)
-        if payload == ALL_QUEUES and self.on_ended is not None:
-            self.on_ended(ALL_QUEUES)
+        if payload == ALL_QUEUES:
+            if self.on_ended is not None:
+                self.on_ended(ALL_QUEUES)
+            if self.on_event is not None:
+                self.on_event({"lost": True})
 
     def _wanted(self) -> bool:
         return trio.current_time() < self._wanted_until
@@ -1080,6 +1092,17 @@ class PostgresStore(Store):
 
     async def job_wait_end(self, wait_id: str) -> None:
         await self._db.fetch(Q["job_wait_end"], uuid.UUID(wait_id))
+
+    async def events_begin(self, tenant: str, *, now: float, until: float) -> str:
+        stream_id = uuid.uuid4()
+        await self._db.fetch(Q["events_begin"], stream_id, tenant, now, until)
+        return str(stream_id)
+
+    async def events_renew(self, stream_id: str, *, until: float) -> None:
+        await self._db.fetch(Q["events_renew"], uuid.UUID(stream_id), until)
+
+    async def events_end(self, stream_id: str) -> None:
+        await self._db.fetch(Q["events_end"], uuid.UUID(stream_id))
 
     async def jobs_progress(self, items: Sequence[ProgressItem], *, now: float) -> list[HeartbeatResult]:
         if not items:

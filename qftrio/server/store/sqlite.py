@@ -568,6 +568,28 @@ BEGIN
 END;
 """
 
+#: The event streams of one connection (SqliteStore): its own TEMP table and
+#: triggers, gone with it. An enqueue, or a new status, attempt or progress,
+#: of a job whose tenant has a stream open is noted; a heartbeat that
+#: changes none of these is not.
+_EVENTS_SCHEMA = """
+CREATE TEMP TABLE event_streams (id TEXT PRIMARY KEY, tenant TEXT NOT NULL);
+CREATE INDEX temp.event_streams_tenant ON event_streams (tenant);
+CREATE TEMP TRIGGER jobs_inserted_event AFTER INSERT ON main.jobs
+WHEN EXISTS (SELECT 1 FROM temp.event_streams WHERE tenant = NEW.tenant)
+BEGIN
+    SELECT qftrio_event(json_object('id', NEW.id, 'tenant', NEW.tenant, 'queue', NEW.queue, 'kind', NEW.kind,
+        'status', NEW.status, 'attempt', NEW.attempt, 'progress', json(NEW.progress), 'at', NEW.updated_at));
+END;
+CREATE TEMP TRIGGER jobs_updated_event AFTER UPDATE ON main.jobs
+WHEN (NEW.status IS NOT OLD.status OR NEW.attempt IS NOT OLD.attempt OR NEW.progress_at IS NOT OLD.progress_at)
+    AND EXISTS (SELECT 1 FROM temp.event_streams WHERE tenant = NEW.tenant)
+BEGIN
+    SELECT qftrio_event(json_object('id', NEW.id, 'tenant', NEW.tenant, 'queue', NEW.queue, 'kind', NEW.kind,
+        'status', NEW.status, 'attempt', NEW.attempt, 'progress', json(NEW.progress), 'at', NEW.updated_at));
+END;
+"""
+
 
 class SqliteStore(Store):
     """See the module docstring. Build it with :func:`open_sqlite_store`.
@@ -608,12 +630,22 @@ class SqliteStore(Store):
         self._ended: list[str] = []  # committed, not yet passed on
         self._conn.create_function("qftrio_ended", 1, self._ended_now.append)
         self._conn.executescript(_WAITS_SCHEMA)
+        # Event streams: the same, for every change of a job of a tenant
+        # with a stream open (the changes as JSON text, in order).
+        self._events_now: list[str] = []
+        self._events: list[str] = []
+        self._conn.create_function("qftrio_event", 1, self._events_now.append)
+        self._conn.executescript(_EVENTS_SCHEMA)
 
     def on_ended_committed(self) -> None:
         ended, self._ended = self._ended, []
         if self.on_ended is not None:
             for job_id in dict.fromkeys(ended):
                 self.on_ended(job_id)
+        events, self._events = self._events, []
+        if self.on_event is not None:
+            for event in events:
+                self.on_event(_json.loads(event))
 
     def _migrate(self) -> None:
         conn = self._require()
@@ -650,12 +682,13 @@ class SqliteStore(Store):
                 results = await self._thread.run(lambda: self._execute(batch))
             else:
                 results = self._execute(batch)
-            if self._ended:
+            if self._ended or self._events:
                 self.on_ended_committed()
             return results
 
     def _execute(self, batch: list[Callable[[sqlite3.Connection], Any]]) -> list[outcome.Outcome[Any]]:
         self._ended_now.clear()
+        self._events_now.clear()
         try:
             conn = self._require()
             conn.execute("BEGIN IMMEDIATE")
@@ -668,14 +701,17 @@ class SqliteStore(Store):
             else:
                 for fn in batch:
                     conn.execute("SAVEPOINT call")
+                    noted = len(self._events_now)
                     try:
                         results.append(outcome.Value(fn(conn)))
                     except Exception as exc:
                         conn.execute("ROLLBACK TO call")
+                        del self._events_now[noted:]  # changes that never were
                         results.append(outcome.Error(exc))
                     conn.execute("RELEASE call")
             conn.execute("COMMIT")
             self._ended.extend(self._ended_now)
+            self._events.extend(self._events_now)
         except Exception as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
@@ -945,6 +981,17 @@ class SqliteStore(Store):
 
     async def job_wait_end(self, wait_id: str) -> None:
         await self._run(lambda conn: conn.execute(Q["job_wait_end"], (wait_id,)))
+
+    async def events_begin(self, tenant: str, *, now: float, until: float) -> str:
+        stream_id = str(uuid.uuid4())
+        await self._run(lambda conn: conn.execute(Q["events_begin"], (stream_id, tenant)))
+        return stream_id
+
+    async def events_renew(self, stream_id: str, *, until: float) -> None:
+        """Nothing to do: the streams live in this process's own table."""
+
+    async def events_end(self, stream_id: str) -> None:
+        await self._run(lambda conn: conn.execute(Q["events_end"], (stream_id,)))
 
     async def jobs_progress(self, items: Sequence[ProgressItem], *, now: float) -> list[HeartbeatResult]:
         def progress(conn: sqlite3.Connection) -> list[HeartbeatResult]:

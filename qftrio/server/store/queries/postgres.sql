@@ -1132,3 +1132,15 @@ INSERT INTO qftrio_job_waits (id, job_id, until) VALUES ($1, $2, $3 + $4);
 
 -- name: job_wait_end
 DELETE FROM qftrio_job_waits WHERE id = $1;
+
+-- name: events_begin
+-- An event stream of a tenant's (migration 0019), and those whose server
+-- died before removing theirs, past their time, removed.
+WITH gone AS (DELETE FROM qftrio_event_streams WHERE until < $3)
+INSERT INTO qftrio_event_streams (id, tenant, until) VALUES ($1, $2, $4);
+
+-- name: events_renew
+UPDATE qftrio_event_streams SET until = $2 WHERE id = $1;
+
+-- name: events_end
+DELETE FROM qftrio_event_streams WHERE id = $1;

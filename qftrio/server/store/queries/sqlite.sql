@@ -627,3 +627,12 @@ INSERT INTO temp.job_waits (id, job_id) VALUES (?1, ?2);
 
 -- name: job_wait_end
 DELETE FROM temp.job_waits WHERE id = ?1;
+
+-- name: events_begin
+-- An event stream of a tenant's, in this connection's own table (the
+-- store's TEMP triggers jobs_inserted_event and jobs_updated_event read
+-- it): ?1 stream id, ?2 tenant.
+INSERT INTO temp.event_streams (id, tenant) VALUES (?1, ?2);
+
+-- name: events_end
+DELETE FROM temp.event_streams WHERE id = ?1;
