@@ -16,11 +16,12 @@ Nothing else escapes: httpx's exceptions never reach the caller.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import math
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Self, TypeVar, cast, overload
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -37,6 +38,8 @@ from ._http import (
     HttpxTransport,
     Response,
     Transport,
+    _httpx_errors,
+    _httpx_options,
     check_headers,
 )
 from ._json import dumps_strict as json_dumps, loads as json_loads
@@ -52,6 +55,7 @@ from .models import (
     HeartbeatReply,
     EnqueueBatchRequest,
     EnqueueRequest,
+    EventsQuery,
     Job,
     Lease,
     LeaseRequest,
@@ -75,6 +79,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Client",
+    "Event",
     "InvalidArgument",
     "SyncClient",
     "HeartbeatItem",
@@ -280,6 +285,80 @@ def _triggered(data: Any) -> tuple[Schedule, Job]:
 
 def _workflows_page(data: Any) -> tuple[list[Workflow], str | None]:
     return [Workflow.from_wire(w) for w in data["workflows"]], data.get("next_cursor")
+
+
+# --------------------------------------------------------------------------
+# The event stream (GET /api/v1/events), read by both clients.
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    """One event of :meth:`Client.events`: *kind* ``"job"`` (*data*: the
+    job's ``id``, ``queue``, ``kind``, ``status``, ``attempt``,
+    ``progress`` and ``at``, epoch seconds of the change), ``"stats"``
+    (*data*: a queue's stats as the wire has them; :attr:`stats` reads
+    them), or ``"overflow"`` (the client fell behind; the stream ends after
+    it, and what it missed is read from the jobs themselves)."""
+
+    kind: str
+    data: dict[str, Any]
+
+    @property
+    def stats(self) -> QueueStats:
+        """A ``stats`` event's stats."""
+        return QueueStats.from_wire(self.data)
+
+
+#: Seconds without a byte from a stream after which it is taken for dead:
+#: the server sends a comment every 15 s.
+EVENTS_READ_TIMEOUT = 45.0
+
+
+class _SseReader:
+    """Server-sent events from their lines, as a browser's EventSource
+    reads them (comments and unknown fields skipped)."""
+
+    def __init__(self) -> None:
+        self.kind = "message"
+        self.data: list[str] = []
+
+    def line(self, line: str) -> Event | None:
+        """The event *line* ends, if it ends one."""
+        if not line:
+            if not self.data:
+                self.kind = "message"
+                return None
+            kind, data = self.kind, "\n".join(self.data)
+            self.kind, self.data = "message", []
+            return Event(kind, json_loads(data))
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "event":
+            self.kind = value
+        elif field == "data":
+            self.data.append(value)
+        return None
+
+
+@contextlib.contextmanager
+def _stream_errors(url: str) -> Iterator[None]:
+    """A stream's transport failures, as :class:`~qftrio.errors.TransportError`."""
+    try:
+        with _httpx_errors():
+            yield
+    except HttpError as exc:
+        raise errors.TransportError(f"GET {url}/api/v1/events: {exc}") from None
+
+
+def _events_target(queue: str | None, kind: str | None, job: str | None, stats_secs: int | None) -> str:
+    """The target of a stream, its query checked locally as the server
+    checks it."""
+    try:
+        EventsQuery(queue=queue, kind=kind, job=job, stats_secs=stats_secs)
+    except pydantic.ValidationError as exc:
+        raise InvalidArgument(field_errors(exc, "query")) from None
+    query = {"queue": queue, "kind": kind, "job": job, "stats_secs": stats_secs}
+    return Call("GET", "/api/v1/events", None, params=query).encode()[0]
 
 
 # --------------------------------------------------------------------------
@@ -893,6 +972,54 @@ class Client(_Api["httpx.AsyncBaseTransport"]):
 
         return method
 
+    async def events(
+        self, *, queue: str | None = None, kind: str | None = None, job: str | None = None, stats_secs: int | None = None
+    ) -> AsyncIterator[Event]:
+        """The tenant's job changes as they happen, on any server, as
+        :class:`Event` objects: those of *queue*, *kind* or the one *job*
+        (all of them by default), and with *stats_secs* (1..60) each named
+        queue's stats that often (every queue's, with no *queue*). A live
+        feed, not a log: nothing from before it opened is replayed. It ends
+        after an ``"overflow"`` event, or when the server shuts down; leave
+        the loop (or close the iterator) to end it.
+
+        Each stream holds a connection of its own, outside the pool, and
+        fails with :class:`~qftrio.errors.TransportError` after 45 s without
+        a byte (the server sends a comment every 15 s).
+
+        Raises:
+            InvalidArgument: a filter out of range, before any call.
+            TooManyRequests: the tenant has as many streams open on that
+                server as it allows.
+        """
+        import httpx
+
+        target = _events_target(queue, kind, job, stats_secs)
+        if self._closed:
+            raise errors.TransportError(f"GET {self.url}/api/v1/events: the client is closed")
+        options = _httpx_options(self.url, self._headers, 1)
+        async with httpx.AsyncClient(**options, transport=self._caller_transport) as http:
+            timeout = httpx.Timeout(self.timeout, read=EVENTS_READ_TIMEOUT)
+            with _stream_errors(self.url):
+                async with http.stream("GET", target, timeout=timeout) as answer:
+                    if answer.status_code >= 400:
+                        raise _error(Response(answer.status_code, dict(answer.headers), await answer.aread()))
+                    reader = _SseReader()
+                    lines = answer.aiter_lines()
+                    try:
+                        async for line in lines:
+                            event = reader.line(line)
+                            if event is not None:
+                                yield event
+                    finally:
+                        # Closed first, so that reading on ends httpx's
+                        # generators, which would each warn when collected
+                        # if left suspended.
+                        await answer.aclose()
+                        with contextlib.suppress(httpx.HTTPError, httpx.StreamError):
+                            async for _ in lines:
+                                pass
+
     async def _send(self, call: Call[T]) -> T:
         target, body, timeout = self._request(call)
         try:
@@ -958,6 +1085,28 @@ class SyncClient(_Api["httpx.BaseTransport"]):
             return self._send(describe(*args, **kwargs))
 
         return method
+
+    def events(
+        self, *, queue: str | None = None, kind: str | None = None, job: str | None = None, stats_secs: int | None = None
+    ) -> Iterator[Event]:
+        """:meth:`Client.events`, as a plain iterator (its ``close()``, or
+        leaving the loop, ends the stream)."""
+        import httpx
+
+        target = _events_target(queue, kind, job, stats_secs)
+        if self._closed:
+            raise errors.TransportError(f"GET {self.url}/api/v1/events: the client is closed")
+        options = _httpx_options(self.url, self._headers, 1)
+        with httpx.Client(**options, transport=self._caller_transport) as http:
+            timeout = httpx.Timeout(self.timeout, read=EVENTS_READ_TIMEOUT)
+            with _stream_errors(self.url), http.stream("GET", target, timeout=timeout) as answer:
+                if answer.status_code >= 400:
+                    raise _error(Response(answer.status_code, dict(answer.headers), answer.read()))
+                reader = _SseReader()
+                for line in answer.iter_lines():
+                    event = reader.line(line)
+                    if event is not None:
+                        yield event
 
     def _send(self, call: Call[T]) -> T:
         target, body, timeout = self._request(call)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import aclosing, asynccontextmanager, suppress
 from typing import Any
 
 import httpx
 import pytest
 import trio
 
+from qftrio import errors
 from qftrio.server.engine import Engine
 from qftrio.server.store.base import Store
 
@@ -98,3 +99,209 @@ async def test_a_stream_sees_every_change_of_a_job(http, server) -> None:
         cancelled = await http.post(f"/api/v1/jobs/{job['id']}/cancel", headers=server.headers())
         assert cancelled.status_code == 200
         await stream.job(id=job["id"], status="cancelled")
+
+
+async def comment(stream: Events) -> None:
+    """Until the stream sends its next comment line."""
+    seen = stream.comments
+    async for line in stream.lines:
+        if line.startswith(":"):
+            stream.comments += 1
+        if stream.comments > seen:
+            return
+    raise EOFError
+
+
+async def test_a_stream_sees_only_its_tenants_matching_jobs(http, server) -> None:
+    async with events(http, server, queue="q", kind="k") as stream:
+        await enqueue(http, server, queue="other", kind="k")
+        await enqueue(http, server, queue="q", kind="other")
+        r = await http.post("/api/v1/jobs", json={"kind": "k", "config": {"queue": "q"}}, headers=server.headers("globex"))
+        assert r.status_code == 201
+        job = await enqueue(http, server, queue="q", kind="k")
+        # The first event is the one job that matches: the others made none.
+        await stream.job(id=job["id"], status="pending")
+    async with events(http, server, job=job["id"]) as stream:
+        await enqueue(http, server, queue="q", kind="k")
+        await http.post(f"/api/v1/jobs/{job['id']}/cancel", headers=server.headers())
+        await stream.job(id=job["id"], status="cancelled")
+    # Another tenant's job, named: the stream sees nothing of it.
+    async with events(http, server, who="globex", job=job["id"]) as stream:
+        await http.post(f"/api/v1/jobs/{job['id']}/retry", headers=server.headers())
+        mine = await http.post("/api/v1/jobs", json={"kind": "k"}, headers=server.headers("globex"))
+        async with events(http, server, who="globex") as everything:
+            await http.post(f"/api/v1/jobs/{mine.json()['id']}/cancel", headers=server.headers("globex"))
+            await everything.job(id=mine.json()["id"], status="cancelled")
+        assert stream.comments == 0
+    await open_streams(server.engine, 0)
+
+
+async def test_a_heartbeat_that_changes_nothing_sends_no_event(http, server) -> None:
+    job = await enqueue(http, server)
+    (leased,) = await lease(http, server, lease_secs=300)
+    async with events(http, server) as stream:
+        r = await report(http, server, job["id"], "heartbeat", lease_token=leased["lease_token"], extend_secs=60)
+        assert r.status_code == 200, r.text
+        await report(http, server, job["id"], "complete", lease_token=leased["lease_token"])
+        await stream.job(id=job["id"], status="completed")
+
+
+async def test_bad_filters_are_422_naming_the_field_and_a_worker_token_403(http, server) -> None:
+    for field, bad in (("stats_secs", "0"), ("stats_secs", "61"), ("stats_secs", "often"), ("job", "nope"),
+                       ("queue", "no queue"), ("kind", "x" * 200), ("since", "1")):  # fmt: skip
+        r = await http.get("/api/v1/events", params={field: bad}, headers=server.headers())
+        assert r.status_code == 422 and field in r.json()["error"]["message"], r.text
+    r = await http.get("/api/v1/events", headers=server.headers("worker"))
+    assert r.status_code == 403
+    assert len(server.engine.events) == 0
+
+
+async def test_streams_past_a_tenants_cap_are_429(http, server, monkeypatch) -> None:
+    monkeypatch.setattr(server.engine.events, "per_tenant", 2)
+    async with events(http, server), events(http, server):
+        r = await http.get("/api/v1/events", headers=server.headers())
+        assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_streams"
+        assert r.headers["retry-after"] == "1"
+        async with events(http, server, who="globex"):
+            assert len(server.engine.events) == 3
+    await open_streams(server.engine, 0)
+
+
+async def test_a_client_that_goes_away_ends_its_stream(http, server) -> None:
+    async with events(http, server):
+        await open_streams(server.engine, 1)
+    # Bounded by the work: the server notices the closed connection.
+    await open_streams(server.engine, 0)
+
+
+async def test_a_consumer_that_falls_behind_gets_overflow_and_the_end(http, server, monkeypatch) -> None:
+    monkeypatch.setattr(server.engine.events, "MAX_BEHIND", 3)
+    async with events(http, server) as stream:
+        # Ten jobs in one commit: ten changes at once, more than it may hold.
+        jobs = [{"kind": "k", "config": {"queue": "q"}} for _ in range(10)]
+        r = await http.post("/api/v1/jobs/batch", json={"jobs": jobs}, headers=server.headers())
+        assert r.status_code == 201, r.text
+        seen = []
+        while True:
+            event, data = await stream.next()
+            if event != "job":
+                break
+            seen.append(data)
+        assert event == "overflow" and data == {"max_behind": 3}
+        assert len(seen) <= 3 + 1  # those it held, and the one being written
+        with pytest.raises(EOFError):
+            await stream.next()
+    await open_streams(server.engine, 0)
+
+
+async def test_stats_and_comments_come_on_time(http, server, monkeypatch) -> None:
+    monkeypatch.setattr(server.engine, "EVENTS_KEEPALIVE_SECS", 0.05)
+    await enqueue(http, server, queue="q")
+    async with events(http, server, queue="q", stats_secs=1) as stream:
+        for _ in range(3):
+            await comment(stream)
+        event, data = await stream.next()
+        assert event == "stats" and data["queue"] == "q" and data["counts"]["pending"] == 1, data
+
+
+async def test_a_large_progress_is_on_the_stream_whole(http, server) -> None:
+    job = await enqueue(http, server)
+    (leased,) = await lease(http, server, lease_secs=300)
+    big = {"log": "x" * 8000}
+    async with events(http, server) as stream:
+        r = await report(http, server, job["id"], "progress", lease_token=leased["lease_token"], progress=big)
+        assert r.status_code == 200, r.text
+        data = await stream.job(id=job["id"], progress=big)
+        assert "progress_omitted" not in data
+
+
+async def test_shutdown_ends_every_stream(storage: Store, nursery: trio.Nursery) -> None:
+    async for server in serve_store(storage, nursery):
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            async with events(http, server) as stream:
+                await open_streams(server.engine, 1)
+                server.engine.begin_shutdown()
+                with pytest.raises(EOFError):
+                    await stream.next()
+            r = await http.get("/api/v1/events", headers=server.headers())
+            assert r.status_code == 503
+    assert len(server.engine.events) == 0
+
+
+@pytest.mark.postgres
+async def test_a_stream_on_one_server_sees_the_changes_made_through_another(two_servers) -> None:  # noqa: F811
+    a, b = two_servers
+    async with httpx.AsyncClient(base_url=a.url, timeout=30) as on_a, httpx.AsyncClient(base_url=b.url, timeout=30) as on_b:
+        async with events(on_b, b) as stream:
+            job = await enqueue(on_a, a)
+            await stream.job(id=job["id"], status="pending")
+            (leased,) = await lease(on_a, a, lease_secs=300)
+            await stream.job(id=job["id"], status="running", attempt=1)
+            await report(on_a, a, job["id"], "complete", lease_token=leased["lease_token"])
+            await stream.job(id=job["id"], status="completed")
+        # Its registration is gone with it: A's changes notify nothing now.
+        await open_streams(b.engine, 0)
+        assert await a.engine.store._db.fetchval("SELECT count(*) FROM qftrio_event_streams") == 0
+
+
+# -- the clients ------------------------------------------------------------------
+
+
+async def test_client_events_is_an_async_iterator_of_the_stream(http, server) -> None:
+    from qftrio import Client
+    from qftrio.client import Event, InvalidArgument
+
+    seen: list[Event] = []
+    async with Client(server.url, server.tenants["acme"]) as client:
+
+        async def read() -> None:
+            async with aclosing(client.events(queue="q", stats_secs=1)) as stream:
+                async for event in stream:
+                    seen.append(event)
+                    if event.kind == "job" and event.data["status"] == "cancelled":
+                        return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await open_streams(server.engine, 1)
+            job = await enqueue(http, server, queue="q")
+            await http.post(f"/api/v1/jobs/{job['id']}/cancel", headers=server.headers())
+        with pytest.raises(InvalidArgument, match="stats_secs"):
+            await client.events(stats_secs=0).__anext__()
+    jobs = [e.data for e in seen if e.kind == "job"]
+    assert [(j["id"], j["status"]) for j in jobs] == [(job["id"], "pending"), (job["id"], "cancelled")]
+    assert all(e.stats.queue == "q" for e in seen if e.kind == "stats")
+    await open_streams(server.engine, 0)
+
+
+async def test_sync_client_events_is_a_plain_iterator_and_refusals_raise(http, server, monkeypatch) -> None:
+    from qftrio import SyncClient
+
+    monkeypatch.setattr(server.engine.events, "per_tenant", 1)
+    client = SyncClient(server.url, server.tenants["acme"])
+
+    def first_two() -> list[dict[str, Any]]:
+        stream = client.events(kind="k")
+        try:
+            return [next(stream).data, next(stream).data]
+        finally:
+            stream.close()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            got: list[list[dict[str, Any]]] = []
+            nursery.start_soon(lambda: _into(got, trio.to_thread.run_sync(first_two)))
+            await open_streams(server.engine, 1)
+            with pytest.raises(errors.TooManyRequests):
+                await trio.to_thread.run_sync(lambda: next(client.events()))
+            job = await enqueue(http, server, kind="k")
+            await http.post(f"/api/v1/jobs/{job['id']}/cancel", headers=server.headers())
+        ((pending, cancelled),) = got
+        assert (pending["status"], cancelled["status"]) == ("pending", "cancelled")
+    finally:
+        client.close()
+    await open_streams(server.engine, 0)
+
+
+async def _into(into: list[Any], call: Any) -> None:
+    into.append(await call)

@@ -36,13 +36,14 @@ class Subscriber:
     """One open stream: the events of its tenant's jobs that match its
     filters, in :attr:`receive`; :attr:`overflowed` once it fell behind."""
 
-    __slots__ = ("tenant", "queue", "kind", "job", "send", "receive", "overflowed")
+    __slots__ = ("tenant", "queue", "kind", "job", "behind", "send", "receive", "overflowed")
 
     def __init__(self, tenant: str, queue: str | None, kind: str | None, job: str | None, behind: int) -> None:
         self.tenant = tenant
         self.queue = queue
         self.kind = kind
         self.job = job
+        self.behind = behind
         self.send, self.receive = trio.open_memory_channel[dict[str, Any]](behind)
         self.overflowed = False
 
@@ -158,7 +159,7 @@ async def relay(
                 event = await subscriber.receive.receive()
             except trio.EndOfChannel:
                 if subscriber.overflowed:
-                    await write(sse("overflow", {"max_behind": EventStreams.MAX_BEHIND}))
+                    await write(sse("overflow", {"max_behind": subscriber.behind}))
                 return
         now = trio.current_time()
         if event is not None:

@@ -31,6 +31,18 @@ STATUS_TEXT = {
 _REF = "#/components/schemas/{model}"
 
 
+#: One server-sent event of ``GET /api/v1/events`` (OpenAPI 3.1 gives a
+#: stream's schema as its events'): its name, and its data, a JSON object.
+_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"enum": ["job", "stats", "overflow"]},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+}
+
+
 def document(routes: list[Route]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of *routes* (those with ``documented``)."""
     routes = [route for route in routes if route.documented]
@@ -87,7 +99,9 @@ def _operation(route: Route, own: Any) -> dict[str, Any]:
         answer: dict[str, Any] = {"description": STATUS_TEXT.get(status, "OK")}
         if status in route.answers:
             model = route.answers[status]
-            if route.media is not None:
+            if route.media == "text/event-stream":
+                answer["content"] = {route.media: {"schema": _EVENT}}
+            elif route.media is not None:
                 answer["content"] = {route.media.split(";")[0]: {"schema": {"type": "string"}}}
             elif model is not None:
                 answer["content"] = {"application/json": {"schema": own(model)}}

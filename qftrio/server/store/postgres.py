@@ -674,8 +674,6 @@ class PostgresStore(Store):
         async def listen(listener: pgtrio.Listener) -> None:
             await listener.listen()
             on_notify(ALL_QUEUES)
-            if self.on_event is not None:
-                self.on_event({"lost": True})
 
         while True:
             try:
@@ -711,6 +709,10 @@ class PostgresStore(Store):
             finally:
                 self.listener_pid = None
                 self._listener = None
+                # What is committed until it listens again reaches no
+                # stream: each ends, and its client reads what it missed.
+                if self.on_event is not None:
+                    self.on_event({"lost": True})
                 # Waiters go back to their safety poll.
                 self._listening.set()
                 self._listening = trio.Event()
