@@ -17,10 +17,12 @@ import argparse
 import functools
 import json
 import logging
+import math
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import aclosing
 from typing import Any, NoReturn
 
 import trio
@@ -656,7 +658,8 @@ def _stats_command(sub: Any) -> None:
     p.add_argument("queue", nargs="?", help="one queue (default: every queue)")
     p.add_argument(
         "--watch", action="store_true",
-        help="poll every --interval seconds: a live table on a terminal with completions per second, else a JSON line",
+        help="every --interval seconds (one queue: pushed on the event stream; every queue: polled), a live table on a "
+        "terminal with completions per second, else a JSON line",
     )  # fmt: skip
     p.add_argument("--interval", type=_non_negative, default=2.0)
     _add_client_options(p)
@@ -680,22 +683,63 @@ def _stats(args: argparse.Namespace) -> int:
             return None
         terminal = sys.stdout.isatty()
         rates = _Rates()
+
+        def show(stats: list[Any]) -> None:
+            per_sec = rates.update(stats, trio.current_time())
+            if terminal:
+                now = time.time()
+                heading = f"every {args.interval:g}s, at {time.strftime('%H:%M:%S', time.localtime(now))}"
+                # home and clear, then the table: the terminal shows one live table
+                print(f"\x1b[H\x1b[J{heading}\n\n{_queues_table(stats, now=now, rates=per_sec)}", flush=True)
+            else:
+                print(json.dumps(wire(stats, per_sec)), flush=True)
+
         while True:
             try:
-                stats = await poll(client)
+                if args.queue:
+                    # One queue: its stats come on the event stream, pushed
+                    # by the server every interval (whole seconds, 1..60).
+                    from .models.limits import MAX_EVENT_STATS_SECS
+
+                    secs = max(1, min(MAX_EVENT_STATS_SECS, math.ceil(args.interval)))
+                    async with aclosing(client.events(queue=args.queue, stats_secs=secs)) as stream:
+                        async for event in stream:
+                            if event.kind == "stats":
+                                show([event.stats])
+                    # the server ended the stream (a restart, an overflow): open another
+                else:
+                    show(await poll(client))
             except (errors.TransportError, errors.Unavailable) as exc:
                 # a restarting server: say so and keep watching
                 print(f"qftrio: {exc.message if isinstance(exc, errors.ApiError) else exc}; retrying", file=sys.stderr)
-            else:
-                per_sec = rates.update(stats, trio.current_time())
-                if terminal:
-                    now = time.time()
-                    heading = f"every {args.interval:g}s, at {time.strftime('%H:%M:%S', time.localtime(now))}"
-                    # home and clear, then the table: the terminal shows one live table
-                    print(f"\x1b[H\x1b[J{heading}\n\n{_queues_table(stats, now=now, rates=per_sec)}", flush=True)
-                else:
-                    print(json.dumps(wire(stats, per_sec)), flush=True)
             await trio.sleep(args.interval)
+
+    return _client_call(args, call)
+
+
+def _events_command(sub: Any) -> None:
+    p = sub.add_parser(
+        "events", help="the tenant's job changes as they happen, one JSON line each, until the server ends the stream",
+        description="Print every change of the tenant's jobs (enqueued, claimed, progress, retried, ended), made on "
+        "any server, as one JSON line {\"event\": ..., \"data\": ...} each. Nothing from before is replayed. "
+        "Exits 0 when the server ends the stream, 1 after an overflow (this reader fell behind).",
+    )  # fmt: skip
+    p.add_argument("--queue", help="only this queue's jobs")
+    p.add_argument("--kind", help="only jobs of this kind")
+    p.add_argument("--job", help="only this job")
+    p.add_argument("--stats", type=int, metavar="SECS", help="each queue's stats too, every SECS seconds (1..60)")
+    _add_client_options(p)
+    p.set_defaults(func=_events)
+
+
+def _events(args: argparse.Namespace) -> int:
+    async def call(client: Any) -> Any:
+        async with aclosing(client.events(queue=args.queue, kind=args.kind, job=args.job, stats_secs=args.stats)) as stream:
+            async for event in stream:
+                print(json.dumps({"event": event.kind, "data": event.data}), flush=True)
+                if event.kind == "overflow":
+                    raise errors.QftrioError("the stream ended: this reader fell behind (read the jobs for what it missed)")
+        return None
 
     return _client_call(args, call)
 
@@ -785,6 +829,7 @@ _COMMANDS: tuple[Callable[[Any], None], ...] = (
     _queues_command,
     _rate_limits_command,
     _stats_command,
+    _events_command,
     _workers_command,
     _migrate_command,
 )

@@ -8,7 +8,8 @@ guess."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager, suppress
 from typing import Any
 
@@ -305,3 +306,73 @@ async def test_sync_client_events_is_a_plain_iterator_and_refusals_raise(http, s
 
 async def _into(into: list[Any], call: Any) -> None:
     into.append(await call)
+
+
+# -- the command line ---------------------------------------------------------------
+
+
+@asynccontextmanager
+async def cli(server: RunningServer, *argv: str) -> AsyncIterator[Callable[[], Awaitable[str]]]:
+    """``qftrio *argv*`` against *server* as acme, in a process of its own;
+    yields the reader of its next line of output."""
+    import os
+    import sys
+
+    from .processes import ROOT
+
+    argv = (sys.executable, "-m", "qftrio", *argv, "--url", server.url, "--token", server.tenants["acme"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        stdout, stderr = proc.stdout, proc.stderr
+        buffered = b""
+
+        async def line() -> str:
+            nonlocal buffered
+            while b"\n" not in buffered:
+                chunk = await stdout.receive_some()
+                if not chunk:
+                    raise EOFError((await stderr.receive_some()).decode())
+                buffered += chunk
+            first, _, buffered = buffered.partition(b"\n")
+            return first.decode()
+
+        yield line
+    finally:
+        proc.terminate()
+        await proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                await pipe.aclose()
+
+
+async def test_qftrio_events_prints_a_json_line_per_event(http, server) -> None:
+    async with cli(server, "events", "--queue", "q") as line:
+        await open_streams(server.engine, 1)
+        job = await enqueue(http, server, queue="q")
+        await http.post(f"/api/v1/jobs/{job['id']}/cancel", headers=server.headers())
+        first, second = json.loads(await line()), json.loads(await line())
+    assert first["event"] == "job" and first["data"]["id"] == job["id"] and first["data"]["status"] == "pending"
+    assert second["data"]["status"] == "cancelled"
+    await open_streams(server.engine, 0)
+
+
+async def test_qftrio_events_refuses_a_bad_filter_in_one_line() -> None:
+    import sys
+
+    from .processes import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-m", "qftrio", "events", "--stats", "0", "--token", "t"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "stats_secs" in done.stderr, done.stderr
+
+
+async def test_qftrio_stats_watch_on_a_queue_reads_the_stream(http, server) -> None:
+    await enqueue(http, server, queue="q")
+    async with cli(server, "stats", "q", "--watch", "--interval", "1") as line:
+        await open_streams(server.engine, 1)
+        first, second = json.loads(await line()), json.loads(await line())
+    assert first["queue"] == second["queue"] == "q" and second["counts"]["pending"] == 1
+    assert first["completed_per_sec"] is None and second["completed_per_sec"] == 0
