@@ -17,6 +17,7 @@ import type {
   BulkFilter,
   CompleteItem,
   EnqueueRequest,
+  EventsFilter,
   FailItem,
   FailRequest,
   SnoozeItem,
@@ -40,6 +41,7 @@ import type {
   SchedulesFilter,
   SchedulesPage,
   ScheduleTriggered,
+  StreamEvent,
   WorkerInfo,
   Workflow,
   WorkflowStepRequest,
@@ -301,6 +303,82 @@ export class Client {
     return (await this.#call("jobsList", {}, undefined, { ...filter })) as JobsPage;
   }
 
+  /** The tenant's job changes as they happen, on any server: an async
+   * iterable of `StreamEvent`s (`for await (const e of client.events())`).
+   * A live feed, not a log: nothing from before it opened is replayed. It
+   * ends after an `overflow` event or when the server shuts down; `break`
+   * (or `options.signal`) ends it. Fails with `TransportError` after 45 s
+   * without a byte (the server sends a comment every 15 s). */
+  async *events(filter: EventsFilter = {}, options: CallOptions = {}): AsyncGenerator<StreamEvent> {
+    const search = new URLSearchParams();
+    for (const [key, value] of Object.entries(filter)) {
+      if (value !== undefined && value !== null) search.set(key, String(value));
+    }
+    const path = ROUTES.events.path + (search.size ? `?${search}` : "");
+    const where = `GET ${this.url}${path}`;
+    const ending = new AbortController();
+    const signal = options.signal ? AbortSignal.any([options.signal, ending.signal]) : ending.signal;
+    let idle: ReturnType<typeof setTimeout> | undefined;
+    let timedOut = false;
+    const arm = (ms: number) => {
+      clearTimeout(idle);
+      idle = setTimeout(() => {
+        timedOut = true;
+        ending.abort();
+      }, ms);
+    };
+    const failed = (error: unknown): Error => {
+      if (options.signal?.aborted) return options.signal.reason as Error;
+      if (timedOut) return new TransportError(`${where}: nothing came for ${STREAM_IDLE_MS / 1000} s`);
+      return new TransportError(`${where}: ${describeFetchError(error)}`);
+    };
+    arm(this.timeoutMs);
+    try {
+      let response: Response;
+      try {
+        response = await fetch(this.url + path, { headers: this.#headers, signal });
+        if (response.status >= 400) throw apiError(response, await response.text());
+      } catch (error) {
+        if (error instanceof ApiError) throw error;
+        throw failed(error);
+      }
+      const lines = response.body!.pipeThrough(new TextDecoderStream()).getReader();
+      let buffered = "";
+      let kind = "message";
+      let data: string[] = [];
+      for (;;) {
+        arm(STREAM_IDLE_MS);
+        let chunk: Awaited<ReturnType<typeof lines.read>>;
+        try {
+          chunk = await lines.read();
+        } catch (error) {
+          throw failed(error);
+        }
+        if (chunk.done) return;
+        buffered += chunk.value;
+        let end: number;
+        while ((end = buffered.indexOf("\n")) >= 0) {
+          const line = buffered.slice(0, end);
+          buffered = buffered.slice(end + 1);
+          if (line === "") {
+            if (data.length) yield { event: kind, data: JSON.parse(data.join("\n")) } as StreamEvent;
+            kind = "message";
+            data = [];
+            continue;
+          }
+          const colon = line.indexOf(":");
+          const field = colon < 0 ? line : line.slice(0, colon);
+          const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+          if (field === "event") kind = value;
+          else if (field === "data") data.push(value);
+        }
+      }
+    } finally {
+      clearTimeout(idle);
+      ending.abort(); // the connection closes: the server ends the stream at once
+    }
+  }
+
   async jobCancel(jobId: string): Promise<Job> {
     return (await this.#call("jobCancel", { job_id: jobId }, undefined)) as Job;
   }
@@ -430,6 +508,10 @@ export class Client {
     return (await this.#call("workflowCancel", { workflow_id: workflowId }, undefined)) as Workflow;
   }
 }
+
+/** A stream with no byte for this long is taken for dead: the server sends
+ * a comment every 15 s. */
+const STREAM_IDLE_MS = 45_000;
 
 /** `data[key]`, which a qftrio answer always has. */
 function field<T>(data: unknown, key: string, call: string): T {

@@ -11,8 +11,10 @@ export interface Route {
   readonly path: string;
   /** The request body's schema, `null` for none. */
   readonly request: string | null;
-  /** The success answer's schema, `null` for `204`. */
+  /** The success answer's schema, `null` for `204` (or a stream). */
   readonly answer: string | null;
+  /** The answer is a stream of server-sent events (`text/event-stream`). */
+  readonly stream?: true;
   readonly query?: readonly string[];
 }
 
@@ -38,6 +40,14 @@ export const ROUTES = {
     request: null,
     answer: "JobsPageAnswer",
     query: ["queue", "status", "kind", "limit", "cursor"],
+  },
+  events: {
+    method: "GET",
+    path: "/api/v1/events",
+    request: null,
+    answer: null,
+    stream: true,
+    query: ["queue", "kind", "job", "stats_secs"],
   },
   jobCancel: { method: "POST", path: "/api/v1/jobs/{job_id}/cancel", request: null, answer: "JobAnswer" },
   jobRetry: { method: "POST", path: "/api/v1/jobs/{job_id}/retry", request: null, answer: "JobAnswer" },

@@ -272,6 +272,34 @@ export interface JobsPage {
 }
 
 /** The query of `GET /api/v1/jobs`. */
+/** Which of the tenant's jobs `Client.events()` follows (all by default),
+ * and how often it sends each queue's stats (1..60 s; never by default). */
+export interface EventsFilter {
+  queue?: string;
+  kind?: string;
+  job?: string;
+  stats_secs?: number;
+}
+
+/** A change of a job, as the event stream carries it: `at` is when it was
+ * made, epoch seconds. */
+export interface JobEvent {
+  id: string;
+  queue: string;
+  kind: string;
+  status: Status;
+  attempt: number;
+  progress: JsonObject | null;
+  at: number;
+}
+
+/** One event of `Client.events()`. After an `overflow` (the reader fell
+ * behind) the stream ends: read the jobs for what was missed. */
+export type StreamEvent =
+  | { event: "job"; data: JobEvent }
+  | { event: "stats"; data: QueueStats }
+  | { event: "overflow"; data: { max_behind: number } };
+
 export interface JobsFilter {
   queue?: string;
   status?: Status;

@@ -22,7 +22,7 @@ type Schema = {
 type Operation = {
   parameters?: { in: string; name: string }[];
   requestBody?: { content: { "application/json": { schema: Schema } } };
-  responses: Record<string, { content?: { "application/json"?: { schema: Schema } } }>;
+  responses: Record<string, { content?: { "application/json"?: { schema: Schema }; "text/event-stream"?: { schema: Schema } } }>;
 };
 type Document = { paths: Record<string, Record<string, Operation>>; components: { schemas: Record<string, Schema> } };
 
@@ -164,7 +164,9 @@ test("every route of the SDK is the server's, with its query, body and answer", 
     const success = Object.entries(operation.responses).filter(([code]) => code.startsWith("2"));
     for (const [code, response] of success) {
       const schema = response.content?.["application/json"]?.schema;
-      if (route.answer === null) {
+      if ("stream" in route) {
+        if (!response.content?.["text/event-stream"]) problems.push(`${name}: the server answers ${code} with no event stream`);
+      } else if (route.answer === null) {
         if (code !== "204") problems.push(`${name}: the server answers ${code}, the SDK expects 204`);
       } else if (!schema) {
         problems.push(`${name}: the server answers ${code} with no JSON`);
