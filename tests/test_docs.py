@@ -155,6 +155,8 @@ def _parameters(call: object) -> str:
     words = []
     # a call's description, whose signature both clients' methods have
     for p in inspect.signature(getattr(call, "__wrapped__", call)).parameters.values():
+        if p.name == "self":  # a method of the client's own, not a described call
+            continue
         if p.kind is p.KEYWORD_ONLY and "*" not in words:
             words.append("*")
         keyword = p.kind is p.KEYWORD_ONLY or p.default is p.empty
