@@ -40,7 +40,8 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import aclosing
 from typing import Any
 
 import trio
@@ -92,7 +93,7 @@ from .store.base import (
     Store,
 )
 from .sightings import Sightings
-from .events import KEEPALIVE, EventStreams, Subscriber, relay, sse
+from .events import KEEPALIVE, EventStreams, Subscriber, chunks, sse
 from .waits import JobWaits
 from .waker import Parked, Waker, wake_after_reports
 from .workflows import new_workflow
@@ -431,11 +432,20 @@ class Engine:
     async def events_run(
         self, subscriber: Subscriber, *, stats_secs: float | None, write: Callable[[bytes], Awaitable[bool]]
     ) -> None:
-        """Relay *subscriber*'s events with *write* (False: the client has
-        gone) until the client goes, the stream overflows or the server
-        shuts down. The stream is registered in the store, and the store
-        listening, before the first write (a comment): a change committed
-        after the client has the answer's head is on the stream."""
+        """Relay :meth:`events_chunks` with *write* (False: the client has
+        gone)."""
+        async with aclosing(self.events_chunks(subscriber, stats_secs=stats_secs)) as stream:
+            async for chunk in stream:
+                if not await write(chunk):
+                    return
+
+    async def events_chunks(self, subscriber: Subscriber, *, stats_secs: float | None) -> AsyncIterator[bytes]:
+        """*subscriber*'s stream, chunk by chunk, until the stream
+        overflows or the server shuts down (or the consumer closes it). The
+        stream is registered in the store, and the store listening, before
+        the first chunk (a comment): a change committed after the client has
+        that is on the stream. The stream is closed (:meth:`EventStreams.close_one`)
+        when this ends, whether or not it began."""
         tenant = subscriber.tenant
         try:
             stream_id = await self.store.events_begin(
@@ -443,8 +453,7 @@ class Engine:
             )
             try:
                 await self.store.notifications_wanted(2 * self.EVENTS_KEEPALIVE_SECS)
-                if not await write(KEEPALIVE):
-                    return
+                yield KEEPALIVE
 
                 async def keep() -> None:
                     await self.store.events_renew(stream_id, until=self.clock() + self.EVENTS_HOLD_SECS)
@@ -461,10 +470,12 @@ class Engine:
                     job = await self.store.job_get(event["id"], tenant=tenant)
                     return {**event, "progress": None if job is None else job.last_progress}
 
-                await relay(
-                    subscriber, write, keepalive_secs=self.EVENTS_KEEPALIVE_SECS, keep=keep,
-                    stats_secs=stats_secs, stats=stats, fill=fill,
-                )  # fmt: skip
+                async with aclosing(
+                    chunks(subscriber, keepalive_secs=self.EVENTS_KEEPALIVE_SECS, keep=keep, stats_secs=stats_secs,
+                           stats=stats, fill=fill)
+                ) as stream:  # fmt: skip
+                    async for chunk in stream:
+                        yield chunk
             finally:
                 # The registration goes even when the client went away.
                 with trio.CancelScope(shield=True), trio.move_on_after(self.WAIT_END_SECS):

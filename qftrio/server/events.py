@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import trio
@@ -20,7 +20,7 @@ import trio
 from .. import errors
 from .._json import dumps
 
-__all__ = ["EventStreams", "Subscriber", "sse"]
+__all__ = ["EventStreams", "Subscriber", "chunks", "sse"]
 
 
 def sse(event: str, data: Any) -> bytes:
@@ -74,8 +74,10 @@ class EventStreams:
 
     #: Seconds a caller refused for the cap is told to wait before trying again.
     RETRY_AFTER_SECS = 1
-    #: Events a stream's client may leave untaken before the stream ends.
-    MAX_BEHIND = 1000
+    #: Events a stream's client may leave untaken before the stream ends:
+    #: room for the changes of a few commits of 1000 jobs each, which come
+    #: at once. The events are shared by the streams that hold them.
+    MAX_BEHIND = 4096
 
     def __init__(self, per_tenant: int) -> None:
         self.per_tenant = per_tenant
@@ -134,47 +136,46 @@ class EventStreams:
                 subscriber.send.close()
 
 
-async def relay(
+async def chunks(
     subscriber: Subscriber,
-    write: Callable[[bytes], Awaitable[bool]],
     *,
     keepalive_secs: float,
     keep: Callable[[], Awaitable[None]],
     stats_secs: float | None = None,
     stats: Callable[[], Awaitable[list[bytes]]] | None = None,
     fill: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
-) -> None:
-    """Write *subscriber*'s events with *write* (False: the client has
-    gone) until its channel ends: ``event: job`` for each, ``event: stats``
-    (*stats*' events) every *stats_secs*, a comment and a call of *keep*
-    (the stream's registration renewed) every *keepalive_secs*, and
-    ``event: overflow`` last if the stream fell behind. *fill* gives an event whose progress was too large to carry its job's."""
+) -> AsyncIterator[bytes]:
+    """*subscriber*'s stream, chunk by chunk, until its channel ends:
+    ``event: job`` for each event, ``event: stats`` (*stats*' events) every
+    *stats_secs*, a comment and a call of *keep* (the stream's registration
+    renewed) every *keepalive_secs*, and ``event: overflow`` last if the
+    stream fell behind. *fill* gives an event whose progress was too large
+    to carry its job's. No cancel scope spans a ``yield``."""
     now = trio.current_time()
     next_stats = now + stats_secs if stats_secs is not None else math.inf
     next_keep = now + keepalive_secs
     while True:
         event = None
+        ended = False
         with trio.move_on_at(min(next_stats, next_keep)):
             try:
                 event = await subscriber.receive.receive()
             except trio.EndOfChannel:
-                if subscriber.overflowed:
-                    await write(sse("overflow", {"max_behind": subscriber.behind}))
-                return
+                ended = True
+        if ended:
+            if subscriber.overflowed:
+                yield sse("overflow", {"max_behind": subscriber.behind})
+            return
         now = trio.current_time()
         if event is not None:
             if event.get("progress_omitted"):
                 event = await fill(event)
-            data = {key: event.get(key) for key in ("id", "queue", "kind", "status", "attempt", "progress", "at")}
-            if not await write(sse("job", data)):
-                return
+            yield sse("job", {key: event.get(key) for key in ("id", "queue", "kind", "status", "attempt", "progress", "at")})
         if now >= next_stats and stats is not None and stats_secs is not None:
             for chunk in await stats():
-                if not await write(chunk):
-                    return
+                yield chunk
             next_stats = now + stats_secs
         if now >= next_keep:
             await keep()
-            if not await write(KEEPALIVE):
-                return
+            yield KEEPALIVE
             next_keep = now + keepalive_secs

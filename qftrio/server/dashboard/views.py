@@ -508,6 +508,21 @@ async def queues_json(tenant: str) -> Response:
     return _json_answer(answer)
 
 
+@route("GET", "/events")
+@view
+async def events(tenant: str) -> Response:
+    """The event stream (``GET /api/v1/events``) for the session's tenant,
+    of one queue or one job if named: what the pages update from."""
+    queue = _name("queue", request.args.get("queue"))
+    job = request.args.get("job")
+    engine = dashboard().engine
+    subscriber = engine.events_open(tenant, queue=queue, kind=None, job=_job_id(job) if job is not None else None)
+    response = Response(engine.events_chunks(subscriber, stats_secs=None), content_type="text/event-stream")
+    response.headers["Cache-Control"] = "no-store"
+    response.timeout = None  # it lasts as long as the page is open
+    return response
+
+
 @route("GET", "/queues/<queue>")
 @view
 async def queue_page(tenant: str, queue: str) -> Response:

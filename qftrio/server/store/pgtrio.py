@@ -1334,8 +1334,10 @@ class Listener:
     returns them. Those sent by the backends in *ignore* are dropped.
     """
 
-    #: More distinct payloads than this between two receives collapse to "*".
-    MAX_PENDING = 1000
+    #: More distinct payloads than this between two receives collapse to "*":
+    #: room for the job changes of several commits of 1000 jobs each (an
+    #: event stream's notifications), a few MiB at most.
+    MAX_PENDING = 10_000
 
     def __init__(
         self, conn: Connection, channel: str, *, ignore: Collection[int] = (), always: Callable[[str], bool] | None = None

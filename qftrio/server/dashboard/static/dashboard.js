@@ -1,5 +1,6 @@
-// Live refresh of the queue tables and the throughput chart. The pages are
-// complete without it: the server renders every figure.
+// Live refresh of the queue tables and the throughput chart, and of the jobs
+// shown, from the event stream. The pages are complete without it: the
+// server renders every figure.
 "use strict";
 
 const REFRESH_MS = 2000;
@@ -79,11 +80,53 @@ async function refresh(chart, canvas) {
   if (!note) drawChart(canvas, total);
 }
 
+// A job's status wherever the page shows it (a jobs table's row, a job's
+// heading).
+function showStatus(change) {
+  for (const holder of document.querySelectorAll(`[data-job="${CSS.escape(change.id)}"]`)) {
+    const badge = holder.querySelector(".status");
+    if (!badge) continue;
+    badge.className = `status s-${change.status}`;
+    badge.textContent = change.status;
+  }
+}
+
+// The stream of what the page shows: one job's, one queue's, or the
+// tenant's. The browser reconnects by itself after an error or an overflow;
+// nothing is replayed, so the tables' next refresh catches up.
+function follow(onChange) {
+  const meta = document.querySelector('meta[name="qftrio-events"]');
+  if (!meta || !window.EventSource) return;
+  const job = document.querySelector("[data-follow]");
+  const queue = document.querySelector("[data-follow-queue]");
+  const query = job ? `?job=${encodeURIComponent(job.dataset.follow)}`
+    : queue ? `?queue=${encodeURIComponent(queue.dataset.followQueue)}` : "";
+  const source = new EventSource(meta.content + query);
+  source.addEventListener("job", (message) => {
+    const change = JSON.parse(message.data);
+    showStatus(change);
+    onChange(change);
+  });
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   document.documentElement.classList.add("js");
   const chart = document.querySelector("[data-live]");
-  if (!chart) return;
+  if (!chart) {
+    follow(() => {});
+    return;
+  }
   const canvas = chart.querySelector("canvas");
-  const tick = () => refresh(chart, canvas).catch(() => {}).finally(() => setTimeout(tick, REFRESH_MS));
+  let timer;
+  const tick = () => {
+    clearTimeout(timer);
+    refresh(chart, canvas).catch(() => {}).finally(() => { timer = setTimeout(tick, REFRESH_MS); });
+  };
+  // A change refreshes the figures soon, several changes once.
+  let soon;
+  follow(() => {
+    if (soon) return;
+    soon = setTimeout(() => { soon = undefined; tick(); }, 200);
+  });
   tick();
 });
