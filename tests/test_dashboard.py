@@ -428,7 +428,24 @@ async def test_the_timeline_follows_a_job_through_its_attempts(server: RunningSe
         await server.engine.fail([FailItem(job_id, lease.lease_token, "boom", True)])
         server.clock.advance(3600)
     events = [what for _, what in timeline(await server.engine.job_get("acme", job_id))]
-    assert events == ["enqueued", "attempt 1 failed", "attempt 2 failed; no attempt left (dead letter)"]
+    assert events == [
+        "enqueued", "attempt 1 claimed by a worker", "attempt 1 failed: boom", "attempt 2 claimed by a worker",
+        "attempt 2 failed: boom; no attempt left (dead letter)",
+    ]  # fmt: skip
+
+
+async def test_the_timeline_says_failed_permanently_when_attempts_were_left(server: RunningServer) -> None:
+    server.clock.freeze()
+    (job_id,) = await enqueue(server.engine, 1, max_attempts=5)
+    (lease,) = await server.engine.lease("q", worker_id="w1")
+    server.clock.advance(2)
+    await server.engine.fail([FailItem(job_id, lease.lease_token, "bad input", False)])
+    job = await server.engine.job_get("acme", job_id)
+    (attempt,) = job.attempts
+    assert timeline(job)[1:] == [
+        (attempt.claimed_at, "attempt 1 claimed by w1"),
+        (attempt.claimed_at + 2, "attempt 1 failed: bad input; failed permanently"),
+    ]
 
 
 async def test_the_workflow_and_workers_pages_show_steps_and_who_holds_jobs(server: RunningServer) -> None:

@@ -18,6 +18,7 @@ UTC strings (``2026-01-02T03:04:05.123456Z``) on the wire.
 
 from .limits import (
     MAX_ANSWER_BYTES,
+    MAX_ATTEMPTS_KEPT,
     MAX_BATCH,
     MAX_BULK,
     MAX_DELAY_SECS,
@@ -46,6 +47,8 @@ from .limits import (
     valid_name,
 )
 from .records import (
+    AttemptEntry,
+    AttemptOutcome,
     CompleteItem,
     Epoch,
     ErrorEntry,
@@ -137,6 +140,7 @@ from .answers import (
     ErrorAnswer,
     ErrorDetail,
     ErrorEntryAnswer,
+    AttemptEntryAnswer,
     HealthAnswer,
     HeartbeatAnswer,
     HeldBackAnswer,
@@ -163,6 +167,7 @@ from .answers import (
 
 __all__ = [
     "MAX_ANSWER_BYTES",
+    "MAX_ATTEMPTS_KEPT",
     "MAX_BATCH",
     "MAX_BULK",
     "MAX_DELAY_SECS",
@@ -189,6 +194,8 @@ __all__ = [
     "QUEUES_PAGE",
     "timeout_error",
     "valid_name",
+    "AttemptEntry",
+    "AttemptOutcome",
     "CompleteItem",
     "Epoch",
     "ErrorEntry",
@@ -276,6 +283,7 @@ __all__ = [
     "ErrorAnswer",
     "ErrorDetail",
     "ErrorEntryAnswer",
+    "AttemptEntryAnswer",
     "HealthAnswer",
     "HeartbeatAnswer",
     "HeldBackAnswer",

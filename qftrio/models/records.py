@@ -104,6 +104,62 @@ class ErrorEntry:
         return cls(attempt=data["attempt"], error=data["error"], at=parse_time(data["at"]) or 0.0)
 
 
+class AttemptOutcome(str, enum.Enum):
+    """How one claim of a job ended (``running`` while it has not)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    #: Its lease expired: taken back by the janitor, or claimed again.
+    LOST = "lost"
+    SNOOZED = "snoozed"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_OUTCOME_OF = {outcome.value: outcome for outcome in AttemptOutcome}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class AttemptEntry:
+    """One claim in a job's attempt history: its number, who claimed it and
+    when, and when and how it ended (``ended_at`` is None while it runs;
+    ``error`` is the attempt's error, if it ended with one)."""
+
+    attempt: int
+    worker_id: str | None
+    claimed_at: float
+    ended_at: float | None
+    outcome: AttemptOutcome
+    error: str | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt, "worker_id": self.worker_id, "claimed_at": format_time(self.claimed_at),
+            "ended_at": format_time(self.ended_at), "outcome": self.outcome.value, "error": self.error,
+        }  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> AttemptEntry:
+        return cls(
+            attempt=data["attempt"], worker_id=data["worker_id"], claimed_at=parse_time(data["claimed_at"]) or 0.0,
+            ended_at=parse_time(data["ended_at"]), outcome=_OUTCOME_OF[data["outcome"]], error=data["error"],
+        )  # fmt: skip
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> AttemptEntry:
+        """An entry as both stores keep it: the wire's keys, times as epoch seconds."""
+        ended = data["ended_at"]
+        return cls(
+            attempt=int(data["attempt"]), worker_id=data["worker_id"], claimed_at=float(data["claimed_at"]),
+            ended_at=None if ended is None else float(ended), outcome=_OUTCOME_OF[data["outcome"]],
+            error=data["error"],
+        )  # fmt: skip
+
+
 class _Rfc3339:
     """Marks a field held as epoch seconds and carried as an RFC 3339 string."""
 
@@ -156,6 +212,8 @@ class Job:
     #: when (docs/worker.md, "Progress"); ``job.progress(obj)`` reports it.
     last_progress: dict[str, Any] | None = dataclasses.field(default=None, metadata={"wire": "progress"})
     progress_at: Epoch | None = None
+    #: Its claims, oldest first, the newest MAX_ATTEMPTS_KEPT kept.
+    attempts: tuple[AttemptEntry, ...] = ()
 
     def progress(self, progress: dict[str, Any]) -> None:
         """Report how far this job's handler has got: a JSON object of at

@@ -487,6 +487,36 @@ LANGUAGE sql STABLE AS $$
     FROM jsonb_array_elements(errors) WITH ORDINALITY AS x(e, i)
 $$;
 
+-- A job's attempt history on the wire (times as times).
+CREATE OR REPLACE FUNCTION qftrio_wire_attempts(attempts jsonb) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_agg(e || jsonb_build_object(
+        'claimed_at', qftrio_wire_time((e->>'claimed_at')::float8),
+        'ended_at', CASE WHEN e->>'ended_at' IS NOT NULL THEN qftrio_wire_time((e->>'ended_at')::float8) END
+    ) ORDER BY i), '[]')
+    FROM jsonb_array_elements(attempts) WITH ORDINALITY AS x(e, i)
+$$;
+
+-- A job's attempt history with its last attempt (the running one: each
+-- caller changes running jobs only) ended: when, how, with what error. Each
+-- argument is used once, so that PostgreSQL inlines the call into the
+-- statement; an empty history (a job claimed before it was kept) stays empty.
+CREATE OR REPLACE FUNCTION qftrio_attempt_end(attempts jsonb, outcome text, error text, at float8) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_set(jsonb_set(jsonb_set(attempts,
+        '{-1,ended_at}', to_jsonb(at)), '{-1,outcome}', to_jsonb(outcome)),
+        '{-1,error}', coalesce(to_jsonb(error), 'null'))
+$$;
+
+-- A job's attempt history with a claim's new attempt appended, running, and
+-- only the newest MAX_ATTEMPTS_KEPT kept.
+CREATE OR REPLACE FUNCTION qftrio_attempt_begin(attempts jsonb, attempt int, worker_id text, at float8) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_path_query_array(attempts || jsonb_build_array(jsonb_build_object(
+        'attempt', attempt, 'worker_id', worker_id, 'claimed_at', at, 'ended_at', NULL,
+        'outcome', 'running', 'error', NULL)), '$[last - ({{MAX_ATTEMPTS_KEPT}} - 1) to last]')
+$$;
+
 -- A job as the HTTP API answers it (qftrio.models.Job.to_wire), written
 -- from Job's fields (store/sql.py, job_wire). One expression too (a new job
 -- has no error history to read).
