@@ -177,10 +177,15 @@ UPDATE qftrio_jobs AS j SET
     errors = CASE WHEN c.status = 'running'
         THEN j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'error', $6::text, 'at', $2))
         ELSE j.errors END,
-    -- the lost attempt ended, the new one appended (qftrio_attempt_begin)
-    attempts = qftrio_attempt_begin(
-        CASE WHEN c.status = 'running' THEN qftrio_attempt_end(j.attempts, 'lost', $6, $2) ELSE j.attempts END,
-        j.attempt + 1, $5, $2)
+    -- the lost attempt ended, the new one appended; the oldest dropped past
+    -- MAX_ATTEMPTS_KEPT (qftrio_attempt_begin), else appended as it is
+    attempts = CASE WHEN c.status = 'running' OR jsonb_array_length(j.attempts) >= 20
+        THEN qftrio_attempt_begin(
+            CASE WHEN c.status = 'running'
+                THEN qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'lost', $6, $2)
+                ELSE j.attempts END,
+            j.attempt + 1, $5, $2)
+        ELSE j.attempts || jsonb_build_array(qftrio_attempt(j.attempt + 1, $5, $2, NULL, 'running', NULL)) END
 FROM chosen AS c
 WHERE j.id = c.id AND j.id = ANY((SELECT ids FROM taken)::uuid[])
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
@@ -225,7 +230,7 @@ WITH older AS (
         CASE WHEN c.hand THEN gen_random_uuid() END,
         CASE WHEN c.hand THEN $12::text END,
         CASE WHEN c.hand THEN $4 END,
-        CASE WHEN c.hand THEN qftrio_attempt_begin('[]', 1, $12, $4) ELSE '[]' END,
+        CASE WHEN c.hand THEN jsonb_build_array(qftrio_attempt(1, $12, $4, NULL, 'running', NULL)) ELSE '[]' END,
         $4, $4
     FROM chosen AS c
     RETURNING {job_columns}
@@ -502,7 +507,7 @@ WITH items AS (
     -- probe read it running under the token, so the store decides it under
     -- its lock (complete_lock).
     UPDATE qftrio_jobs AS j SET status = 'completed', result = c.result, locked_until = NULL, updated_at = $4,
-        attempts = qftrio_attempt_end(j.attempts, 'completed', NULL, $4)
+        attempts = qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'completed', NULL, $4)
     FROM items AS c
     WHERE j.ctid = ANY(ARRAY(SELECT row FROM items WHERE current))
       AND NOT (SELECT bool_or(workflow_id IS NOT NULL) FROM items)
@@ -546,7 +551,7 @@ ORDER BY i.ord;
 -- decision: no guard but their ids (a filter on the status would let the
 -- planner read the running jobs' index instead of probing each).
 UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4,
-    attempts = qftrio_attempt_end(j.attempts, 'completed', NULL, $4)
+    attempts = qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'completed', NULL, $4)
 FROM unnest($1::uuid[], $2::jsonb[], $3::int[]) AS i(id, result, ord)
 WHERE j.id = ANY($1::uuid[]) AND j.id = i.id
 RETURNING i.ord, j.workflow_id, j.step, j.result, j.kind, j.claimed_at, j.concurrency_key IS NOT NULL AS keyed;
@@ -566,7 +571,7 @@ UPDATE qftrio_jobs AS j SET
     max_attempts = j.max_attempts + 1,
     locked_until = NULL,
     updated_at = $4,
-    attempts = qftrio_attempt_end(j.attempts, 'snoozed', NULL, $4)
+    attempts = qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'snoozed', NULL, $4)
 FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) AS u(id, token, due)
 WHERE j.id = u.id AND j.status = 'running' AND j.lease_token = u.token
 RETURNING j.queue;
@@ -589,7 +594,7 @@ UPDATE qftrio_jobs AS j SET
     error = u.error,
     errors = j.errors || jsonb_build_array(
         jsonb_build_object('attempt', j.attempt, 'error', u.error, 'at', $6::float8)),
-    attempts = qftrio_attempt_end(j.attempts, 'failed', u.error, $6),
+    attempts = qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'failed', u.error, $6),
     updated_at = $6
 FROM items AS u
 WHERE j.ctid = ANY(ARRAY(SELECT row FROM items WHERE current))
@@ -631,7 +636,7 @@ UPDATE qftrio_jobs AS j SET
     error = u.error,
     errors = j.errors || jsonb_build_array(
         jsonb_build_object('attempt', j.attempt, 'error', u.error, 'at', $4::float8)),
-    attempts = qftrio_attempt_end(j.attempts, u.outcome, u.error, $4),
+    attempts = qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, u.outcome, u.error, $4),
     scheduled_at = coalesce(u.retry_at, j.scheduled_at),
     updated_at = $4
 FROM unnest($1::uuid[], $2::text[], $3::text[], $5::float8[], $6::text[]) AS u(id, status, error, retry_at, outcome)
@@ -683,7 +688,7 @@ SELECT status FROM qftrio_jobs WHERE id = $1 AND tenant = $2 FOR UPDATE;
 -- still be told "cancelled", not "conflict". The deadline goes: the job
 -- is not running. A running attempt ends as cancelled.
 UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2,
-    attempts = CASE WHEN status = 'running' THEN qftrio_attempt_end(attempts, 'cancelled', NULL, $2) ELSE attempts END
+    attempts = CASE WHEN status = 'running' THEN qftrio_attempt_end(attempts, attempt, worker_id, claimed_at, 'cancelled', NULL, $2) ELSE attempts END
 WHERE id = $1 AND status IN ('pending', 'running')
 RETURNING {job_columns};
 
@@ -876,7 +881,7 @@ SELECT id, status FROM qftrio_workflows WHERE id = ANY($1::uuid[]);
 -- name: bulk_cancel
 -- As job_cancel, for a batch.
 UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2,
-    attempts = CASE WHEN status = 'running' THEN qftrio_attempt_end(attempts, 'cancelled', NULL, $2) ELSE attempts END
+    attempts = CASE WHEN status = 'running' THEN qftrio_attempt_end(attempts, attempt, worker_id, claimed_at, 'cancelled', NULL, $2) ELSE attempts END
 WHERE id = ANY($1::uuid[]) AND status IN ('pending', 'running')
 RETURNING id, workflow_id, concurrency_key IS NOT NULL AS keyed;
 
@@ -992,7 +997,7 @@ UPDATE qftrio_workflows SET status = $2, updated_at = $3 WHERE id = $1 AND statu
 -- The lease token stays, as for any cancel: a late heartbeat of a running
 -- step is told "cancelled"; its attempt ends as cancelled.
 UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2,
-    attempts = CASE WHEN status = 'running' THEN qftrio_attempt_end(attempts, 'cancelled', NULL, $2) ELSE attempts END
+    attempts = CASE WHEN status = 'running' THEN qftrio_attempt_end(attempts, attempt, worker_id, claimed_at, 'cancelled', NULL, $2) ELSE attempts END
 WHERE workflow_id = $1 AND status IN ('pending', 'running');
 
 -- name: workflow_steps_cancel
