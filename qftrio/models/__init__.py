@@ -49,6 +49,7 @@ from .limits import (
 from .records import (
     AttemptEntry,
     AttemptOutcome,
+    attempt_history,
     CompleteItem,
     Epoch,
     ErrorEntry,
@@ -196,6 +197,7 @@ __all__ = [
     "valid_name",
     "AttemptEntry",
     "AttemptOutcome",
+    "attempt_history",
     "CompleteItem",
     "Epoch",
     "ErrorEntry",

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, create_model
 
 from .. import _progress
+from .limits import MAX_ATTEMPTS_KEPT
 
 class Status(str, enum.Enum):
     """The life cycle of a job."""
@@ -123,31 +124,46 @@ class AttemptOutcome(str, enum.Enum):
 _OUTCOME_OF = {outcome.value: outcome for outcome in AttemptOutcome}
 
 
+def attempt_history(
+    ended: list[dict[str, Any]] | None, status: str, attempt: int, worker_id: str | None, claimed_at: float | None
+) -> tuple[AttemptEntry, ...]:
+    """A job's ``attempts`` from what both stores keep: the entries of its
+    ended attempts, and, while it runs, its running attempt from the row
+    itself (its ``attempt``, ``worker_id`` and ``claimed_at``, which the claim
+    set), so that a claim writes no history; the newest
+    :data:`MAX_ATTEMPTS_KEPT` of them."""
+    out = tuple(map(AttemptEntry.from_stored, ended)) if ended else ()
+    if status == "running" and claimed_at is not None:
+        running = AttemptEntry(
+            attempt=attempt, worker_id=worker_id, claimed_at=claimed_at, ended_at=None,
+            outcome=AttemptOutcome.RUNNING, error=None,
+        )  # fmt: skip
+        out = (*out[1 - MAX_ATTEMPTS_KEPT :], running) if len(out) >= MAX_ATTEMPTS_KEPT else (*out, running)
+    return out
+
+
+class _Rfc3339:
+    """Marks a field held as epoch seconds and carried as an RFC 3339 string."""
+
+
+#: A time: epoch seconds inside qftrio, an RFC 3339 UTC string on the wire.
+Epoch = Annotated[float, _Rfc3339]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class AttemptEntry:
     """One claim in a job's attempt history: its number, who claimed it and
     when, and when and how it ended (``ended_at`` is None while it runs;
-    ``error`` is the attempt's error, if it ended with one)."""
+    ``error`` is the attempt's error, if it ended with one). Its wire form
+    and ``__init__`` are generated (:class:`_WireForm`): a running entry is
+    built for every claimed job."""
 
     attempt: int
     worker_id: str | None
-    claimed_at: float
-    ended_at: float | None
+    claimed_at: Epoch
+    ended_at: Epoch | None
     outcome: AttemptOutcome
     error: str | None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "attempt": self.attempt, "worker_id": self.worker_id, "claimed_at": format_time(self.claimed_at),
-            "ended_at": format_time(self.ended_at), "outcome": self.outcome.value, "error": self.error,
-        }  # fmt: skip
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> AttemptEntry:
-        return cls(
-            attempt=data["attempt"], worker_id=data["worker_id"], claimed_at=parse_time(data["claimed_at"]) or 0.0,
-            ended_at=parse_time(data["ended_at"]), outcome=_OUTCOME_OF[data["outcome"]], error=data["error"],
-        )  # fmt: skip
 
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> AttemptEntry:
@@ -159,13 +175,12 @@ class AttemptEntry:
             error=data["error"],
         )  # fmt: skip
 
+    if typing.TYPE_CHECKING:  # generated below, by _WireForm
 
-class _Rfc3339:
-    """Marks a field held as epoch seconds and carried as an RFC 3339 string."""
+        def to_wire(self) -> dict[str, Any]: ...
 
-
-#: A time: epoch seconds inside qftrio, an RFC 3339 UTC string on the wire.
-Epoch = Annotated[float, _Rfc3339]
+        @classmethod
+        def from_wire(cls, data: dict[str, Any]) -> AttemptEntry: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -396,6 +411,7 @@ def _records(from_wire: Callable[[Any], Any], items: list[Any] | None) -> tuple[
 
 #: How a job is written and built: its wire form, and the generated readers
 #: of the stores (`builder`) and of their new jobs (`writer`).
+ATTEMPT_FORM = _WireForm(AttemptEntry)  # before Job's: a job's attempts are read with its from_wire
 JOB_FORM = _WireForm(Job)
 
 

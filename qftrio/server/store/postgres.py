@@ -64,7 +64,7 @@ from ..._backoff import backoff
 from ...models import (
     JOB_FORM,
     STATUS_OF,
-    AttemptEntry,
+    attempt_history,
     ErrorEntry,
     HeldBack,
     Job,
@@ -163,10 +163,6 @@ def _errors(history: list[dict[str, Any]]) -> tuple[ErrorEntry, ...]:
     return tuple(ErrorEntry(attempt=int(e["attempt"]), error=str(e["error"]), at=float(e["at"])) for e in history)
 
 
-def _attempts(history: list[dict[str, Any]]) -> tuple[AttemptEntry, ...]:
-    return tuple(map(AttemptEntry.from_stored, history)) if history else ()
-
-
 def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -178,7 +174,7 @@ def _job_value(name: str) -> str:
         "id": 'str(row["id"])',
         "status": 'STATUS_OF[row["status"]]',
         "errors": '_errors(row["errors"])',
-        "attempts": '_attempts(row["attempts"])',
+        "attempts": 'attempt_history(row["attempts"], row["status"], row["attempt"], row["worker_id"], row["claimed_at"])',
         "workflow_id": '_str_or_none(row["workflow_id"])',
     }
     return special.get(name) or f"row[{JOB_FORM.wire[name]!r}]"
@@ -189,7 +185,7 @@ _job: Callable[[pgtrio.Record], Job] = JOB_FORM.builder(
     "_job",
     "row",
     _job_value,
-    {"STATUS_OF": STATUS_OF, "_errors": _errors, "_attempts": _attempts, "_str_or_none": _str_or_none},
+    {"STATUS_OF": STATUS_OF, "_errors": _errors, "attempt_history": attempt_history, "_str_or_none": _str_or_none},
 )
 
 

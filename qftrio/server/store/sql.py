@@ -110,8 +110,10 @@ def job_wire(row: str = "j") -> _Raw:
         column = f'{row}."{name}"' if name == "unique" else f"{row}.{name}"
         if kind == "time":
             column = f"qftrio_wire_time({column})"
-        elif kind == "records":  # the error and attempt histories: [] as it is
-            column = f"CASE WHEN {column} = '[]' THEN {column} ELSE qftrio_wire_{name}({column}) END"
+        elif name == "attempts":  # with the running attempt, from the row
+            column = f"qftrio_wire_job_attempts({row})"
+        elif kind == "records":  # the error history: [] as it is
+            column = f"CASE WHEN {column} = '[]' THEN {column} ELSE qftrio_wire_errors({column}) END"
         elif name in ("id", "workflow_id"):  # uuid columns
             column = f"{column}::text"
         parts.append(f"'{name}', {column}")

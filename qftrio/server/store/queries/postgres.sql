@@ -6,7 +6,9 @@
 -- by name, and the lease token and idempotency key (tests/test_store_sql.py).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context, timeout_secs, backoff, headers, schedule, concurrency, rate_limit, "unique", progress, progress_at, attempts
+    context, timeout_secs, backoff, headers, schedule, concurrency, rate_limit, "unique", progress, progress_at, attempts,
+    -- beyond Job's fields: the running attempt's claim (models.attempt_history)
+    claimed_at
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -177,21 +179,17 @@ UPDATE qftrio_jobs AS j SET
     errors = CASE WHEN c.status = 'running'
         THEN j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'error', $6::text, 'at', $2))
         ELSE j.errors END,
-    -- the lost attempt ended, the new one appended; the oldest dropped past
-    -- MAX_ATTEMPTS_KEPT (qftrio_attempt_begin), else appended as it is
-    attempts = CASE WHEN c.status = 'running' OR jsonb_array_length(j.attempts) >= 20
-        THEN qftrio_attempt_begin(
-            CASE WHEN c.status = 'running'
-                THEN qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'lost', $6, $2)
-                ELSE j.attempts END,
-            j.attempt + 1, $5, $2)
-        ELSE j.attempts || jsonb_build_array(qftrio_attempt(j.attempt + 1, $5, $2, NULL, 'running', NULL)) END
+    -- the history keeps ended attempts: the lost one goes into it (the new
+    -- one is the row's own attempt, worker_id and claimed_at)
+    attempts = CASE WHEN c.status = 'running'
+        THEN qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'lost', $6, $2)
+        ELSE j.attempts END
 FROM chosen AS c
 WHERE j.id = c.id AND j.id = ANY((SELECT ids FROM taken)::uuid[])
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
     j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.timeout_secs, j.backoff, j.headers, j.schedule,
-    j.concurrency, j.rate_limit, j."unique", j.progress, j.progress_at, j.attempts, c.rank, c.turn,
+    j.concurrency, j.rate_limit, j."unique", j.progress, j.progress_at, j.attempts, j.claimed_at, c.rank, c.turn,
     (SELECT count(*) FROM served) > 1 OR coalesce((SELECT ids FROM held) <> '{}', false) AS more;
 
 -- name: insert_handing_over
@@ -221,7 +219,7 @@ WITH older AS (
 ), inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, priority, max_attempts, scheduled_at,
         timeout_secs, backoff, deadline, headers,
-        status, attempt, locked_until, lease_token, worker_id, claimed_at, attempts, created_at, updated_at)
+        status, attempt, locked_until, lease_token, worker_id, claimed_at, created_at, updated_at)
     SELECT c.id, c.tenant, $3, c.kind, c.payload, c.priority, c.max_attempts, c.scheduled_at,
         c.timeout_secs, c.backoff, CASE WHEN c.hand THEN $4 + c.timeout_secs END, c.headers,
         CASE WHEN c.hand THEN 'running' ELSE 'pending' END,
@@ -230,7 +228,6 @@ WITH older AS (
         CASE WHEN c.hand THEN gen_random_uuid() END,
         CASE WHEN c.hand THEN $12::text END,
         CASE WHEN c.hand THEN $4 END,
-        CASE WHEN c.hand THEN jsonb_build_array(qftrio_attempt(1, $12, $4, NULL, 'running', NULL)) ELSE '[]' END,
         $4, $4
     FROM chosen AS c
     RETURNING {job_columns}

@@ -9,7 +9,9 @@
 -- sqlite._row_to_job reads them in (tests/test_store_sql.py checks it).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context, timeout_secs, backoff, headers,
-    schedule, concurrency, rate_limit, "unique", progress, progress_at, attempts
+    schedule, concurrency, rate_limit, "unique", progress, progress_at, attempts,
+    -- beyond Job's fields: the running attempt's claim (models.attempt_history)
+    claimed_at
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -115,10 +117,12 @@ DELETE FROM rate_limits WHERE tenant = ?1 AND name = ?2 RETURNING 1;
 -- job. SET expressions see the row as it was, so status = 'running' marks
 -- the expired leases, whose lost attempt goes into the error history. A job
 -- with timeout_secs gets its deadline, which its lease never runs past.
--- The attempt history ends the lost attempt, drops its oldest entry past
--- MAX_ATTEMPTS_KEPT (20) and appends the new one, running; its times are
--- written with every digit of the double ("%!.17g": JSON's own form of a
--- real keeps 15, tens of microseconds of an epoch time).
+-- The attempt history keeps ended attempts (the running one is the row's own
+-- attempt, worker_id and claimed_at): the lost attempt goes into it, the
+-- oldest entry dropped past MAX_ATTEMPTS_KEPT (20), as every end of an
+-- attempt below writes it. Its times are written with every digit of the
+-- double ("%!.17g": JSON's own form of a real keeps 15, tens of microseconds
+-- of an epoch time).
 UPDATE jobs SET status = 'running', attempt = attempt + 1,
     locked_until = CASE WHEN timeout_secs IS NULL THEN ? ELSE min(?, ? + timeout_secs) END,
     deadline = ? + timeout_secs,
@@ -127,11 +131,9 @@ UPDATE jobs SET status = 'running', attempt = attempt + 1,
     error = CASE WHEN status = 'running' THEN ? ELSE error END,
     errors = CASE WHEN status = 'running' THEN json_insert(errors, '$[#]',
         json_object('attempt', attempt, 'error', ?, 'at', ?)) ELSE errors END,
-    attempts = json_insert(json_remove(
-            CASE WHEN status = 'running' THEN json_set(attempts, '$[#-1].ended_at', json(printf('%!.17g', ?)), '$[#-1].outcome', 'lost', '$[#-1].error', ?) ELSE attempts END,
-            CASE WHEN json_array_length(attempts) >= 20 THEN '$[0]' ELSE '$[#]' END),
-        '$[#]', json_object('attempt', attempt + 1, 'worker_id', ?, 'claimed_at', json(printf('%!.17g', ?)), 'ended_at', NULL,
-                            'outcome', 'running', 'error', NULL))
+    attempts = CASE WHEN status = 'running' THEN json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?)), 'outcome', 'lost', 'error', ?)) ELSE attempts END
 WHERE id IN ({marks})
 RETURNING {job_columns};
 
@@ -158,9 +160,11 @@ UPDATE jobs SET progress = ?1, progress_at = ?2, updated_at = ?2
 WHERE id = ?3 AND status = 'running' AND lease_token = ?4;
 
 -- name: complete
--- The running attempt ends (the last of the history) as completed.
+-- The running attempt goes into the history, completed.
 UPDATE jobs SET status = 'completed', result = ?1, locked_until = NULL, updated_at = ?2,
-    attempts = json_set(attempts, '$[#-1].ended_at', json(printf('%!.17g', ?2)), '$[#-1].outcome', 'completed', '$[#-1].error', NULL)
+    attempts = json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?2)), 'outcome', 'completed', 'error', NULL))
 WHERE id = ?3 AND status = 'running' AND lease_token = ?4;
 
 -- name: fail_lock
@@ -173,7 +177,9 @@ WHERE id IN (SELECT value FROM json_each(?1));
 -- The guarded write of transitions.snooze, for the whole batch: ids, tokens
 -- and the times the jobs are due again, item by item. The token stays.
 UPDATE jobs SET status = 'pending', scheduled_at = u.due, max_attempts = max_attempts + 1, locked_until = NULL,
-    updated_at = ?4, attempts = json_set(attempts, '$[#-1].ended_at', json(printf('%!.17g', ?4)), '$[#-1].outcome', 'snoozed', '$[#-1].error', NULL)
+    updated_at = ?4, attempts = json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?4)), 'outcome', 'snoozed', 'error', NULL))
 FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS token,
           json_extract(?3, '$[' || i.key || ']') AS due
       FROM json_each(?1) AS i) AS u
@@ -185,7 +191,9 @@ RETURNING jobs.queue;
 -- statuses, scheduled_at (null: unchanged) and errors, item by item.
 UPDATE jobs SET status = u.status, scheduled_at = coalesce(u.retry_at, jobs.scheduled_at), locked_until = NULL,
     error = u.error, errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', u.error, 'at', ?6)),
-    updated_at = ?6, attempts = json_set(attempts, '$[#-1].ended_at', json(printf('%!.17g', ?6)), '$[#-1].outcome', 'failed', '$[#-1].error', u.error)
+    updated_at = ?6, attempts = json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?6)), 'outcome', 'failed', 'error', u.error))
 FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS token,
           json_extract(?3, '$[' || i.key || ']') AS status, json_extract(?4, '$[' || i.key || ']') AS retry_at,
           json_extract(?5, '$[' || i.key || ']') AS error
@@ -211,7 +219,9 @@ ORDER BY j.locked_until LIMIT ?2;
 UPDATE jobs SET status = u.status, locked_until = NULL, lease_token = NULL, error = u.error,
     errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', u.error, 'at', ?4)),
     scheduled_at = coalesce(u.retry_at, jobs.scheduled_at), updated_at = ?4,
-    attempts = json_set(attempts, '$[#-1].ended_at', json(printf('%!.17g', ?4)), '$[#-1].outcome', u.outcome, '$[#-1].error', u.error)
+    attempts = json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?4)), 'outcome', u.outcome, 'error', u.error))
 FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS status,
           json_extract(?3, '$[' || i.key || ']') AS error, json_extract(?5, '$[' || i.key || ']') AS retry_at,
           json_extract(?6, '$[' || i.key || ']') AS outcome
@@ -236,7 +246,9 @@ SELECT status FROM jobs WHERE id = ?1 AND tenant = ?2;
 -- still be told "cancelled", not "conflict". The deadline goes: the job
 -- is not running. A running attempt ends as cancelled.
 UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2,
-    attempts = CASE WHEN status = 'running' THEN json_set(attempts, '$[#-1].ended_at', json(printf('%!.17g', ?2)), '$[#-1].outcome', 'cancelled', '$[#-1].error', NULL) ELSE attempts END
+    attempts = CASE WHEN status = 'running' THEN json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?2)), 'outcome', 'cancelled', 'error', NULL)) ELSE attempts END
 WHERE id = ?1 AND status IN ('pending', 'running')
 RETURNING {job_columns};
 
@@ -372,7 +384,9 @@ SELECT id, status FROM workflows WHERE id IN (SELECT value FROM json_each(?1));
 -- name: bulk_cancel
 -- As job_cancel, for a batch.
 UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2,
-    attempts = CASE WHEN status = 'running' THEN json_set(attempts, '$[#-1].ended_at', json(printf('%!.17g', ?2)), '$[#-1].outcome', 'cancelled', '$[#-1].error', NULL) ELSE attempts END
+    attempts = CASE WHEN status = 'running' THEN json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?2)), 'outcome', 'cancelled', 'error', NULL)) ELSE attempts END
 WHERE id IN (SELECT value FROM json_each(?1)) AND status IN ('pending', 'running')
 RETURNING id, workflow_id, concurrency_key IS NOT NULL;
 
@@ -511,7 +525,9 @@ UPDATE workflows SET status = ?2, updated_at = ?3 WHERE id = ?1 AND status = 'ru
 -- The lease token stays, as for any cancel: a running step's next
 -- heartbeat is told "cancelled"; its attempt ends as cancelled.
 UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2,
-    attempts = CASE WHEN status = 'running' THEN json_set(attempts, '$[#-1].ended_at', json(printf('%!.17g', ?2)), '$[#-1].outcome', 'cancelled', '$[#-1].error', NULL) ELSE attempts END
+    attempts = CASE WHEN status = 'running' THEN json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?2)), 'outcome', 'cancelled', 'error', NULL)) ELSE attempts END
 WHERE workflow_id = ?1 AND status IN ('pending', 'running');
 
 -- name: workflow_steps_cancel

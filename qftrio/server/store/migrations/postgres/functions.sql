@@ -506,29 +506,33 @@ LANGUAGE sql STABLE AS $$
                               'ended_at', ended_at, 'outcome', outcome, 'error', error)
 $$;
 
--- A job's attempt history with its running attempt, the last entry, ended:
--- written again whole from the row's own attempt, worker_id and claimed_at,
--- which the claim set to the entry's values (one jsonb_set; an empty history,
--- of a job claimed before histories were kept, gains the entry). Every caller
--- changes running jobs only.
+-- A job's attempt history with its running attempt ended (when, how, with
+-- what error), from the row's own attempt, worker_id and claimed_at, which
+-- the claim set: the history keeps ended attempts only, so that a claim
+-- writes none of it. The oldest entry goes past MAX_ATTEMPTS_KEPT. Every
+-- caller ends running jobs only.
 --
--- These functions use each argument once and are no more than STABLE, as
--- what they call (jsonb_build_object): so PostgreSQL inlines them into the
--- statement. An IMMUTABLE one calling STABLE functions would run as a call of
--- its own for every row, a drain's database CPU a third higher.
+-- These functions are no more than STABLE, as what they call
+-- (jsonb_build_object), and their arguments are columns or values: so
+-- PostgreSQL inlines them into the statement. An IMMUTABLE one calling STABLE
+-- functions would run as a call of its own for every row, a drain's database
+-- CPU a third higher.
 CREATE OR REPLACE FUNCTION qftrio_attempt_end(attempts jsonb, attempt int, worker_id text, claimed_at float8,
                                               outcome text, error text, at float8) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
-    SELECT jsonb_set(attempts, '{-1}', qftrio_attempt(attempt, worker_id, claimed_at, at, outcome, error))
+    SELECT CASE WHEN jsonb_array_length(attempts) >= {{MAX_ATTEMPTS_KEPT}} THEN attempts - 0 ELSE attempts END
+        || jsonb_build_array(qftrio_attempt(attempt, worker_id, claimed_at, at, outcome, error))
 $$;
 
--- A job's attempt history with a claim's new attempt appended, running, and
--- only the newest MAX_ATTEMPTS_KEPT kept. The claim appends without it while
--- the history is shorter: the cut reads the whole history through a path.
-CREATE OR REPLACE FUNCTION qftrio_attempt_begin(attempts jsonb, attempt int, worker_id text, at float8) RETURNS jsonb
+-- A job's attempts on the wire (qftrio.models.attempt_history): its ended
+-- attempts, and its running one from the row.
+CREATE OR REPLACE FUNCTION qftrio_wire_job_attempts(j qftrio_jobs) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
-    SELECT jsonb_path_query_array(attempts || jsonb_build_array(qftrio_attempt(attempt, worker_id, at, NULL, 'running', NULL)),
-                                  '$[last - ({{MAX_ATTEMPTS_KEPT}} - 1) to last]')
+    SELECT qftrio_wire_attempts(jsonb_path_query_array(
+        j.attempts || CASE WHEN j.status = 'running' AND j.claimed_at IS NOT NULL
+            THEN jsonb_build_array(qftrio_attempt(j.attempt, j.worker_id, j.claimed_at, NULL, 'running', NULL))
+            ELSE '[]' END,
+        '$[last - ({{MAX_ATTEMPTS_KEPT}} - 1) to last]'))
 $$;
 
 -- A job as the HTTP API answers it (qftrio.models.Job.to_wire), written
