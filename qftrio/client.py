@@ -262,6 +262,13 @@ def _heartbeat(data: Any) -> tuple[str, float | None]:
 # have given; the replies carry the outcome it stands for.
 
 
+def _heartbeat_item(item: HeartbeatItem) -> dict[str, Any]:
+    out = {"id": item.job_id, "lease_token": item.lease_token, "extend_secs": int(item.extend_secs)}
+    if item.progress is not None:
+        out["progress"] = item.progress
+    return out
+
+
 def _heartbeat_replies(data: Any) -> list[HeartbeatReply]:
     return [
         HeartbeatReply(
@@ -516,6 +523,19 @@ class _Api(Generic[X]):
         )
 
     @_method
+    def job_progress(job_id: str, lease_token: str, progress: Mapping[str, Any]) -> Call[str]:
+        """Record how far a job's handler has got (a JSON object of at most
+        8 KiB; the latest wins), extending nothing. Returns the job's status.
+        Raises :class:`~qftrio.errors.Conflict` when the token is stale. A
+        handler the worker runtime runs reports with ``job.progress(obj)``."""
+        return Call(
+            "POST",
+            f"/api/v1/jobs/{_segment(job_id)}/progress",
+            lambda data: _heartbeat(data)[0],
+            json_body={"lease_token": lease_token, "progress": dict(progress)},
+        )
+
+    @_method
     def complete(job_id: str, lease_token: str, result: Mapping[str, Any] | None = None) -> Call[None]:
         """Record success (idempotent with the same token)."""
         return Call(
@@ -554,11 +574,7 @@ class _Api(Generic[X]):
     def heartbeat_many(items: Sequence[HeartbeatItem]) -> Call[list[HeartbeatReply]]:
         """Heartbeat many leases in one call (at most 1000); one reply per
         item, in order."""
-        body = {
-            "items": [
-                {"id": i.job_id, "lease_token": i.lease_token, "extend_secs": int(i.extend_secs)} for i in items
-            ]
-        }
+        body = {"items": [_heartbeat_item(i) for i in items]}
         return Call("POST", "/api/v1/leases/heartbeat", _heartbeat_replies, json_body=body)
 
     @_method

@@ -39,7 +39,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from . import errors
+from . import _progress, errors
 from ._json import dumps as _json_dumps
 
 __all__ = [
@@ -113,6 +113,8 @@ def timeout_error(timeout_secs: int | None) -> str:
 #: A job's ``headers``: the bytes (UTF-8) of all their names and values
 #: together, and of one name.
 MAX_HEADERS_BYTES = 8192
+#: A job's ``progress``: the bytes of its JSON text (docs/worker.md, "Progress").
+MAX_PROGRESS_BYTES = 8192
 MAX_HEADER_NAME = 256
 
 
@@ -253,6 +255,17 @@ class Job:
     concurrency: dict[str, Any] | None = None
     rate_limit: str | None = None
     unique: dict[str, Any] | None = None
+    #: The last progress its handler reported (the wire's ``progress``), and
+    #: when (docs/worker.md, "Progress"); ``job.progress(obj)`` reports it.
+    last_progress: dict[str, Any] | None = dataclasses.field(default=None, metadata={"wire": "progress"})
+    progress_at: Epoch | None = None
+
+    def progress(self, progress: dict[str, Any]) -> None:
+        """Report how far this job's handler has got: a JSON object of at
+        most 8 KiB, sent with the worker's next heartbeat batch (within a
+        second); the latest one reported wins. Only a handler the worker
+        runtime runs can report its job's progress."""
+        _progress.report(self.id, progress)
 
     if typing.TYPE_CHECKING:  # generated below, by _WireForm
 
@@ -288,25 +301,25 @@ class _WireForm:
         env: dict[str, Any] = {"__name__": cls.__module__, "format_time": format_time, "parse_time": parse_time}
         out, read = [], []
         for field in self.fields:
-            name = field.name
+            name, wire = field.name, _wire_name(field)
             kind, inner, optional = self._kind(self.hints[name])
             value, got = f"self.{name}", self._read(field, env)
             if kind == "time":
-                out.append(f"{name!r}: format_time({value})")
+                out.append(f"{wire!r}: format_time({value})")
                 got = f"parse_time({got})"
             elif kind == "enum":
                 env[f"_lookup_{name}"] = {member.value: member for member in inner}
                 env[f"_enum_{name}"] = inner
-                wire = f"{value}.value"
-                out.append(f"{name!r}: None if {value} is None else {wire}" if optional else f"{name!r}: {wire}")
+                form = f"{value}.value"
+                out.append(f"{wire!r}: None if {value} is None else {form}" if optional else f"{wire!r}: {form}")
                 member = f"(_lookup_{name}.get({got}) or _enum_{name}({got}))"  # a dict lookup first: faster
                 got = f"(None if {got} is None else {member})" if optional else member
             elif kind == "records":
                 env[f"_records_{name}"] = functools.partial(_records, inner.from_wire)
-                out.append(f"{name!r}: [item.to_wire() for item in {value}]")
+                out.append(f"{wire!r}: [item.to_wire() for item in {value}]")
                 got = f"_records_{name}({got})"
             else:
-                out.append(f"{name!r}: {value}")
+                out.append(f"{wire!r}: {value}")
             read.append(f"{name}={got}")
         source = (
             "def to_wire(self):\n    return {" + ", ".join(out) + "}\n"
@@ -358,11 +371,11 @@ class _WireForm:
 
     @staticmethod
     def _read(field: dataclasses.Field[Any], env: dict[str, Any]) -> str:
-        name = field.name
+        name, wire = field.name, _wire_name(field)
         if field.default is not dataclasses.MISSING:
             env[f"_default_{name}"] = field.default
-            return f"get({name!r}, _default_{name})"
-        return f"data[{name!r}]"
+            return f"get({wire!r}, _default_{name})"
+        return f"data[{wire!r}]"
 
     def answer_model(self, name: str, doc: str, base: type[BaseModel], answers: dict[type, Any]) -> type[BaseModel]:
         """The pydantic model of the wire form (every field given), records
@@ -371,8 +384,15 @@ class _WireForm:
         for field in self.fields:
             kind, inner, optional = self._kind(self.hints[field.name])
             wire: Any = {"time": Time, "records": list[answers.get(inner, inner)]}.get(kind, inner)
-            fields[field.name] = (wire | None if optional else wire, ...)
+            fields[_wire_name(field)] = (wire | None if optional else wire, ...)
         return create_model(name, __base__=base, __doc__=doc, **fields)  # type: ignore[call-overload, no-any-return]
+
+
+def _wire_name(field: dataclasses.Field[Any]) -> str:
+    """A field's name on the wire: its own, unless its ``metadata`` names
+    another (``Job.last_progress`` is ``progress``, as ``Job.progress`` is
+    the method that reports it)."""
+    return str(field.metadata.get("wire", field.name))
 
 
 def _records(from_wire: Callable[[Any], Any], items: list[Any] | None) -> tuple[Any, ...]:
@@ -665,6 +685,17 @@ class HeartbeatItem:
     job_id: str
     lease_token: str
     extend_secs: float
+    #: The handler's latest progress, to record with this heartbeat.
+    progress: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgressItem:
+    """A handler's progress, recorded under its lease (extending nothing)."""
+
+    job_id: str
+    lease_token: str
+    progress: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -876,6 +907,25 @@ def _headers_fit(headers: dict[str, str]) -> dict[str, str]:
     return headers
 
 
+def _progress_fits(progress: dict[str, Any]) -> dict[str, Any]:
+    size = len(_json_dumps(progress))
+    if size > MAX_PROGRESS_BYTES:
+        raise PydanticCustomError(
+            "progress_too_large",
+            "its JSON holds {size} bytes, over the {limit} allowed",
+            {"size": size, "limit": MAX_PROGRESS_BYTES},
+        )
+    return progress
+
+
+#: A handler's progress: a JSON object of at most ``MAX_PROGRESS_BYTES``.
+Progress = Annotated[
+    dict[str, Any],
+    AfterValidator(_no_nul_object),
+    AfterValidator(_progress_fits),
+    WithJsonSchema({"type": "object", "description": f"at most {MAX_PROGRESS_BYTES} bytes of JSON"}),
+]
+
 #: A job's ``config.headers``: ``{name: value}``, carried to its worker untouched.
 Headers = Annotated[
     dict[Annotated[str, AfterValidator(_header_name)], Annotated[str, AfterValidator(_header_value)]],
@@ -1017,6 +1067,12 @@ HeartbeatStatus = Literal["running", "pending", "completed", "failed", "cancelle
 
 class HeartbeatManyItem(HeartbeatRequest):
     id: JobId
+    progress: Progress | None = None
+
+
+class ProgressRequest(_Body):
+    lease_token: Token
+    progress: Progress
 
 
 class CompleteManyItem(CompleteRequest):

@@ -13,7 +13,8 @@ import pytest
 from qftrio.models import Job
 from qftrio.server.store import changes, sql
 
-FIELDS = [field.name for field in dataclasses.fields(Job)]
+#: A job column is named as its field on the wire.
+FIELDS = [field.metadata.get("wire", field.name) for field in dataclasses.fields(Job)]
 
 #: The columns a PostgreSQL job row holds beyond Job's fields (read by name,
 #: for the lease of a claim and the idempotency of an insert).

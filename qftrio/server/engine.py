@@ -83,6 +83,7 @@ from .store.base import (
     DashboardSession,
     FailItem,
     HeartbeatItem,
+    ProgressItem,
     HeartbeatResult,
     Inserted,
     NewJob,
@@ -1014,6 +1015,23 @@ class Engine:
 
     async def heartbeat(self, items: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
         results = await self._heartbeats(items)
+        # The progress a batch carries is recorded after the leases are
+        # extended, for the jobs still running: one more transaction, only
+        # for a batch that has any.
+        beats = [
+            ProgressItem(item.job_id, item.lease_token, item.progress)
+            for item, result in zip(items, results)
+            if item.progress is not None and result.status is Status.RUNNING
+        ]
+        if beats:
+            await self.store.jobs_progress(beats, now=self.clock())
+        await self._count_conflicts(items, results)
+        return results
+
+    async def progress(self, items: Sequence[ProgressItem]) -> list[HeartbeatResult]:
+        """Record handlers' progress under their leases (a heartbeat's
+        answers, extending nothing)."""
+        results = await self.store.jobs_progress(items, now=self.clock())
         await self._count_conflicts(items, results)
         return results
 

@@ -39,6 +39,8 @@ from ..models import (
     LeaseRequest,
     LeasesAnswer,
     Outcome,
+    ProgressItem,
+    ProgressRequest,
     ReportResultsAnswer,
     SnoozeItem,
     SnoozeManyRequest,
@@ -115,6 +117,14 @@ async def heartbeat(engine: Engine, call: Call) -> Reply:
     return result.outcome.code(heartbeat=True), _heartbeat_wire(result)
 
 
+async def progress(engine: Engine, call: Call) -> Reply:
+    """Record how far a job's handler has got (latest wins), extending nothing."""
+    body: ProgressRequest = call.body
+    (result,) = await engine.progress([ProgressItem(call.path["job_id"], body.lease_token, body.progress)])
+    _refuse(result.outcome, "the lease token is not the job's current one")
+    return result.outcome.code(heartbeat=True), _heartbeat_wire(result)
+
+
 async def complete(engine: Engine, call: Call) -> Reply:
     """Complete a job with its result."""
     body: CompleteRequest = call.body
@@ -145,7 +155,7 @@ async def snooze(engine: Engine, call: Call) -> Reply:
 async def heartbeat_many(engine: Engine, call: Call) -> Reply:
     """Heartbeat many leases."""
     items = call.body.items
-    results = await engine.heartbeat([HeartbeatItem(i.id, i.lease_token, i.extend_secs) for i in items])
+    results = await engine.heartbeat([HeartbeatItem(i.id, i.lease_token, i.extend_secs, i.progress) for i in items])
     out = []
     for item, result in zip(items, results):
         answer = {"id": item.id, "code": result.outcome.code(heartbeat=True)}
@@ -197,6 +207,7 @@ ROUTES: list[Route] = [
     _hot("/api/v1/jobs/batch", enqueue_batch, "tenant", EnqueueBatchRequest, {201: JobsAnswer}),
     _hot("/api/v1/queues/<queue>/lease", lease, "worker", LeaseRequest, {200: LeasesAnswer}, path_params={"queue": NAME}, waits=_long_poll),
     _hot("/api/v1/jobs/<job_id>/heartbeat", heartbeat, "worker", HeartbeatRequest, {200: HeartbeatAnswer}, (404, 409)),
+    _hot("/api/v1/jobs/<job_id>/progress", progress, "worker", ProgressRequest, {200: HeartbeatAnswer}, (404, 409)),
     _hot("/api/v1/jobs/<job_id>/complete", complete, "worker", CompleteRequest, {204: None}, (404, 409)),
     _hot("/api/v1/jobs/<job_id>/fail", fail, "worker", FailRequest, {204: None}, (404, 409)),
     _hot("/api/v1/jobs/<job_id>/snooze", snooze, "worker", SnoozeRequest, {204: None}, (404, 409)),

@@ -134,6 +134,18 @@ def heartbeat(
     return HeartbeatResult(outcome=Outcome.OK, status=status)
 
 
+def progress(status: Status | None, current: bool) -> HeartbeatResult:
+    """The answer to a progress report of a job in *status* (None: unknown
+    job), *current* telling whether its token is the job's current one: a
+    heartbeat's answer, extending nothing. The progress is recorded when the
+    answer's status is running."""
+    if status is None:
+        return _NOT_FOUND_BEAT
+    if not current:
+        return _CONFLICT_BEAT
+    return HeartbeatResult(outcome=Outcome.OK, status=status)
+
+
 def one_per_lease(items: Sequence[I]) -> tuple[list[I], list[int]]:
     """A batch's reports, one per lease (job and token): a lease reported
     twice in one batch is decided once, for its first complete or fail, or

@@ -59,6 +59,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import heapq
 import logging
 import math
@@ -69,7 +70,7 @@ from typing import Any, Literal
 
 import trio
 
-from .. import errors
+from .. import _progress, errors
 from .._backoff import backoff
 from .._tracing import handler_span
 from .._json import dumps_strict as json_dumps
@@ -79,6 +80,7 @@ from ..models import (
     MAX_ERROR,
     MAX_LEASE_JOBS,
     MAX_LEASE_SECS,
+    MAX_PROGRESS_BYTES,
     MAX_WAIT_SECS,
     MAX_WORKER_ID,
     CompleteItem,
@@ -126,6 +128,10 @@ _LEVELS = {
 # retry in lockstep.
 LEASE_BACKOFF = {"base": 0.5, "cap": 15.0}
 REPORT_BACKOFF = {"base": 0.25, "cap": 5.0}
+#: A handler's progress goes with a heartbeat batch at most this many
+#: seconds after ``job.progress(obj)`` (DESIGN §7): the reports of every job
+#: made within it share one call.
+PROGRESS_SECS = 1.0
 
 #: Lanes of a worker unless told otherwise.
 DEFAULT_LANES = 200
@@ -257,6 +263,7 @@ class _Held:
     lane_ready: trio.Event | None = None  # made only when the job must wait for a lane
     lost: str | None = None  # why the server took it back: nothing is reported
     last_error: str | None = None  # of the last heartbeat or report that failed
+    progress: dict[str, Any] | None = None  # reported by its handler, not yet sent
 
     @property
     def job(self) -> Job:
@@ -821,10 +828,15 @@ class Worker:
         """One batch renewal of *due*: extend the leases that are still ours,
         cancel the scopes of the jobs that are not."""
         sent_at = trio.current_time()
-        items = [HeartbeatItem(held.job.id, held.lease.lease_token, self.lease_secs) for held in due]
+        items = [HeartbeatItem(held.job.id, held.lease.lease_token, self.lease_secs, held.progress) for held in due]
+        for held in due:
+            held.progress = None
         try:
             replies = await self._heartbeats(items)
         except (errors.QftrioError, BatcherClosed) as exc:
+            for held, item in zip(due, items):
+                if held.progress is None:  # nothing newer since: send it again
+                    held.progress = item.progress
             if _is_fatal(exc):
                 self._die(exc)
                 return
@@ -853,9 +865,40 @@ class Worker:
                 held.beating = False
                 held.scope.cancel()
         finally:
+            soon = trio.current_time() + PROGRESS_SECS
             for held in due:
                 held.in_call = False
+                if held.progress is not None:
+                    held.next_beat = min(held.next_beat, soon)
             self._wake_heartbeats_by(min(held.next_beat for held in due))
+
+    def _progress_of(self, held: _Held, job_id: str, progress: dict[str, Any]) -> None:
+        """``job.progress(obj)`` in *held*'s handler (its task, or the
+        thread of a synchronous handler): checked here, where the handler
+        can see the error, then sent with a heartbeat batch within
+        ``PROGRESS_SECS``, the latest winning."""
+        if job_id != held.job.id:
+            raise RuntimeError("job.progress() reports the progress of the job whose handler calls it")
+        if not isinstance(progress, dict):
+            raise TypeError(f"progress must be a dict, not {type(progress).__name__}")
+        size = len(json_dumps(progress))  # ValueError for what JSON cannot hold
+        if size > MAX_PROGRESS_BYTES:
+            raise ValueError(f"progress holds {size} bytes of JSON, over the {MAX_PROGRESS_BYTES} allowed")
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:  # a synchronous handler's thread
+            trio.from_thread.run_sync(self._take_progress, held, progress)
+        else:
+            self._take_progress(held, progress)
+
+    def _take_progress(self, held: _Held, progress: dict[str, Any]) -> None:
+        if not held.beating:
+            return  # its handler is done or the job was given up: nothing to renew
+        held.progress = progress
+        due = trio.current_time() + PROGRESS_SECS
+        if not held.in_call and held.next_beat > due:
+            held.next_beat = due
+            self._wake_heartbeats_by(due)
 
     # -- one job -----------------------------------------------------------
 
@@ -901,6 +944,8 @@ class Worker:
                 # job lost): this checks, without yielding if not.
                 await trio.lowlevel.checkpoint_if_cancelled()
             handler = self.registry.get(job.kind)
+            # job.progress(obj) in this task (and a thread it starts) reports here.
+            _progress.sink.set(functools.partial(self._progress_of, held))
             if handler is None:
                 # The lease protocol has no kind filter: a job of a kind this
                 # worker lacks is failed, so that it does not run again and again.

@@ -76,6 +76,7 @@ from ...models import (
     CompleteItem,
     FailItem,
     HeartbeatItem,
+    ProgressItem,
     Job,
     Lease,
     Outcome,
@@ -101,6 +102,7 @@ __all__ = [
     "ClaimRequest",
     "Outcome",
     "HeartbeatItem",
+    "ProgressItem",
     "HeartbeatResult",
     "CompleteItem",
     "FailItem",
@@ -836,6 +838,13 @@ class Store(abc.ABC):
     async def jobs_heartbeat(self, items: Sequence[HeartbeatItem], *, now: float) -> list[HeartbeatResult]:
         """One result per item, in order. An extended lease sets
         ``locked_until`` and ``updated_at``."""
+
+    @abc.abstractmethod
+    async def jobs_progress(self, items: Sequence[ProgressItem], *, now: float) -> list[HeartbeatResult]:
+        """One result per item, in order, as a heartbeat's without extending
+        anything (:func:`transitions.progress`); a running job under its
+        current token has its ``progress``, ``progress_at`` and
+        ``updated_at`` replaced, the batch's last item of a lease winning."""
 
     @abc.abstractmethod
     async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:

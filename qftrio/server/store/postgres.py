@@ -87,6 +87,7 @@ from .base import (
     DashboardSession,
     FailItem,
     HeartbeatItem,
+    ProgressItem,
     HeartbeatResult,
     Inserted,
     JobOfSchedule,
@@ -183,6 +184,8 @@ def _job(row: pgtrio.Record) -> Job:
         concurrency=row["concurrency"],
         rate_limit=row["rate_limit"],
         unique=row["unique"],
+        last_progress=row["progress"],
+        progress_at=row["progress_at"],
     )
 
 
@@ -1022,6 +1025,27 @@ class PostgresStore(Store):
         status it read, and whether the token was current)."""
         status = None if row["status"] is None else STATUS_OF[row["status"]]
         return transitions.heartbeat(status, row["current"], extend_secs=extend, now=now)
+
+    async def jobs_progress(self, items: Sequence[ProgressItem], *, now: float) -> list[HeartbeatResult]:
+        if not items:
+            return []
+        # One statement updates a row once: a lease reported twice in the
+        # batch is written with its last item, which every one of its items
+        # is answered from.
+        last = {(i.job_id, i.lease_token): k for k, i in enumerate(items)}
+        unique = [items[k] for k in last.values()]
+        rows = await self._db.fetch(
+            Q["progress"],
+            [_uuid_param(i.job_id) for i in unique],
+            [_uuid_param(i.lease_token) for i in unique],
+            [i.progress for i in unique],
+            now,
+        )
+        decided = {}
+        for item, row in zip(unique, sorted(rows, key=lambda row: row["ord"]), strict=True):
+            status = None if row["status"] is None else STATUS_OF[row["status"]]
+            decided[item.job_id, item.lease_token] = transitions.progress(status, row["current"])
+        return [decided[i.job_id, i.lease_token] for i in items]
 
     async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
         if not items:

@@ -64,6 +64,7 @@ from .base import (
     DashboardSession,
     FailItem,
     HeartbeatItem,
+    ProgressItem,
     HeartbeatResult,
     Inserted,
     JobOfSchedule,
@@ -109,7 +110,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     (
         id_, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
         updated_at, locked_until, worker_id, result, error, errors_, workflow_id, step, context, timeout_secs,
-        backoff, headers, schedule, concurrency, rate_limit, unique,
+        backoff, headers, schedule, concurrency, rate_limit, unique, progress, progress_at,
     ) = row  # fmt: skip
     return Job(
         id=id_,
@@ -141,6 +142,8 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         concurrency=_loads(concurrency),
         rate_limit=rate_limit,
         unique=_loads(unique),
+        last_progress=_loads(progress),
+        progress_at=progress_at,
     )
 
 
@@ -909,6 +912,22 @@ class SqliteStore(Store):
             return transitions.answers(out, slot)
 
         return await self._run(heartbeat)
+
+    async def jobs_progress(self, items: Sequence[ProgressItem], *, now: float) -> list[HeartbeatResult]:
+        def progress(conn: sqlite3.Connection) -> list[HeartbeatResult]:
+            rows = _report_rows(conn, [i.job_id for i in items])
+            writes = []
+            out = []
+            for item in items:
+                _, status, current = _state(rows, item.job_id, item.lease_token, now)
+                result = transitions.progress(status, current)
+                if result.status is Status.RUNNING:
+                    writes.append((_dumps(item.progress), now, item.job_id, item.lease_token))
+                out.append(result)
+            conn.executemany(Q["progress"], writes)  # in order: the last of a lease wins
+            return out
+
+        return await self._run(progress)
 
     async def jobs_complete(self, items: Sequence[CompleteItem], *, now: float) -> list[ReportResult]:
         unique, slot = transitions.one_per_lease(items)

@@ -220,6 +220,14 @@ export class Client {
     return (await this.#call("heartbeat", { job_id: jobId }, body, undefined, options)) as HeartbeatAnswer;
   }
 
+  /** Record how far a job's handler has got (a JSON object of at most
+   * 8 KiB; the latest wins), extending nothing; the same answers as
+   * `heartbeat`. A handler `runWorker` runs reports with `ctx.progress()`. */
+  async jobProgress(jobId: string, leaseToken: string, progress: JsonObject, options: CallOptions = {}): Promise<HeartbeatAnswer> {
+    const body = { lease_token: leaseToken, progress };
+    return (await this.#call("progress", { job_id: jobId }, body, undefined, options)) as HeartbeatAnswer;
+  }
+
   /** Record success (replaying it with the same token changes nothing). */
   async complete(jobId: string, leaseToken: string, result: JsonObject = {}, options: CallOptions = {}): Promise<void> {
     await this.#call("complete", { job_id: jobId }, { lease_token: leaseToken, result }, undefined, options);

@@ -20,6 +20,7 @@ export const ROUTES = {
   // The worker protocol (worker token).
   lease: { method: "POST", path: "/api/v1/queues/{queue}/lease", request: "LeaseRequest", answer: "LeasesAnswer" },
   heartbeat: { method: "POST", path: "/api/v1/jobs/{job_id}/heartbeat", request: "HeartbeatRequest", answer: "HeartbeatAnswer" },
+  progress: { method: "POST", path: "/api/v1/jobs/{job_id}/progress", request: "ProgressRequest", answer: "HeartbeatAnswer" },
   complete: { method: "POST", path: "/api/v1/jobs/{job_id}/complete", request: "CompleteRequest", answer: null },
   fail: { method: "POST", path: "/api/v1/jobs/{job_id}/fail", request: "FailRequest", answer: null },
   heartbeatMany: { method: "POST", path: "/api/v1/leases/heartbeat", request: "HeartbeatManyRequest", answer: "ReportResultsAnswer" },

@@ -62,6 +62,9 @@ export interface Job {
   concurrency: ConcurrencyConfig | null;
   rate_limit: string | null;
   unique: UniqueConfig | null;
+  /** The last progress its handler reported (`ctx.progress()`), and when. */
+  progress: JsonObject | null;
+  progress_at: string | null;
 }
 
 /** A job's retry delays: the n-th failed attempt waits
@@ -103,6 +106,12 @@ export interface HeartbeatRequest {
   extend_secs: number;
 }
 
+/** @wire ProgressRequest */
+export interface ProgressRequest {
+  lease_token: string;
+  progress: JsonObject;
+}
+
 /** `status` is `running` (then `locked_until` is the new deadline) or the
  * status the job has instead: stop, report nothing.
  * @wire HeartbeatAnswer */
@@ -137,6 +146,8 @@ export interface HeartbeatItem {
   id: string;
   lease_token: string;
   extend_secs: number;
+  /** The handler's latest progress, recorded with this heartbeat. */
+  progress?: JsonObject | null;
 }
 
 /** @wire CompleteManyItem */

@@ -34,7 +34,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { Client, oneLine } from "./client.js";
 import { ApiError, ConfigError, PermanentError, QftrioError, RetryIn, Snooze, UnexpectedAnswer } from "./errors.js";
 import { inHandlerSpan } from "./tracing.js";
-import type { CompleteItem, FailItem, Job, JsonObject, Lease, SnoozeItem } from "./types.js";
+import type { CompleteItem, FailItem, HeartbeatItem, Job, JsonObject, Lease, SnoozeItem } from "./types.js";
 
 /** What a handler gets besides the job. */
 export interface JobContext {
@@ -43,6 +43,9 @@ export interface JobContext {
   readonly signal: AbortSignal;
   /** The lane (1..lanes) the handler runs in. */
   readonly lane: number;
+  /** Report how far the handler has got: a JSON object of at most 8 KiB,
+   * sent with a heartbeat batch within a second; the latest wins. */
+  progress(value: JsonObject): void;
 }
 
 /** A job's handler: its answer (a JSON object, or nothing for `{}`)
@@ -121,6 +124,11 @@ const REPORT_BACKOFF: [number, number] = [0.25, 5];
 const CLAIM_SLACK_MS = 100;
 /** Reports and renewals falling due within this many milliseconds go together. */
 const COALESCE_MS = 5;
+/** A handler's progress goes with a heartbeat batch at most this long after
+ * `ctx.progress()`; the reports of every job made within it share one call. */
+const PROGRESS_MS = 1000;
+/** A job's `progress`: the bytes of its JSON text. */
+const MAX_PROGRESS_BYTES = 8192;
 /** Answers to a lease call that a later call may not get: ridden out. */
 const PASSING = new Set([408, 429, 500, 502, 503, 504]);
 
@@ -188,6 +196,7 @@ interface Held {
   failures: number; // renewals, then reports, failed in a row
   lost: string | null; // why the server took it back: nothing is reported
   lastError: string | null; // of the last renewal or report that failed
+  progress: JsonObject | null; // reported by its handler, not yet sent
   outcome: Outcome | null;
   retry: ReturnType<typeof setTimeout> | null; // its report's next try
 }
@@ -466,6 +475,7 @@ class WorkerRun {
       failures: 0,
       lost: null,
       lastError: null,
+      progress: null,
       outcome: null,
       retry: null,
     };
@@ -501,7 +511,7 @@ class WorkerRun {
       }, Math.max(0, held.timeoutAt - performance.now()));
     });
     try {
-      const ctx = { signal, lane: held.lane };
+      const ctx = { signal, lane: held.lane, progress: (value: JsonObject) => this.takeProgress(held, value) };
       result = await Promise.race([inHandlerSpan(job, () => this.handlers[job.kind]!(job, ctx)), timedOut]);
     } catch (error) {
       if (held.timedOut) return { error: timeoutError(job.timeout_secs), retryable: true };
@@ -583,11 +593,35 @@ class WorkerRun {
     this.scheduleBeats();
   }
 
+  /** `ctx.progress(value)`: checked here, where the handler sees the
+   * error, then sent with a heartbeat batch within `PROGRESS_MS`. */
+  takeProgress(held: Held, value: JsonObject): void {
+    if (typeof value !== "object" || value === null || Array.isArray(value)) {
+      throw new TypeError("progress: expected a JSON object");
+    }
+    const size = Buffer.byteLength(JSON.stringify(value));
+    if (size > MAX_PROGRESS_BYTES) {
+      throw new RangeError(`progress holds ${size} bytes of JSON, over the ${MAX_PROGRESS_BYTES} allowed`);
+    }
+    if (!held.beating) return; // its handler is done or the job was given up
+    held.progress = value;
+    if (!held.inCall) {
+      held.nextBeat = Math.min(held.nextBeat, performance.now() + PROGRESS_MS);
+      this.scheduleBeats();
+    }
+  }
+
   /** One batch renewal: extend the leases still ours, abort the handlers
    * of the jobs that are not. */
   async renew(due: Held[]): Promise<void> {
     const sentAt = performance.now();
-    const items = due.map((held) => ({ id: held.job.id, lease_token: held.token, extend_secs: this.leaseMs / 1000 }));
+    const items: HeartbeatItem[] = due.map((held) => ({
+      id: held.job.id,
+      lease_token: held.token,
+      extend_secs: this.leaseMs / 1000,
+      ...(held.progress === null ? {} : { progress: held.progress }),
+    }));
+    for (const held of due) held.progress = null;
     try {
       const replies = await this.client.heartbeatMany(items);
       due.forEach((held, i) => {
@@ -612,13 +646,20 @@ class WorkerRun {
       if (isFatal(error)) return this.die(error);
       const text = oneLine(error instanceof Error ? error.message : String(error));
       const now = performance.now();
+      due.forEach((held, i) => {
+        if (held.progress === null) held.progress = items[i]!.progress ?? null; // nothing newer since: send it again
+      });
       for (const held of due) {
         held.failures += 1;
         held.lastError = text;
         held.nextBeat = now + backoff(held.failures, REPORT_BACKOFF) * 1000;
       }
     } finally {
-      for (const held of due) held.inCall = false;
+      const soon = performance.now() + PROGRESS_MS;
+      for (const held of due) {
+        held.inCall = false;
+        if (held.progress !== null) held.nextBeat = Math.min(held.nextBeat, soon);
+      }
       if (!this.fatal) this.scheduleBeats();
     }
   }

@@ -6,7 +6,7 @@
 -- by name, and the lease token and idempotency key (tests/test_store_sql.py).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context, timeout_secs, backoff, headers, schedule, concurrency, rate_limit, "unique"
+    context, timeout_secs, backoff, headers, schedule, concurrency, rate_limit, "unique", progress, progress_at
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -19,7 +19,7 @@ SELECT id, 1024 + octet_length(payload::text) + coalesce(octet_length(result::te
     + coalesce(octet_length(context::text), 0) + octet_length(errors::text)
     + 2 * coalesce(octet_length(error), 0) + coalesce(octet_length(worker_id), 0) + coalesce(octet_length(step), 0)
     + coalesce(octet_length(headers::text), 0) + coalesce(octet_length(concurrency::text), 0)
-    + coalesce(octet_length("unique"::text), 0)
+    + coalesce(octet_length("unique"::text), 0) + coalesce(octet_length(progress::text), 0)
 FROM qftrio_jobs WHERE id = ANY($1::uuid[]);
 
 -- name: jobs_by_ids
@@ -173,7 +173,7 @@ WHERE j.id = c.id AND j.id = ANY((SELECT ids FROM taken)::uuid[])
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
     j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.timeout_secs, j.backoff, j.headers, j.schedule,
-    j.concurrency, j.rate_limit, j."unique", c.rank, c.turn,
+    j.concurrency, j.rate_limit, j."unique", j.progress, j.progress_at, c.rank, c.turn,
     (SELECT count(*) FROM served) > 1 OR coalesce((SELECT ids FROM held) <> '{}', false) AS more;
 
 -- name: insert_handing_over
@@ -402,6 +402,27 @@ UNION ALL
 SELECT i.ord, i.id, false, NULL, i.status, coalesce(i.lease_token = i.token AND NOT i.over, false)
 FROM items AS i
 WHERE i.ord NOT IN (SELECT ord FROM extended);
+
+-- name: progress
+-- A batch of progress reports, one per lease: recorded on running jobs
+-- under their current token, extending nothing (the guarded write of
+-- transitions.progress, re-checked on the row's latest version should a
+-- change commit meanwhile); every item answers the status its probe read.
+WITH items AS (
+    SELECT i.ord, i.id, i.token, i.progress, j.status,
+        coalesce(j.lease_token = i.token AND NOT j.over, false) AS current
+    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, progress, ord)
+    LEFT JOIN LATERAL (
+        SELECT status, lease_token, {attempt_over} AS over
+        FROM qftrio_jobs WHERE id = i.id OFFSET 0
+    ) AS j ON true
+), written AS (
+    UPDATE qftrio_jobs AS j SET progress = c.progress, progress_at = $4, updated_at = $4
+    FROM items AS c
+    WHERE j.id = c.id AND c.current AND c.status = 'running' AND j.status = 'running' AND j.lease_token = c.token
+    RETURNING c.ord
+)
+SELECT ord, status, current FROM items;
 
 -- name: heartbeat_locking
 -- A heartbeat that raced another change of its job: lock the rows (id

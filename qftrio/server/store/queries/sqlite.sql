@@ -9,7 +9,7 @@
 -- sqlite._row_to_job reads them in (tests/test_store_sql.py checks it).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context, timeout_secs, backoff, headers,
-    schedule, concurrency, rate_limit, "unique"
+    schedule, concurrency, rate_limit, "unique", progress, progress_at
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -22,6 +22,7 @@ SELECT id, 1024 + length(CAST(payload AS BLOB)) + coalesce(length(CAST(result AS
     + 2 * coalesce(length(CAST(error AS BLOB)), 0) + coalesce(length(CAST(worker_id AS BLOB)), 0)
     + coalesce(length(CAST(step AS BLOB)), 0) + coalesce(length(CAST(headers AS BLOB)), 0)
     + coalesce(length(CAST(concurrency AS BLOB)), 0) + coalesce(length(CAST("unique" AS BLOB)), 0)
+    + coalesce(length(CAST(progress AS BLOB)), 0)
 FROM jobs WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: job_get
@@ -137,6 +138,11 @@ WHERE queue = ? AND status = 'running' AND attempt < max_attempts
 -- The guarded write of a heartbeat: only a running job under the token.
 UPDATE jobs SET locked_until = ?, updated_at = ?
 WHERE id = ? AND status = 'running' AND lease_token = ?;
+
+-- name: progress
+-- The guarded write of transitions.progress: only a running job under the token.
+UPDATE jobs SET progress = ?1, progress_at = ?2, updated_at = ?2
+WHERE id = ?3 AND status = 'running' AND lease_token = ?4;
 
 -- name: complete
 UPDATE jobs SET status = 'completed', result = ?, locked_until = NULL, updated_at = ?
