@@ -230,17 +230,21 @@ class Adapter:
     def find(self, event: str, **fields: Any) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] == event and all(e.get(k) == v for k, v in fields.items())]
 
-    async def wait(self, event: str, *, timeout: float = CAP, **fields: Any) -> dict[str, Any]:
-        """The first *event* line with *fields*, once printed."""
+    async def until(self, check: Callable[[], bool], *, what: str, timeout: float = CAP) -> None:
+        """Wait until *check* holds, tried after each line the adapter prints."""
         try:
             with trio.fail_after(timeout):
-                while not (found := self.find(event, **fields)):
+                while not check():
                     if self.closed:
-                        raise AssertionError(f"the adapter ended without printing {event} {fields}: {self!r}")
+                        raise AssertionError(f"the adapter ended before {what}: {self!r}")
                     await self._changed.wait()
         except trio.TooSlowError:
-            raise AssertionError(f"no {event} {fields} after {timeout}s: {self!r}") from None
-        return found[0]
+            raise AssertionError(f"no {what} after {timeout}s: {self!r}") from None
+
+    async def wait(self, event: str, *, timeout: float = CAP, **fields: Any) -> dict[str, Any]:
+        """The first *event* line with *fields*, once printed."""
+        await self.until(lambda: bool(self.find(event, **fields)), what=f"{event} {fields}", timeout=timeout)
+        return self.find(event, **fields)[0]
 
     async def wait_exit(self, *, timeout: float = CAP) -> int:
         try:

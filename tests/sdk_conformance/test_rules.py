@@ -12,14 +12,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
 from qftrio import Client
 from qftrio.models import Status
 
-from .conftest import CAP, TENANT_TOKEN, WORKER_TOKEN, Adapter, Server, wait_job
+from .conftest import TENANT_TOKEN, WORKER_TOKEN, Adapter, Server, wait_job
 from .proxy import Proxy, Seen
 
 REPORTS = ("complete", "fail", "snooze")
@@ -63,14 +62,6 @@ def lease_requests(proxy: Proxy) -> list[dict[str, Any]]:
     return [json.loads(s.body) for s in proxy.seen if s.target.endswith("/lease")]
 
 
-async def job_json(server: Server, job_id: str) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=10) as client:
-        auth = {"Authorization": f"Bearer {TENANT_TOKEN}"}
-        answer = await client.get(f"{server.url}/api/v1/jobs/{job_id}", headers=auth)
-        answer.raise_for_status()
-        return answer.json()
-
-
 def most_at_once(adapter: Adapter) -> int:
     """The most handlers the adapter ran at once, from its lines in order."""
     running: set[str] = set()
@@ -92,9 +83,7 @@ async def test_lanes_bound_the_handlers_and_a_lease_asks_only_for_free_lanes(ser
     queue = server.queue("lanes")
     jobs = [await api.enqueue("sleep", {"secs": 60}, queue=queue) for _ in range(4)]
     async with adapters(url, queue, lanes=2, lease_secs=2) as adapter:
-        with trio.fail_after(CAP):
-            while len(adapter.find("started")) < 2:
-                await adapter.wait("started", job=jobs[len(adapter.find("started"))].id)
+        await adapter.until(lambda: len(adapter.find("started")) == 2, what="two handlers started")
         first = [e["job"] for e in adapter.find("started")]
         # Two rounds of heartbeats later, nothing more was leased: both lanes are busy.
         beats = len([s for s in p.seen if s.target.endswith("heartbeat")])
@@ -403,10 +392,8 @@ async def test_progress_reaches_the_server(server, api, adapters) -> None:
     job = await api.enqueue("progress", {"progress": {"done": 3, "of": 10}, "then_secs": 60}, queue=queue)
     async with adapters(server.url, queue, lease_secs=2) as adapter:
         await adapter.wait("started", job=job.id)
-        with trio.fail_after(CAP):
-            while (await job_json(server, job.id)).get("progress") != {"done": 3, "of": 10}:
-                assert not adapter.find("returned", job=job.id), "the handler could not report progress"
-                await trio.sleep(0.05)
+        seen = await wait_job(api, job.id, lambda j: j.last_progress is not None, what="the job's progress")
+        assert seen.last_progress == {"done": 3, "of": 10} and seen.progress_at is not None
         await api.job_cancel(job.id)
         await adapter.wait("aborted", job=job.id)
 

@@ -67,11 +67,7 @@ const handlers: Record<string, Handler> = {
     throw new RetryIn(payload(job).secs as number, payload(job).message as string);
   }),
   progress: handler(async (job, ctx) => {
-    // ctx.progress arrives with the SDK's progress reports; until then this
-    // kind fails, saying why.
-    const report = (ctx as JobContext & { progress?: (value: JsonObject) => void }).progress;
-    if (typeof report !== "function") throw new Error("this SDK's JobContext has no progress()");
-    report.call(ctx, payload(job).progress as JsonObject);
+    ctx.progress(payload(job).progress as JsonObject);
     await waitOrAbort(job, ctx, payload(job).then_secs as number);
     return {};
   }),
