@@ -67,7 +67,8 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeo
 
 def _sdk(language: str) -> Path:
     """The SDK folder: this checkout's, or another's named by
-    ``QFTRIO_CONFORMANCE_SDK_<LANGUAGE>`` (only read: builds go elsewhere)."""
+    ``QFTRIO_CONFORMANCE_SDK_GO`` / ``QFTRIO_CONFORMANCE_SDK_RUST`` (only
+    read: builds go elsewhere)."""
     return Path(os.environ.get(f"QFTRIO_CONFORMANCE_SDK_{language.upper()}", ROOT / "sdk" / language))
 
 
