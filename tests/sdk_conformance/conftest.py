@@ -39,8 +39,6 @@ TENANT_TOKEN = "conformance-tenant-token"
 CAP = 30.0
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qftrio"
 
-pytestmark = pytest.mark.slow
-
 
 @dataclasses.dataclass(frozen=True)
 class Runtime:
