@@ -9,6 +9,7 @@ except in CI (``CI`` set), where that fails.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import itertools
 import json
 import os
@@ -78,13 +79,21 @@ def _build_typescript(tmp: Path) -> Runtime:
     if not (shutil.which("node") and shutil.which("npm")):
         _missing("the TypeScript runtime needs Node 20+ and npm")
     sdk = ROOT / "sdk" / "typescript"
-    stamp = sdk / "node_modules" / ".qftrio-installed-lock.json"
-    lock = (sdk / "package-lock.json").read_bytes()
-    if not stamp.exists() or stamp.read_bytes() != lock:
-        _run(["npm", "ci", "--prefer-offline", "--no-audit", "--no-fund"], cwd=sdk)
-        stamp.write_bytes(lock)
-    _run(["npm", "run", "build"], cwd=sdk)
-    return Runtime("typescript", ["node", str(sdk / "dist" / "test" / "conformance-adapter.js")])
+    # Other test processes may build the SDK at the same time (its build
+    # starts by removing dist/): build under a lock, and run the adapter
+    # from a copy of its own, the package's name resolving to the copy.
+    with open(sdk / "package.json", "rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = sdk / "node_modules" / ".qftrio-installed-lock.json"
+        lockfile = (sdk / "package-lock.json").read_bytes()
+        if not stamp.exists() or stamp.read_bytes() != lockfile:
+            _run(["npm", "ci", "--prefer-offline", "--no-audit", "--no-fund"], cwd=sdk)
+            stamp.write_bytes(lockfile)
+        _run(["npm", "run", "build"], cwd=sdk)
+        copy = tmp / "qftrio-typescript"
+        shutil.copytree(sdk / "dist", copy / "dist")
+        shutil.copy(sdk / "package.json", copy / "package.json")
+    return Runtime("typescript", ["node", str(copy / "dist" / "test" / "conformance-adapter.js")])
 
 
 def _build_go(tmp: Path) -> Runtime:
@@ -108,7 +117,9 @@ def _build_rust(tmp: Path) -> Runtime:
     target = Path(os.environ.get("CARGO_TARGET_DIR", CACHE / "cargo-target"))
     # --locked: the SDK's Cargo.lock is used as committed, never rewritten.
     _run(["cargo", "build", "--locked", "--example", "conformance"], cwd=sdk, env={"CARGO_TARGET_DIR": str(target)})
-    return Runtime("rust", [str(target / "debug" / "examples" / "conformance")])
+    # A copy of its own: another build into the shared target may replace the file.
+    binary = Path(shutil.copy(target / "debug" / "examples" / "conformance", tmp / "conformance"))
+    return Runtime("rust", [str(binary)])
 
 
 BUILDS: dict[str, Callable[[Path], Runtime]] = {
