@@ -84,21 +84,30 @@ async def test_lanes_bound_the_handlers_and_a_lease_asks_only_for_free_lanes(ser
     p, url = proxy
     queue = server.queue("lanes")
     jobs = [await api.enqueue("sleep", {"secs": 60}, queue=queue) for _ in range(4)]
-    async with adapters(url, queue, lanes=2, lease_secs=2) as adapter:
-        await adapter.until(lambda: len(adapter.find("started")) == 2, what="two handlers started")
-        first = [e["job"] for e in adapter.find("started")]
-        # Two rounds of heartbeats later, nothing more was leased: both lanes are busy.
+
+    def started() -> list[str]:
+        return [e["job"] for e in adapter.find("started")]
+
+    async def two_heartbeat_rounds() -> None:
         beats = len([s for s in p.seen if s.target.endswith("heartbeat")])
         await p.wait_for(lambda: len([s for s in p.seen if s.target.endswith("heartbeat")]) >= beats + 2)
-        others = [j for j in jobs if j.id not in first]
-        for job in others:
-            assert (await api.job_get(job.id)).status is Status.PENDING, "leased with no lane free"
-        for job_id in first:
+
+    async with adapters(url, queue, lanes=2, lease_secs=2) as adapter:
+        await adapter.until(lambda: len(started()) == 2, what="two handlers started")
+        # Both lanes busy: two rounds of heartbeats later, nothing more was leased.
+        await two_heartbeat_rounds()
+        assert [(await api.job_get(j.id)).status for j in jobs if j.id not in started()] == [Status.PENDING] * 2
+        # One lane free: one job more, and no other.
+        first = started()[0]
+        await api.job_cancel(first)
+        await adapter.until(lambda: len(started()) == 3, what="a third handler started")
+        await two_heartbeat_rounds()
+        (last,) = [j for j in jobs if j.id not in started()]
+        assert (await api.job_get(last.id)).status is Status.PENDING, "leased more than the free lanes"
+        for job_id in started()[1:]:
             await api.job_cancel(job_id)
-        for job in others:
-            await adapter.wait("started", job=job.id)
-        for job in others:
-            await api.job_cancel(job.id)
+        await adapter.wait("started", job=last.id)
+        await api.job_cancel(last.id)
         for job in jobs:
             await adapter.wait("aborted", job=job.id)
     assert most_at_once(adapter) == 2, adapter.events
