@@ -118,6 +118,8 @@ class Batcher(Generic[T, R]):
     async def __call__(self, items: Sequence[T]) -> list[R]:
         if self._closed:
             raise BatcherClosed("closed")
+        if not self._gathering and not self._linger and self._turns.value:
+            return await self._run_alone(list(items))
         call: _Call[T, R] = _Call(list(items))
         self._queued.append(call)
         self._queued_items += len(call.items)
@@ -146,6 +148,25 @@ class Batcher(Generic[T, R]):
                 error = call.error
             raise error
         return call.results
+
+    async def _run_alone(self, items: list[T]) -> list[R]:
+        """A call with nobody to join and a turn free: it is its own batch,
+        sent at once, without the queue, the hand-over or a wait for the
+        turn (each a yield to the scheduler on the path of a lone call)."""
+        self._turns.acquire_nowait()
+        try:
+            with trio.CancelScope(shield=True) as scope:
+                self._in_flight.add(scope)
+                try:
+                    results = await self._operation(items)
+                finally:
+                    self._in_flight.discard(scope)
+        finally:
+            self._turns.release()
+        if scope.cancelled_caught:
+            raise BatcherClosed("closed while the batch was in flight")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return results
 
     async def _gather_and_send(self, call: _Call[T, R]) -> None:
         try:

@@ -1,7 +1,8 @@
 """The ``qftrio`` command: ``serve | worker | enqueue | jobs | workflows | schedules | queues | rate-limits |
 stats | workers | migrate``.
 
-Answers are JSON. The listings an operator reads (``queues``, ``workers``,
+Options and positional arguments go in any order (``qftrio enqueue KIND
+--queue Q PAYLOAD``). Answers are JSON. The listings an operator reads (``queues``, ``workers``,
 ``stats`` of every queue) are a table on a terminal and JSON when stdout is
 not one.
 
@@ -33,8 +34,26 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 class _Parser(argparse.ArgumentParser):
+    """Options and positional arguments in any order (``qftrio enqueue KIND
+    --queue Q PAYLOAD``): argparse alone gives an optional positional nothing
+    once an option comes between, and the next one is "unrecognized"."""
+
+    _intermixing = False
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # parse_known_intermixed_args refuses a parser with subcommands, and
+        # calls parse_known_args itself: a command's own parser intermixes,
+        # once, and the parsers above it hand it their remaining words.
+        if self._subparsers is not None or self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
 
 
 _LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -63,6 +82,37 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
 
 
 # -- serve -------------------------------------------------------------------
+
+
+def _serve_command(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the job server")
+    p.add_argument("--database-url", help="postgresql://... (QFTRIO_DATABASE_URL); default: the embedded store")
+    p.add_argument("--db", help="the embedded store's SQLite file (default ./qftrio.db)")
+    p.add_argument("--bind", help="HOST:PORT to listen on (default 127.0.0.1:8000)")
+    p.add_argument("--mode", choices=["api", "worker", "all"], help="what to run (default all)")
+    p.add_argument("--handlers", metavar="MODULE:REGISTRY", help="run this registry's handlers in-process")
+    p.add_argument("--queue", action="append", help="queue the in-process handlers lease from (repeatable; default 'default')")
+    p.add_argument("--lanes", type=_positive_int, help="in-process jobs at a time per queue (default: as qftrio worker)")
+    p.add_argument("--worker-token", help="the worker credential (QFTRIO_WORKER_TOKEN)")
+    p.add_argument(
+        "--tenant", action="append", metavar="NAME=TOKEN", help="a tenant credential (repeatable; QFTRIO_TENANTS)"
+    )
+    p.add_argument("--dev", action="store_true", help="development mode (QFTRIO_DEV=1): never on an open network")
+    p.add_argument("--max-body-bytes", type=_positive_int, help="request body cap (default 1 MiB)")
+    p.add_argument("--max-answer-bytes", type=_positive_int, help="a page of jobs or workflows stops before passing this size (default 8 MiB)")
+    p.add_argument("--pool-size", type=_positive_int, help="PostgreSQL connections (default 10)")
+    p.add_argument("--retention-secs", type=_non_negative, help="keep completed and cancelled jobs this long (default 7 days)")
+    p.add_argument("--metrics-token", help="the token GET /metrics asks for (QFTRIO_METRICS_TOKEN; default: none)")
+    p.add_argument("--metrics-queues", type=_positive_int, help="queue names with series of their own in /metrics (default 50)")
+    p.add_argument("--metrics-kinds", type=_positive_int, help="kind names with series of their own in /metrics (default 100)")
+    p.add_argument("--max-connections-per-address", type=_positive_int, help="connections open at once from one client address (default 256)")
+    p.add_argument("--trusted-proxy", action="append", metavar="ADDR", help="a proxy whose X-Forwarded-For names the client (address or network; repeatable)")
+    p.add_argument("--failed-credentials-burst", type=_positive_int, help="wrong credentials from one address before it gets 429 (default 20)")
+    p.add_argument("--failed-credentials-refill-secs", type=_non_negative, help="one more wrong credential allowed every this many seconds (default 3)")
+    p.add_argument("--session-idle-secs", type=_positive_float, help="a dashboard session ends after this long without a request (default 8 hours)")
+    p.add_argument("--session-lifetime-secs", type=_positive_float, help="a dashboard session ends this long after sign-in (default 7 days)")
+    p.add_argument("--schedules", metavar="FILE.toml", help="cron schedules to create or replace at start (docs/schedules.md)")
+    p.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -117,6 +167,33 @@ async def _wait_for_signal() -> None:
 # -- worker ------------------------------------------------------------------
 
 
+def _worker_command(sub: Any) -> None:
+    p = sub.add_parser("worker", help="run a worker pool process")
+    p.add_argument(
+        "queue", metavar="QUEUE[,QUEUE...]",
+        help="the queue to lease from; several, comma-separated (images,default), each get lanes of their own",
+    )  # fmt: skip
+    p.add_argument("registry", metavar="MODULE:REGISTRY", help="where the handlers are, e.g. handlers:registry")
+    p.add_argument("--url", default=env("URL") or DEFAULT_URL, help="server URL (QFTRIO_URL)")
+    p.add_argument("--token", help="the worker token (QFTRIO_WORKER_TOKEN)")
+    p.add_argument("--lanes", type=_positive_int, default=None, help="jobs run at a time, per queue (default 200)")
+    p.add_argument(
+        "--batch", type=_positive_int, default=None, help="jobs leased per call at most (default: the free lanes)"
+    )
+    p.add_argument("--lease-secs", type=_positive_int, default=60, help="lease length (default 60)")
+    p.add_argument("--wait-secs", type=_non_negative, default=20, help="long-poll wait (default 20)")
+    p.add_argument("--worker-id", help="this process's id (default host-pid)")
+    p.add_argument(
+        "--shutdown-timeout", type=_positive_float, metavar="SECS",
+        help="after the first SIGINT/SIGTERM, held jobs get this long to finish, then are cancelled (default: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--warn-blocked-secs", type=_non_negative, metavar="SECS",
+        help="warn when an async handler blocks the event loop this long (default 1; 0: never)",
+    )  # fmt: skip
+    p.set_defaults(func=_worker)
+
+
 def _worker(args: argparse.Namespace) -> int:
     from .worker.process import run_worker_process
 
@@ -169,6 +246,24 @@ def _job_config(args: argparse.Namespace, keys: Sequence[str]) -> dict[str, Any]
     return config
 
 
+def _enqueue_command(sub: Any) -> None:
+    p = sub.add_parser("enqueue", help="enqueue a job")
+    p.add_argument("kind")
+    p.add_argument("payload", nargs="?", help="a JSON object (default {}); @FILE reads it from a file, - from stdin")
+    p.add_argument("--queue", default="default")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--max-attempts", type=_positive_int)
+    p.add_argument("--delay-secs", type=_non_negative)
+    p.add_argument("--scheduled-at", help="RFC 3339 time")
+    p.add_argument("--idempotency-key")
+    p.add_argument(
+        "--timeout-secs", type=_positive_int, metavar="SECS",
+        help="each attempt ends this long after its claim, whatever the worker does (at most 7 days)",
+    )  # fmt: skip
+    _add_client_options(p)
+    p.set_defaults(func=_enqueue)
+
+
 def _enqueue(args: argparse.Namespace) -> int:
     payload = _read_payload(args.payload) if args.payload else {}
     config = _job_config(args, ("priority", "max_attempts", "delay_secs", "scheduled_at", "idempotency_key", "timeout_secs"))
@@ -180,6 +275,34 @@ def _enqueue(args: argparse.Namespace) -> int:
 
 
 _FILTERS = ("queue", "status", "kind", "created_after", "created_before")
+
+
+def _jobs_command(sub: Any) -> None:
+    p = sub.add_parser("jobs", help="inspect and manage jobs")
+    jobs = p.add_subparsers(dest="jobs_command", required=True, parser_class=_LoggingParser)
+    q = jobs.add_parser("get", help="show a job")
+    q.add_argument("id")
+    _add_client_options(q)
+    for name, text in (
+        ("cancel", "cancel a job, or every pending or running job matching the filters"),
+        ("retry", "retry a failed or cancelled job, or every one matching the filters"),
+    ):
+        q = jobs.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}; prints how many changed.")
+        q.add_argument("id", nargs="?", help="one job; without it, the filters choose")
+        _add_filters(q)
+        _add_client_options(q)
+    text = "delete every completed, failed or cancelled job matching the filters (a workflow's steps stay)"
+    q = jobs.add_parser("delete", help=text, description=f"{text[0].upper()}{text[1:]}; prints how many.")
+    _add_filters(q)
+    _add_client_options(q)
+    q = jobs.add_parser("list", help="list jobs, newest first")
+    q.add_argument("--queue")
+    q.add_argument("--status", choices=_STATUSES)
+    q.add_argument("--kind")
+    q.add_argument("--limit", type=_positive_int, default=50)
+    q.add_argument("--cursor")
+    _add_client_options(q)
+    p.set_defaults(func=_jobs)
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -260,6 +383,24 @@ def _read_workflow(path: str) -> dict[str, Any]:
     return spec
 
 
+def _workflows_command(sub: Any) -> None:
+    p = sub.add_parser("workflows", help="create, inspect and cancel workflows")
+    workflows = p.add_subparsers(dest="workflows_command", required=True, parser_class=_LoggingParser)
+    q = workflows.add_parser("create", help="create a workflow from a JSON file")
+    q.add_argument("file", metavar="FILE", help='{"name", "context", "steps": [...]} as JSON; - reads stdin')
+    _add_client_options(q)
+    for name, text in (("get", "show a workflow, its steps and their jobs"), ("cancel", "cancel a workflow")):
+        q = workflows.add_parser(name, help=text)
+        q.add_argument("id")
+        _add_client_options(q)
+    q = workflows.add_parser("list", help="list workflows, newest first")
+    q.add_argument("--status", choices=["running", "completed", "failed", "cancelled"])
+    q.add_argument("--limit", type=_positive_int, default=50)
+    q.add_argument("--cursor")
+    _add_client_options(q)
+    p.set_defaults(func=_workflows)
+
+
 def _workflows(args: argparse.Namespace) -> int:
     spec = _read_workflow(args.file) if args.workflows_command == "create" else {}
 
@@ -274,6 +415,39 @@ def _workflows(args: argparse.Namespace) -> int:
         return (await method(args.id)).to_wire()
 
     return _client_call(args, call)
+
+
+def _schedules_command(sub: Any) -> None:
+    p = sub.add_parser("schedules", help="cron schedules: each tick enqueues one job")
+    schedules = p.add_subparsers(dest="schedules_command", required=True, parser_class=_LoggingParser)
+    q = schedules.add_parser("list", help="list schedules by name")
+    q.add_argument("--limit", type=_positive_int, default=100)
+    q.add_argument("--cursor")
+    _add_client_options(q)
+    q = schedules.add_parser("set", help="create or replace a schedule")
+    q.add_argument("name")
+    q.add_argument("cron", help="five cron fields (or six, seconds first), e.g. '30 2 * * *'")
+    q.add_argument("kind")
+    q.add_argument("payload", nargs="?", help="a JSON object (default {}); @FILE reads it from a file, - from stdin")
+    q.add_argument("--timezone", default="UTC", help="an IANA time zone (default UTC)")
+    q.add_argument("--catch-up", choices=["latest", "none", "all"], default="latest", help="ticks missed while no server ran (default latest)")
+    q.add_argument("--paused", action="store_true", help="store it paused")
+    q.add_argument("--queue", default="default")
+    q.add_argument("--priority", type=int)
+    q.add_argument("--max-attempts", type=_positive_int)
+    q.add_argument("--delay-secs", type=_non_negative, help="each job is due this long after its tick")
+    _add_client_options(q)
+    for name, text in (
+        ("get", "show a schedule: next and last run, last job"),
+        ("delete", "delete a schedule (its jobs stay)"),
+        ("pause", "pause a schedule: no tick fires until resumed"),
+        ("resume", "resume a schedule from its next tick"),
+        ("trigger", "enqueue one job of a schedule now"),
+    ):
+        q = schedules.add_parser(name, help=text)
+        q.add_argument("name")
+        _add_client_options(q)
+    p.set_defaults(func=_schedules)
 
 
 def _schedules(args: argparse.Namespace) -> int:
@@ -381,16 +555,45 @@ async def _all_queues(client: Any) -> list[Any]:
             return stats
 
 
+def _queues_command(sub: Any) -> None:
+    p = sub.add_parser("queues", help="every queue's backlog; pause and resume a queue")
+    _add_client_options(p)
+    p.set_defaults(func=_queues, queues_command=None)
+    queues = p.add_subparsers(dest="queues_command", metavar="{pause,resume}", parser_class=_LoggingParser)
+    for name, text in (
+        ("pause", "pause a queue on every server: leases hand out none of its jobs; running jobs go on"),
+        ("resume", "resume a paused queue"),
+    ):
+        q = queues.add_parser(name, help=text)
+        q.add_argument("queue")
+        _add_client_options(q, inherited=True)
+
+
+def _say_if_empty(stats: Any, then: str) -> None:
+    """On stderr, that the queue of *stats* holds no job: a name misspelt
+    is no error to the server, which answers zeros."""
+    if not any(stats.counts.values()):
+        print(f"qftrio: queue {stats.queue!r} holds no jobs (`qftrio queues` lists those that do); {then}", file=sys.stderr)
+
+
 def _queues(args: argparse.Namespace) -> int:
     async def call(client: Any) -> Any:
         if args.queues_command is not None:
             method = {"pause": client.queue_pause, "resume": client.queue_resume}[args.queues_command]
-            return (await method(args.queue)).to_wire()
+            stats = await method(args.queue)
+            _say_if_empty(stats, f"{args.queues_command}d all the same")
+            return stats.to_wire()
         stats = await _all_queues(client)
         _show({"queues": [s.to_wire() for s in stats]}, lambda: _queues_table(stats, now=time.time()))
         return None
 
     return _client_call(args, call)
+
+
+def _workers_command(sub: Any) -> None:
+    p = sub.add_parser("workers", help="the workers seen in the last few minutes, idle ones included: jobs held, queues, last seen")
+    _add_client_options(p)
+    p.set_defaults(func=_workers)
 
 
 def _workers(args: argparse.Namespace) -> int:
@@ -399,6 +602,23 @@ def _workers(args: argparse.Namespace) -> int:
         _show({"workers": [w.to_wire() for w in workers]}, lambda: _workers_table(workers, now=time.time()))
 
     return _client_call(args, call)
+
+
+def _rate_limits_command(sub: Any) -> None:
+    p = sub.add_parser("rate-limits", help="list, declare and delete the tenant's rate limits")
+    _add_client_options(p)
+    p.set_defaults(func=_rate_limits, rate_limits_command="list")
+    limits = p.add_subparsers(dest="rate_limits_command", metavar="{list,set,delete}", parser_class=_LoggingParser)
+    q = limits.add_parser("list", help="every rate limit, with when held-back jobs can next run")
+    _add_client_options(q, inherited=True)
+    q = limits.add_parser("set", help="declare or change a rate limit: at most --limit claims in any --per-secs window")
+    q.add_argument("name")
+    q.add_argument("--limit", type=_positive_int, required=True, help="claims allowed in any window")
+    q.add_argument("--per-secs", type=_positive_float, required=True, help="the window, in seconds")
+    _add_client_options(q, inherited=True)
+    q = limits.add_parser("delete", help="forget a rate limit: its jobs are no longer held back")
+    q.add_argument("name")
+    _add_client_options(q, inherited=True)
 
 
 def _rate_limits(args: argparse.Namespace) -> int:
@@ -431,6 +651,18 @@ class _Rates:
         return rates
 
 
+def _stats_command(sub: Any) -> None:
+    p = sub.add_parser("stats", help="the backlog of a queue, or of every queue; --watch for a live table")
+    p.add_argument("queue", nargs="?", help="one queue (default: every queue)")
+    p.add_argument(
+        "--watch", action="store_true",
+        help="poll every --interval seconds: a live table on a terminal with completions per second, else a JSON line",
+    )  # fmt: skip
+    p.add_argument("--interval", type=_non_negative, default=2.0)
+    _add_client_options(p)
+    p.set_defaults(func=_stats)
+
+
 def _stats(args: argparse.Namespace) -> int:
     async def poll(client: Any) -> list[Any]:
         return [await client.queue_stats(args.queue)] if args.queue else await _all_queues(client)
@@ -442,6 +674,8 @@ def _stats(args: argparse.Namespace) -> int:
     async def call(client: Any) -> Any:
         if not args.watch:
             stats = await poll(client)
+            if args.queue:
+                _say_if_empty(stats[0], "its figures are all zero")
             _show(wire(stats), lambda: _queues_table(stats, now=time.time()))
             return None
         terminal = sys.stdout.isatty()
@@ -464,6 +698,12 @@ def _stats(args: argparse.Namespace) -> int:
             await trio.sleep(args.interval)
 
     return _client_call(args, call)
+
+
+def _migrate_command(sub: Any) -> None:
+    p = sub.add_parser("migrate", help="apply the PostgreSQL schema")
+    p.add_argument("--database-url", help="postgresql://... (QFTRIO_DATABASE_URL)")
+    p.set_defaults(func=_migrate)
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -534,6 +774,22 @@ def _non_negative(text: str) -> float:
     return value
 
 
+#: Each command's parser, in the order ``--help`` lists them.
+_COMMANDS: tuple[Callable[[Any], None], ...] = (
+    _serve_command,
+    _worker_command,
+    _enqueue_command,
+    _jobs_command,
+    _workflows_command,
+    _schedules_command,
+    _queues_command,
+    _rate_limits_command,
+    _stats_command,
+    _workers_command,
+    _migrate_command,
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="qftrio", description="A durable job server and a Trio worker runtime.")
     parser.add_argument("--log-level", default="INFO", choices=_LOG_LEVELS, help="default INFO")
@@ -541,201 +797,8 @@ def build_parser() -> argparse.ArgumentParser:
     # not required=True: argparse would then report a missing command before
     # an unknown flag, and `qftrio --nope` would not name --nope
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_LoggingParser)
-
-    p = sub.add_parser("serve", help="run the job server")
-    p.add_argument("--database-url", help="postgresql://... (QFTRIO_DATABASE_URL); default: the embedded store")
-    p.add_argument("--db", help="the embedded store's SQLite file (default ./qftrio.db)")
-    p.add_argument("--bind", help="HOST:PORT to listen on (default 127.0.0.1:8000)")
-    p.add_argument("--mode", choices=["api", "worker", "all"], help="what to run (default all)")
-    p.add_argument("--handlers", metavar="MODULE:REGISTRY", help="run this registry's handlers in-process")
-    p.add_argument("--queue", action="append", help="queue the in-process handlers lease from (repeatable; default 'default')")
-    p.add_argument("--lanes", type=_positive_int, help="in-process jobs at a time per queue (default: as qftrio worker)")
-    p.add_argument("--worker-token", help="the worker credential (QFTRIO_WORKER_TOKEN)")
-    p.add_argument(
-        "--tenant", action="append", metavar="NAME=TOKEN", help="a tenant credential (repeatable; QFTRIO_TENANTS)"
-    )
-    p.add_argument("--dev", action="store_true", help="development mode (QFTRIO_DEV=1): never on an open network")
-    p.add_argument("--max-body-bytes", type=_positive_int, help="request body cap (default 1 MiB)")
-    p.add_argument("--max-answer-bytes", type=_positive_int, help="a page of jobs or workflows stops before passing this size (default 8 MiB)")
-    p.add_argument("--pool-size", type=_positive_int, help="PostgreSQL connections (default 10)")
-    p.add_argument("--retention-secs", type=_non_negative, help="keep completed and cancelled jobs this long (default 7 days)")
-    p.add_argument("--metrics-token", help="the token GET /metrics asks for (QFTRIO_METRICS_TOKEN; default: none)")
-    p.add_argument("--metrics-queues", type=_positive_int, help="queue names with series of their own in /metrics (default 50)")
-    p.add_argument("--metrics-kinds", type=_positive_int, help="kind names with series of their own in /metrics (default 100)")
-    p.add_argument("--max-connections-per-address", type=_positive_int, help="connections open at once from one client address (default 256)")
-    p.add_argument("--trusted-proxy", action="append", metavar="ADDR", help="a proxy whose X-Forwarded-For names the client (address or network; repeatable)")
-    p.add_argument("--failed-credentials-burst", type=_positive_int, help="wrong credentials from one address before it gets 429 (default 20)")
-    p.add_argument("--failed-credentials-refill-secs", type=_non_negative, help="one more wrong credential allowed every this many seconds (default 3)")
-    p.add_argument("--session-idle-secs", type=_positive_float, help="a dashboard session ends after this long without a request (default 8 hours)")
-    p.add_argument("--session-lifetime-secs", type=_positive_float, help="a dashboard session ends this long after sign-in (default 7 days)")
-    p.add_argument("--schedules", metavar="FILE.toml", help="cron schedules to create or replace at start (docs/schedules.md)")
-    p.set_defaults(func=_serve)
-
-    p = sub.add_parser("worker", help="run a worker pool process")
-    p.add_argument(
-        "queue", metavar="QUEUE[,QUEUE...]",
-        help="the queue to lease from; several, comma-separated (images,default), each get lanes of their own",
-    )  # fmt: skip
-    p.add_argument("registry", metavar="MODULE:REGISTRY", help="where the handlers are, e.g. handlers:registry")
-    p.add_argument("--url", default=env("URL") or DEFAULT_URL, help="server URL (QFTRIO_URL)")
-    p.add_argument("--token", help="the worker token (QFTRIO_WORKER_TOKEN)")
-    p.add_argument("--lanes", type=_positive_int, default=None, help="jobs run at a time, per queue (default 200)")
-    p.add_argument(
-        "--batch", type=_positive_int, default=None, help="jobs leased per call at most (default: the free lanes)"
-    )
-    p.add_argument("--lease-secs", type=_positive_int, default=60, help="lease length (default 60)")
-    p.add_argument("--wait-secs", type=_non_negative, default=20, help="long-poll wait (default 20)")
-    p.add_argument("--worker-id", help="this process's id (default host-pid)")
-    p.add_argument(
-        "--shutdown-timeout", type=_positive_float, metavar="SECS",
-        help="after the first SIGINT/SIGTERM, held jobs get this long to finish, then are cancelled (default: none)",
-    )  # fmt: skip
-    p.add_argument(
-        "--warn-blocked-secs", type=_non_negative, metavar="SECS",
-        help="warn when an async handler blocks the event loop this long (default 1; 0: never)",
-    )  # fmt: skip
-    p.set_defaults(func=_worker)
-
-    p = sub.add_parser("enqueue", help="enqueue a job")
-    p.add_argument("kind")
-    p.add_argument("payload", nargs="?", help="a JSON object (default {}); @FILE reads it from a file, - from stdin")
-    p.add_argument("--queue", default="default")
-    p.add_argument("--priority", type=int)
-    p.add_argument("--max-attempts", type=_positive_int)
-    p.add_argument("--delay-secs", type=_non_negative)
-    p.add_argument("--scheduled-at", help="RFC 3339 time")
-    p.add_argument("--idempotency-key")
-    p.add_argument(
-        "--timeout-secs", type=_positive_int, metavar="SECS",
-        help="each attempt ends this long after its claim, whatever the worker does (at most 7 days)",
-    )  # fmt: skip
-    _add_client_options(p)
-    p.set_defaults(func=_enqueue)
-
-    p = sub.add_parser("jobs", help="inspect and manage jobs")
-    jobs = p.add_subparsers(dest="jobs_command", required=True, parser_class=_LoggingParser)
-    q = jobs.add_parser("get", help="show a job")
-    q.add_argument("id")
-    _add_client_options(q)
-    q.set_defaults(func=_jobs)
-    for name, text in (
-        ("cancel", "cancel a job, or every pending or running job matching the filters"),
-        ("retry", "retry a failed or cancelled job, or every one matching the filters"),
-    ):
-        q = jobs.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}; prints how many changed.")
-        q.add_argument("id", nargs="?", help="one job; without it, the filters choose")
-        _add_filters(q)
-        _add_client_options(q)
-        q.set_defaults(func=_jobs)
-    text = "delete every completed, failed or cancelled job matching the filters (a workflow's steps stay)"
-    q = jobs.add_parser("delete", help=text, description=f"{text[0].upper()}{text[1:]}; prints how many.")
-    _add_filters(q)
-    _add_client_options(q)
-    q.set_defaults(func=_jobs)
-    q = jobs.add_parser("list", help="list jobs, newest first")
-    q.add_argument("--queue")
-    q.add_argument("--status", choices=_STATUSES)
-    q.add_argument("--kind")
-    q.add_argument("--limit", type=_positive_int, default=50)
-    q.add_argument("--cursor")
-    _add_client_options(q)
-    q.set_defaults(func=_jobs)
-
-    p = sub.add_parser("workflows", help="create, inspect and cancel workflows")
-    workflows = p.add_subparsers(dest="workflows_command", required=True, parser_class=_LoggingParser)
-    q = workflows.add_parser("create", help="create a workflow from a JSON file")
-    q.add_argument("file", metavar="FILE", help='{"name", "context", "steps": [...]} as JSON; - reads stdin')
-    _add_client_options(q)
-    q.set_defaults(func=_workflows)
-    for name, text in (("get", "show a workflow, its steps and their jobs"), ("cancel", "cancel a workflow")):
-        q = workflows.add_parser(name, help=text)
-        q.add_argument("id")
-        _add_client_options(q)
-        q.set_defaults(func=_workflows)
-    q = workflows.add_parser("list", help="list workflows, newest first")
-    q.add_argument("--status", choices=["running", "completed", "failed", "cancelled"])
-    q.add_argument("--limit", type=_positive_int, default=50)
-    q.add_argument("--cursor")
-    _add_client_options(q)
-    q.set_defaults(func=_workflows)
-
-    p = sub.add_parser("schedules", help="cron schedules: each tick enqueues one job")
-    schedules = p.add_subparsers(dest="schedules_command", required=True, parser_class=_LoggingParser)
-    q = schedules.add_parser("list", help="list schedules by name")
-    q.add_argument("--limit", type=_positive_int, default=100)
-    q.add_argument("--cursor")
-    _add_client_options(q)
-    q.set_defaults(func=_schedules)
-    q = schedules.add_parser("set", help="create or replace a schedule")
-    q.add_argument("name")
-    q.add_argument("cron", help="five cron fields (or six, seconds first), e.g. '30 2 * * *'")
-    q.add_argument("kind")
-    q.add_argument("payload", nargs="?", help="a JSON object (default {}); @FILE reads it from a file, - from stdin")
-    q.add_argument("--timezone", default="UTC", help="an IANA time zone (default UTC)")
-    q.add_argument("--catch-up", choices=["latest", "none", "all"], default="latest", help="ticks missed while no server ran (default latest)")
-    q.add_argument("--paused", action="store_true", help="store it paused")
-    q.add_argument("--queue", default="default")
-    q.add_argument("--priority", type=int)
-    q.add_argument("--max-attempts", type=_positive_int)
-    q.add_argument("--delay-secs", type=_non_negative, help="each job is due this long after its tick")
-    _add_client_options(q)
-    q.set_defaults(func=_schedules)
-    for name, text in (
-        ("get", "show a schedule: next and last run, last job"),
-        ("delete", "delete a schedule (its jobs stay)"),
-        ("pause", "pause a schedule: no tick fires until resumed"),
-        ("resume", "resume a schedule from its next tick"),
-        ("trigger", "enqueue one job of a schedule now"),
-    ):
-        q = schedules.add_parser(name, help=text)
-        q.add_argument("name")
-        _add_client_options(q)
-        q.set_defaults(func=_schedules)
-
-    p = sub.add_parser("queues", help="every queue's backlog; pause and resume a queue")
-    _add_client_options(p)
-    p.set_defaults(func=_queues, queues_command=None)
-    queues = p.add_subparsers(dest="queues_command", metavar="{pause,resume}", parser_class=_LoggingParser)
-    for name, text in (
-        ("pause", "pause a queue on every server: leases hand out none of its jobs; running jobs go on"),
-        ("resume", "resume a paused queue"),
-    ):
-        q = queues.add_parser(name, help=text)
-        q.add_argument("queue")
-        _add_client_options(q, inherited=True)
-
-    p = sub.add_parser("rate-limits", help="list, declare and delete the tenant's rate limits")
-    _add_client_options(p)
-    p.set_defaults(func=_rate_limits, rate_limits_command="list")
-    limits = p.add_subparsers(dest="rate_limits_command", metavar="{list,set,delete}", parser_class=_LoggingParser)
-    q = limits.add_parser("list", help="every rate limit, with when held-back jobs can next run")
-    _add_client_options(q, inherited=True)
-    q = limits.add_parser("set", help="declare or change a rate limit: at most --limit claims in any --per-secs window")
-    q.add_argument("name")
-    q.add_argument("--limit", type=_positive_int, required=True, help="claims allowed in any window")
-    q.add_argument("--per-secs", type=_positive_float, required=True, help="the window, in seconds")
-    _add_client_options(q, inherited=True)
-    q = limits.add_parser("delete", help="forget a rate limit: its jobs are no longer held back")
-    q.add_argument("name")
-    _add_client_options(q, inherited=True)
-
-    p = sub.add_parser("stats", help="the backlog of a queue, or of every queue; --watch for a live table")
-    p.add_argument("queue", nargs="?", help="one queue (default: every queue)")
-    p.add_argument(
-        "--watch", action="store_true",
-        help="poll every --interval seconds: a live table on a terminal with completions per second, else a JSON line",
-    )  # fmt: skip
-    p.add_argument("--interval", type=_non_negative, default=2.0)
-    _add_client_options(p)
-    p.set_defaults(func=_stats)
-
-    p = sub.add_parser("workers", help="the workers seen in the last few minutes, idle ones included: jobs held, queues, last seen")
-    _add_client_options(p)
-    p.set_defaults(func=_workers)
-
-    p = sub.add_parser("migrate", help="apply the PostgreSQL schema")
-    p.add_argument("--database-url", help="postgresql://... (QFTRIO_DATABASE_URL)")
-    p.set_defaults(func=_migrate)
+    for add in _COMMANDS:
+        add(sub)
     return parser
 
 

@@ -123,10 +123,18 @@ class InvalidInput(ApiError):
 
 
 class TooManyRequests(ApiError):
-    """Too many failed credentials from this address: retry later."""
+    """Too many failed credentials from this address: retry later.
+
+    ``retry_after``: seconds to wait before trying again (the answer's
+    ``Retry-After``), when the server says.
+    """
 
     status_code = 429
     code = "too_many_requests"
+
+    def __init__(self, message: str | None = None, *, code: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
 
 
 class Unavailable(ApiError):

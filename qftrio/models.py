@@ -1202,6 +1202,16 @@ class JobsListQuery(_Fields):
     cursor: str | None = None
 
 
+#: The longest a wait on a job holds (``GET /api/v1/jobs/{id}/wait``).
+MAX_JOB_WAIT_SECS = 60
+
+
+class JobWaitQuery(_Fields):
+    """``GET /api/v1/jobs/{id}/wait``: how long to wait for the job to end."""
+
+    timeout_secs: float = Field(30, ge=0, le=MAX_JOB_WAIT_SECS)
+
+
 class QueuesListQuery(_Fields):
     """``GET /api/v1/queues``: a page."""
 

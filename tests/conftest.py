@@ -1,11 +1,18 @@
 """Fixtures shared by the suites: stores of every backend, engines, and a
-real server on a real port."""
+real server on a real port.
+
+Under pytest-xdist each worker process takes a PostgreSQL database of its own
+(see :func:`pytest_configure`), so that workers never empty each other's
+tables; temporary directories are per worker already, and every server binds
+a free port.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +26,41 @@ from qftrio.server.engine import Engine
 from qftrio.server.serve import run_server
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import open_sqlite_store
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point ``QFTRIO_TEST_DATABASE_URL`` of an xdist worker at a fresh
+    database of its own on the same server, before any test module reads it
+    (and before any process a test starts inherits it)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    url = os.environ.get("QFTRIO_TEST_DATABASE_URL")
+    if not worker or not url:
+        return
+    import psycopg
+    from psycopg import sql
+
+    parts = urllib.parse.urlsplit(url)
+    name = f"{parts.path.lstrip('/') or 'postgres'}_{worker}"
+    with psycopg.connect(url, autocommit=True, connect_timeout=30) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    os.environ["QFTRIO_TEST_DATABASE_URL"] = parts._replace(path=f"/{name}").geturl()
+    _worker_databases.append((url, name))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Drop the worker's database, so that a server given by the developer
+    is left as it was found."""
+    import psycopg
+    from psycopg import sql
+
+    for url, name in _worker_databases:
+        with psycopg.connect(url, autocommit=True, connect_timeout=30) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+#: ``(server URL, database)`` of the database :func:`pytest_configure` made.
+_worker_databases: list[tuple[str, str]] = []
+
 
 #: A fixed wall-clock origin for engines driven by Trio's clock.
 EPOCH = 1_800_000_000.0

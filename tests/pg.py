@@ -3,7 +3,8 @@
 The database comes from ``QFTRIO_TEST_DATABASE_URL`` (``scripts/test`` starts
 a throwaway cluster and sets it). The schema is migrated once per process;
 each store then starts from emptied tables (``TRUNCATE``), which takes a few
-milliseconds. Tests using this must not run in parallel on one database.
+milliseconds. Tests using this must not run in parallel on one database:
+under pytest-xdist each worker has a database of its own (tests/conftest.py).
 
 Client-side timeouts are off (``timeout=None``): they run in real time (see
 :mod:`qftrio.server.store.pgtrio`), and a test that stops PostgreSQL on

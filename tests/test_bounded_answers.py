@@ -146,6 +146,7 @@ def peak_rss_bytes(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.soak
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_four_readers_of_400_jobs_of_1_mb_pin_bounded_memory(backend: str, tmp_path: Path) -> None:
@@ -237,6 +238,7 @@ async def many_queues(http: httpx.AsyncClient, n: int) -> list[str]:
     return names
 
 
+@pytest.mark.soak
 async def test_20000_queues_are_read_a_page_at_a_time(storage, nursery) -> None:
     async with httpx.AsyncClient(base_url=await start(storage, nursery), timeout=60) as http:
         names = await many_queues(http, 20_000)

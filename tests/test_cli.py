@@ -87,6 +87,45 @@ async def test_enqueue_get_list_cancel_retry_stats(server, capsys: pytest.Captur
     assert exited.value.code == 2 and "--timeout-secs: must be at least 1" in capsys.readouterr().err
 
 
+async def test_options_and_positionals_in_any_order(server, capsys: pytest.CaptureFixture[str]) -> None:
+    opts = ["--url", server.url, "--token", server.tenants["acme"]]
+    for argv in (
+        ["enqueue", "resize-image", "--queue", "images", '{"url": "b.png"}', *opts],
+        ["enqueue", "--queue", "images", *opts, "resize-image", '{"url": "b.png"}'],
+        ["enqueue", "--queue", "images", "resize-image", *opts, '{"url": "b.png"}'],
+    ):
+        assert await run_cli(*argv) == 0, argv
+        job = json.loads(capsys.readouterr().out)
+        assert (job["kind"], job["queue"], job["payload"]) == ("resize-image", "images", {"url": "b.png"}), argv
+    assert await run_cli("jobs", "list", *opts, "--queue", "images") == 0
+    assert len(json.loads(capsys.readouterr().out)["jobs"]) == 3
+    assert await run_cli("stats", *opts, "images") == 0
+    assert json.loads(capsys.readouterr().out)["queue"] == "images"
+    # still one positional too many is refused, naming it
+    with pytest.raises(SystemExit) as exited:
+        await run_cli("enqueue", "k", "--queue", "q", "{}", "{}", *opts)
+    assert exited.value.code == 2 and "unrecognized arguments: {}" in capsys.readouterr().err
+
+
+async def test_a_queue_that_holds_no_jobs_is_said_on_stderr(server, capsys: pytest.CaptureFixture[str]) -> None:
+    opts = ["--url", server.url, "--token", server.tenants["acme"]]
+    assert await run_cli("stats", "mial", *opts) == 0
+    shown = capsys.readouterr()
+    assert json.loads(shown.out)["counts"]["pending"] == 0
+    assert shown.err == (
+        "qftrio: queue 'mial' holds no jobs (`qftrio queues` lists those that do); its figures are all zero\n"
+    )
+    assert await run_cli("queues", "pause", "mial", *opts) == 0
+    shown = capsys.readouterr()
+    assert json.loads(shown.out)["paused"] is True
+    assert "queue 'mial' holds no jobs" in shown.err and "paused all the same" in shown.err
+    assert await run_cli("enqueue", "k", "--queue", "mail", *opts) == 0
+    capsys.readouterr()
+    for argv in (["stats", "mail"], ["queues", "pause", "mail"], ["queues", "resume", "mail"]):
+        assert await run_cli(*argv, *opts) == 0
+        assert capsys.readouterr().err == "", argv
+
+
 async def test_enqueue_reads_the_payload_from_a_file_or_stdin(
     server, tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,6 +15,7 @@ import trio
 
 from qftrio.models import CompleteItem, EnqueueRequest, FailItem, JobConfig, QueueStats, ScheduleRequest, Status, WorkflowCreateRequest
 from qftrio.server.dashboard import Throughput, csrf_token, timeline
+from qftrio.server.dashboard.figures import idle_note
 from qftrio.server.engine import Engine
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import open_sqlite_store
@@ -273,6 +274,16 @@ async def test_on_a_phone_no_page_is_wider_than_the_screen_and_the_header_keeps_
             assert button["height"] < 2 * brand["height"], (path, button)
             assert button["x"] + button["width"] <= PHONE["width"], (path, button)
             assert abs((button["y"] + button["height"] / 2) - (brand["y"] + brand["height"] / 2)) < brand["height"], path
+            # The menu wraps: every item whole, on the screen, none hidden
+            # in a box that would have to scroll.
+            nav = page.locator("header nav")
+            assert nav.evaluate("(el) => el.scrollWidth <= el.clientWidth"), path
+            items = nav.locator("a")
+            assert items.count() == 7, path
+            for k in range(items.count()):
+                box = items.nth(k).bounding_box()
+                assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], (path, k, box)
+                assert box["y"] + box["height"] <= page.viewport_size["height"], (path, k, box)
 
     await in_browser(scenario, viewport=PHONE)
 
@@ -290,10 +301,44 @@ async def test_on_a_desktop_ids_and_ages_stay_on_one_line(server: RunningServer)
         sign_in(page, server.url, ACME)
         for path in paths:
             page.goto(server.url + path)
-            counts = page.evaluate(lines, "td .mono, td.age")
+            counts = page.evaluate(lines, "td .mono, td.age, td .age, td.kind, td .kind")
             assert set(counts) <= {1}, (path, counts)
 
     await in_browser(scenario)
+
+
+@needs_chromium
+async def test_the_chart_says_when_nothing_completed_and_draws_once_jobs_complete(server: RunningServer) -> None:
+    await enqueue(server.engine, 3)
+
+    def scenario(page: Any) -> None:
+        from playwright.sync_api import expect
+
+        sign_in(page, server.url, ACME)
+        # Two refreshes a second or more apart: a rate of nothing.
+        expect(page.locator("#chart-note")).to_have_text(re.compile(r"^Nothing completed in the last \d+ seconds\.$"))
+        expect(page.locator("#throughput")).to_be_hidden()
+        # A queue's own page says it too, of that queue.
+        page.goto(f"{server.url}/dashboard/queues/q")
+        expect(page.locator("#chart-note")).to_have_text(re.compile(r"^Nothing completed in the last \d+ seconds\.$"))
+        trio.from_thread.run(complete_all, server.engine, "q")
+        expect(page.locator("#throughput")).to_be_visible()
+        expect(page.locator("#chart-note")).to_be_hidden()
+        page.goto(f"{server.url}/dashboard/")
+        expect(page.locator("#throughput")).to_be_visible()
+        expect(page.locator("#chart-note")).to_be_hidden()
+
+    await in_browser(scenario)
+
+
+def test_the_chart_note_names_the_time_its_series_cover() -> None:
+    assert idle_note([[0.0], [0.0, 0.0]], 30.4) == "Nothing completed in the last 30 seconds."
+    assert idle_note([[0.0]], 90) == "Nothing completed in the last minute."
+    assert idle_note([[0.0]], 310) == "Nothing completed in the last 5 minutes."
+    assert idle_note([], 310) == "Nothing completed in the last 5 minutes."
+    # A job completed in the time covered, or too little time to say.
+    assert idle_note([[0.0], [0.0, 0.5]], 310) is None
+    assert idle_note([[]], 1.5) is None
 
 
 # -- over HTTP -------------------------------------------------------------
@@ -396,7 +441,9 @@ async def test_the_workflow_and_workers_pages_show_steps_and_who_holds_jobs(serv
         page = (await client.get(f"/dashboard/workflows/{workflow.id}")).text
         workers = (await client.get("/dashboard/workers")).text
         listing = (await client.get("/dashboard/workflows")).text
-    steps = re.findall(r"<tr>\s*<td>(\w+)</td>\s*<td>k</td>\s*<td>([^<]*)</td>\s*<td><span[^>]*>(\w+)</span>", page)
+    steps = re.findall(
+        r"<tr>\s*<td>(\w+)</td>\s*<td class=.kind.>k</td>\s*<td>([^<]*)</td>\s*<td><span[^>]*>(\w+)</span>", page
+    )
     assert steps == [("a", "–", "running"), ("b", "a", "waiting")]
     assert "worker-7" in workers and workflow.id in listing
 
@@ -479,7 +526,10 @@ async def test_the_queues_page_sums_up_pending_running_failed_in_the_last_hour_a
     await server.engine.lease("q", worker_id="w1", lease_secs=600)
     server.clock.advance(125)
     await dead_letters(server.engine, 2, queue="d")
-    expected = {"pending": "2", "scheduled": "0", "running": "1", "failed_last_hour": "2", "oldest_ready": "2m 05s ago"}
+    expected = {
+        "pending": "2", "scheduled": "0", "running": "1", "failed_last_hour": "2", "oldest_ready": "2m 05s ago",
+        "held_back": "none",
+    }  # fmt: skip
     async with signed_in(server) as client:
         page = (await client.get("/dashboard/")).text
         live = (await client.get("/dashboard/queues.json")).json()
@@ -491,6 +541,64 @@ async def test_the_queues_page_sums_up_pending_running_failed_in_the_last_hour_a
     assert "Completed jobs per second, all queues, between refreshes 2 seconds apart" in page
     # Past the page it counts among, "at least".
     assert await server.engine.jobs_failed_since("acme", server.engine.clock() - 3600, limit=2) == (2, True)
+
+
+async def test_oldest_ready_leaves_paused_queues_out(server: RunningServer) -> None:
+    server.clock.freeze()
+    await enqueue(server.engine, 1, queue="held")
+    server.clock.advance(600)
+    await enqueue(server.engine, 1, queue="q")
+    server.clock.advance(60)
+    await server.engine.queue_pause("acme", "held")
+    async with signed_in(server) as client:
+        page = (await client.get("/dashboard/")).text
+        live = (await client.get("/dashboard/queues.json")).json()
+        await server.engine.queue_pause("acme", "q")
+        everything_paused = (await client.get("/dashboard/queues.json")).json()
+    assert 'data-summary="oldest_ready">1m 00s ago<' in page
+    assert live["summary"]["oldest_ready"] == "1m 00s ago"
+    # The paused queue's own row still says how long its job has waited.
+    assert {row["queue"]: row["oldest_ready"] for row in live["queues"]} == {"held": "11m 00s ago", "q": "1m 00s ago"}
+    assert everything_paused["summary"]["oldest_ready"] == "–"
+
+
+async def test_the_overview_has_a_line_for_workers_schedules_and_held_back_jobs(server: RunningServer) -> None:
+    server.clock.freeze()
+
+    def line(page: str, name: str) -> str:
+        found = re.search(rf'<li id="overview-{name}">(.*?)</li>', page, re.S)
+        assert found, name
+        return re.sub(r"<[^>]+>", "", found[1])
+
+    async with signed_in(server) as client:
+        empty = (await client.get("/dashboard/")).text
+        await enqueue(server.engine, 3, queue="k", concurrency={"key": "one"})
+        await server.engine.lease("k", worker_id="w-busy", lease_secs=600)
+        await enqueue(server.engine, 1, queue="idle")
+        (done,) = await server.engine.lease("idle", worker_id="w-idle")
+        await server.engine.complete([CompleteItem(done.job.id, done.lease_token, None)])
+        for name, paused in [("nightly", False), ("weekly", True)]:
+            body = ScheduleRequest.model_validate({"cron": "0 * * * *", "job": {"kind": "k"}, "paused": paused})
+            await server.engine.schedule_put("acme", name, body)
+        page = (await client.get("/dashboard/")).text
+        live = (await client.get("/dashboard/queues.json")).json()
+    assert line(empty, "workers") == "Workers: no worker seen in the last 5 minutes"
+    assert line(empty, "schedules") == "Schedules: none"
+    assert line(empty, "held-back") == "Held back by flow control: none"
+    assert line(page, "workers") == "Workers: 2 workers seen in the last 5 minutes, 1 of them running jobs"
+    assert re.fullmatch(r"Schedules: 2 schedules, 1 paused; the next tick in \d+m \d\ds", line(page, "schedules"))
+    held = "2 jobs by their concurrency key, 0 jobs by their rate limit"
+    assert line(page, "held-back") == f"Held back by flow control: {held}"
+    assert live["summary"]["held_back"] == held
+
+
+async def test_favicon_answers_with_the_dashboards_icon(server: RunningServer) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        answer = await client.get("/favicon.ico")
+        signin = (await client.get("/dashboard/signin")).text
+    assert answer.status_code == 200 and answer.headers["Content-Type"] == "image/x-icon"
+    assert answer.content[:4] == b"\x00\x00\x01\x00"  # an ICO file's header
+    assert '<link rel="icon" href="/favicon.ico">' in signin
 
 
 async def test_the_scheduled_page_lists_jobs_whose_time_has_not_come_next_first(server: RunningServer) -> None:

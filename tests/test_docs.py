@@ -1,7 +1,9 @@
 """What the documentation names exists: each route of the HTTP API the docs
 give with its method, each flag of a ``qftrio`` command they write out (checked
 against that command's own parser), each ``QUEUEFLOW_*``/``QFTRIO_*``
-environment variable and each ``qftrio_*`` metric name.
+environment variable and each ``qftrio_*`` metric name; and docs/client.md's
+table of calls gives every call of the Python clients, each with the
+signature it has.
 
 Routes are checked against ``/openapi.json`` of a real server (or, for pages
 such as ``/docs`` that it does not describe, a real ``GET``), metric names
@@ -13,6 +15,7 @@ name that was never there.
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -21,6 +24,7 @@ import httpx
 import pytest
 
 from qftrio.cli import build_parser
+from qftrio.client import SyncClient
 
 from .conftest import RunningServer
 from .processes import ROOT
@@ -94,6 +98,17 @@ def metrics_named(text: str) -> set[str]:
     return set(re.findall(r"\bqftrio_[a-z0-9_]*[a-z0-9]\b", text))
 
 
+def calls_documented(text: str) -> dict[str, str]:
+    """``{name: parameters}`` of each ``name(parameters)`` in the first cell
+    of a row of the table of calls ("| call | returns |")."""
+    table = text[text.index("| call | returns |") :].split("\n\n")[0]
+    found = {}
+    for row in re.findall(r"^\|(.*)\|$", table, re.M):
+        for name, params in re.findall(r"`(\w+)\(([^)`]*)\)`", row.split("|")[0]):
+            found[name] = params
+    return found
+
+
 # -- what exists ---------------------------------------------------------------
 
 
@@ -133,6 +148,33 @@ def missing_flags(named: Iterable[tuple[str, list[str], list[str]]]) -> list[str
     return missing
 
 
+def _parameters(call: object) -> str:
+    """A call's parameters as the table writes them: a positional one with
+    its default (``payload=None``), ``*``, then the keyword-only ones by
+    name (each defaults to what the server does)."""
+    words = []
+    # a call's description, whose signature both clients' methods have
+    for p in inspect.signature(getattr(call, "__wrapped__", call)).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and "*" not in words:
+            words.append("*")
+        keyword = p.kind is p.KEYWORD_ONLY or p.default is p.empty
+        words.append(p.name if keyword else f"{p.name}={p.default!r}")
+    return ", ".join(words)
+
+
+def wrong_signatures(documented: dict[str, str], client: type = SyncClient) -> list[str]:
+    """Each call of *client* the table leaves out, each it gives that
+    *client* does not have, and each it gives with other parameters."""
+    calls = {name for name in dir(client) if not name.startswith("_") and name not in ("close", "aclose")}
+    wrong = [f"{name}: not in the table" for name in sorted(calls - set(documented))]
+    for name, params in documented.items():
+        if name not in calls:
+            wrong.append(f"{name}: no such call")
+        elif re.sub(r"\s+", " ", params.strip()) != _parameters(getattr(client, name)):
+            wrong.append(f"{name}({params}): the call is {name}({_parameters(getattr(client, name))})")
+    return wrong
+
+
 def _openapi_routes(openapi: dict) -> set[tuple[str, str]]:
     return {(m.upper(), re.sub(r"\{[^}]*\}", "{}", path)) for path, item in openapi["paths"].items() for m in item}
 
@@ -169,6 +211,16 @@ def test_every_qftrio_command_and_flag_the_docs_write_exists() -> None:
     named = [f for text in texts() for f in flags_named(text)]
     assert len(named) > 50
     assert missing_flags(named) == []
+
+
+def test_the_table_of_calls_gives_every_call_with_its_signature() -> None:
+    import qftrio
+
+    documented = calls_documented((ROOT / "docs/client.md").read_text())
+    assert len(documented) > 30
+    assert wrong_signatures(documented) == []
+    # both clients have the same calls
+    assert wrong_signatures(documented, qftrio.Client) == []
 
 
 def test_every_environment_variable_the_docs_name_exists() -> None:
@@ -226,3 +278,15 @@ qftrio serve --dev | tee log; qftrio dashboard
     assert missing_routes(routes_named(doc), openapi, set()) == ["POST /api/v1/jobs/{}/pause"]
     assert missing_env_vars(env_vars_named(doc)) == ["QUEUEFLOW_COLOUR"]
     assert missing_metrics(metrics_named(doc), exposition) == ["qftrio_jobs_snoozed_total"]
+    table = """
+| call | returns |
+|---|---|
+| `enqueue(kind, payload=None, *, queue)`, `job_get(job_id)` | the `Job` |
+| `job_pause(job_id)`, `health(verbose)` | x |
+"""
+    assert wrong_signatures(calls_documented(table))[-3:] == [
+        "enqueue(kind, payload=None, *, queue): the call is enqueue(" + _parameters(SyncClient.enqueue) + ")",
+        "job_pause: no such call",
+        "health(verbose): the call is health()",
+    ]
+    assert "queue_stats: not in the table" in wrong_signatures(calls_documented(table))

@@ -150,6 +150,7 @@ async def running_by_key(http: httpx.AsyncClient, server: RunningServer) -> Coun
     return Counter(job["concurrency"]["key"] for job in r.json()["jobs"])
 
 
+@pytest.mark.soak
 async def test_a_concurrency_limit_holds_across_servers(servers: list[RunningServer]) -> None:
     configs = [{"queue": "sync", "concurrency": {"key": f"k{i % 20}", "limit": 2}} for i in range(2000)]
     clients = [httpx.AsyncClient(base_url=s.url, timeout=30) for s in servers]

@@ -202,6 +202,7 @@ async def test_an_unreachable_database_is_named_and_exit_1(cli: Any) -> None:
         )
 
 
+@pytest.mark.xdist_group("pg_hba")  # rewrites the cluster's pg_hba.conf
 async def test_a_wrong_password_is_one_line_without_it(password_role: tuple[str, str], cli: Any) -> None:
     name, password = password_role
     url = as_role(database_url(), name, "not-" + password)
@@ -325,6 +326,7 @@ async def test_a_role_that_waited_while_the_owner_migrated_runs_no_ddl() -> None
             assert applied == [[]]
 
 
+@pytest.mark.xdist_group("pg_hba")  # rewrites the cluster's pg_hba.conf
 async def test_credentials_refused_while_serving_are_unavailable(password_role: tuple[str, str]) -> None:
     # a rotated password: the pool's next connection is refused, which is a
     # 503 to the request that needed it, not an error of the request

@@ -71,11 +71,16 @@ def stop_first_command(bash: subprocess.Popen) -> int:
     try:
         return bash.wait(30)  # bash ends with the server, whether it exec'd it or waits on it
     finally:
-        try:
-            os.killpg(bash.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        bash.wait()
+        kill_session(bash)
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL to whatever is left of the session *proc* leads, and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _session(stat: Path) -> int | None:

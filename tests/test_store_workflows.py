@@ -405,6 +405,7 @@ async def test_a_thousand_steps_fan_out_and_fan_in(storage: Store) -> None:
     assert wf.step("sink").job.context["m997"] == 1
 
 
+@pytest.mark.soak
 async def test_a_thousand_step_chain(storage: Store) -> None:
     steps = (step("s0"), *(step(f"s{i}", f"s{i - 1}") for i in range(1, 1000)))
     wf = await storage.workflow_create(NewWorkflow(tenant="t1", name="chain", context={}, steps=steps), now=T0)

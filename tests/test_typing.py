@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+# The tests share mypy's cache, which two processes must not write at once.
+pytestmark = pytest.mark.xdist_group("mypy-cache")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SAMPLE = '''
@@ -158,13 +161,15 @@ def mypy(installed: Path, source: str, cache: Path) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
-@pytest.fixture
-def cache(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """mypy's cache: kept between runs where pytest keeps its own cache, so
-    that only a first run checks the dependencies from scratch."""
-    if request.config.cache is not None:
-        return request.config.cache.mkdir("mypy")
-    return tmp_path / "mypy-cache"
+    that only a first run checks the dependencies from scratch; without
+    pytest's cache plugin (``-p no:cacheprovider``), one of this test's own."""
+    pytest_cache = getattr(request.config, "cache", None)
+    if pytest_cache is not None:
+        return Path(pytest_cache.mkdir("mypy"))
+    return tmp_path_factory.mktemp("mypy-cache")
 
 
 def test_the_package_ships_its_marker() -> None:

@@ -1,5 +1,4 @@
-"""The application API's routes (tenant tokens) and the health check,
-served through Quart.
+"""The application API's routes (tenant tokens) and the health check.
 
 Enqueue lives with the worker protocol's hot routes
 (:mod:`qftrio.server.protocol`); everything else a tenant calls is here.
@@ -19,6 +18,7 @@ from ..models import (
     HealthAnswer,
     JobAnswer,
     JobsListQuery,
+    JobWaitQuery,
     JobsPageAnswer,
     QueueStatsAnswer,
     QueuesAnswer,
@@ -65,6 +65,17 @@ def _tenant(call: Call) -> str:
 async def job_get(engine: Engine, call: Call) -> Reply:
     """A job."""
     return 200, (await engine.job_get(_tenant(call), call.path["job_id"])).to_wire()
+
+
+async def job_wait(engine: Engine, call: Call) -> Reply:
+    """A job once it has ended (completed, failed, cancelled), or as it
+    stands when ``timeout_secs`` (0 to 60, default 30) have passed."""
+    q: JobWaitQuery = call.query
+    return 200, (await engine.job_wait(_tenant(call), call.path["job_id"], q.timeout_secs)).to_wire()
+
+
+def _waits(call: Call) -> bool:
+    return bool(call.query.timeout_secs > 0)
 
 
 async def jobs_list(engine: Engine, call: Call) -> Reply:
@@ -251,6 +262,8 @@ _SCHEDULE = {"name": NAME}
 ROUTES: list[Route] = [
     Route("GET", "/healthz", healthz, "anyone", {200: HealthAnswer, 503: HealthAnswer}),
     Route("GET", "/api/v1/jobs/<job_id>", job_get, "tenant", {200: JobAnswer}, (404,)),
+    Route("GET", "/api/v1/jobs/<job_id>/wait", job_wait, "tenant", {200: JobAnswer}, (404, 429), query=JobWaitQuery,
+          waits=_waits),
     Route("GET", "/api/v1/jobs", jobs_list, "tenant", {200: JobsPageAnswer}, query=JobsListQuery),
     Route("POST", "/api/v1/jobs/<job_id>/cancel", job_cancel, "tenant", {200: JobAnswer}, (404, 409), body=EmptyBody),
     Route("POST", "/api/v1/jobs/<job_id>/retry", job_retry, "tenant", {200: JobAnswer}, (404, 409), body=EmptyBody),

@@ -188,10 +188,12 @@ def read_schedules(path: str, *, tenants: tuple[str, ...], dev: bool) -> tuple[F
     in ``--dev`` with none: ``default``).
 
     Raises:
-        ConfigError: a file that cannot be read, or a schedule the API would
-            refuse (naming it and the field).
+        ConfigError: a file that cannot be read, or one with a schedule the
+            API would refuse or a tenant no token acts for: every such
+            error of the file, each naming the schedule and the field.
     """
     from . import schedules
+    from .auth import DEV_TENANT
 
     try:
         with open(path, "rb") as f:
@@ -203,26 +205,37 @@ def read_schedules(path: str, *, tenants: tuple[str, ...], dev: bool) -> tuple[F
     unknown = sorted(set(data) - {"schedules"})
     if unknown or not isinstance(data.get("schedules"), dict):
         raise errors.ConfigError(f"--schedules: {path} holds a [schedules.NAME] table per schedule, and nothing else")
-    implied = tenants[0] if len(tenants) == 1 else "default" if dev and not tenants else None
-    out = []
+    # --dev with no credential serves DEV_TENANT alone: a schedule of any
+    # other tenant would be stored where no token can see it.
+    configured = tenants or ((DEV_TENANT,) if dev else ())
+    implied = configured[0] if len(configured) == 1 else None
+    out: list[FileSchedule] = []
+    problems: list[str] = []
     for name, table in data["schedules"].items():
-        where = f"--schedules: {path}: schedules.{name}"
+        where = f"schedules.{name}"
         if not valid_name(name):
-            raise errors.ConfigError(f"{where}: a schedule's name must match {NAME_PATTERN}")
+            problems.append(f"{where}: a schedule's name must match {NAME_PATTERN}")
+            continue
         if not isinstance(table, dict):
-            raise errors.ConfigError(f"{where}: must be a table")
+            problems.append(f"{where}: must be a table")
+            continue
         body: dict[str, Any] = dict(table)
         tenant = body.pop("tenant", implied)
-        if tenant is None or (tenants and tenant not in tenants):
-            raise errors.ConfigError(f"{where}.tenant: name one of the configured tenants ({', '.join(tenants) or 'none'})")
+        if tenant not in configured:
+            problems.append(f"{where}.tenant: name one of the configured tenants ({', '.join(configured) or 'none'})")
         try:
             request = ScheduleRequest.model_validate(body)
             schedules.check(request.cron, request.timezone)
         except pydantic.ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            field = ".".join(str(part) for part in first["loc"])
-            raise errors.ConfigError(f"{where}.{field}: {first['msg']}") from None
+            for error in exc.errors(include_url=False):
+                field = ".".join(str(part) for part in error["loc"])
+                problems.append(f"{where}.{field}: {'unknown key' if error['type'] == 'extra_forbidden' else error['msg']}")
+            continue
         except errors.InvalidInput as exc:
-            raise errors.ConfigError(f"{where}.{exc}") from None
+            problems.append(f"{where}.{exc}")
+            continue
         out.append((tenant, name, request))
+    if problems:
+        raise errors.ConfigError(f"--schedules: {path}: {'; '.join(problems)}")
     return tuple(out)
+

@@ -2,7 +2,7 @@
 loaded from elsewhere (it works offline and behind any firewall).
 
 The Swagger UI shipped on PyPI (py-swagger-ui) is a 4.x release, which does
-not render OpenAPI 3.1, the version quart-schema writes; this page is small
+not render OpenAPI 3.1, the version the document is in; this page is small
 and enough to read the document: every route, who may call it, its
 parameters, body and answers, with their schemas.
 """

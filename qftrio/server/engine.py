@@ -10,42 +10,37 @@ transport calls the same methods. The engine owns
 * policy: defaults, the retry backoff (handed to those decisions as
   ``retry_at``), what counts as valid input;
 * time: every store call gets ``now`` from :attr:`Engine.clock`;
-* long-poll leases: waiting tasks park on a per-queue :class:`Waker` that
-  enqueues (and, on PostgreSQL, the store's LISTEN connection) ring;
-* metrics (a registry per engine, :attr:`Engine.metrics_registry`), and the
-  janitor loop that reaps expired leases, compacts the counts and prunes old
-  jobs;
+* long-poll leases: waiting tasks park on a per-queue
+  :class:`~qftrio.server.waker.Waker` that enqueues (and, on PostgreSQL, the
+  store's LISTEN connection) ring;
+* metrics (a registry per engine, :attr:`Engine.metrics_registry`);
 * operations: queue stats, pause and resume, bulk actions by filter, the
   live workers (those holding jobs, and those seen leasing lately: a
-  :class:`Sightings` cache keeps each server's writes of them rare and
-  bounded);
-* dashboard sessions: random ids kept in the store, with their expiry and
-  their CSRF secret; the janitor purges the expired ones;
+  :class:`~qftrio.server.sightings.Sightings` cache keeps each server's
+  writes of them rare and bounded);
 * workflows (docs/workflows.md): the graph is checked here
   (:mod:`qftrio.server.workflows`); advancing one
   (:func:`~qftrio.server.transitions.advance`) happens inside the store's job
   transactions, and the engine wakes the long-polls of the queue that the
   unblocked steps landed on.
 
-Each state transition is one store call, so one transaction.
+Each state transition is one store call, so one transaction. What is not an
+operation lives in a module of its own, which the engine delegates to:
+:mod:`~qftrio.server.janitor` (the loop that reaps expired leases, compacts
+the counts, prunes old jobs and purges), :mod:`~qftrio.server.waker`
+(long-poll parking and hand-off), :mod:`~qftrio.server.sessions` (dashboard
+sessions), :mod:`~qftrio.server.sightings` (the workers seen),
+:mod:`~qftrio.server.cursors` (the keyset pages' cursors),
+:mod:`~qftrio.server.schedule_firing` (schedules' ticks) and
+:mod:`~qftrio.server.new_jobs` (the job an enqueue request asks for).
 """
 
 from __future__ import annotations
 
-import base64
-import collections
-import dataclasses
 import functools
-import hashlib
-import hmac
-import json
-import logging
-import math
-import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
@@ -53,6 +48,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from .. import errors
 from .._batching import Batcher
 from ..models import (
+    TERMINAL,
     MAX_ANSWER_BYTES,
     MAX_BATCH,
     QUEUES_PAGE,
@@ -69,11 +65,11 @@ from ..models import (
     Workflow,
     WorkflowCreateRequest,
     WorkflowStatus,
-    parse_time,
-    valid_name,
 )
-from . import schedules, transitions
+from . import janitor, schedule_firing, schedules, sessions, transitions
+from .cursors import decode_cursor, decode_queue_cursor, encode_cursor, encode_queue_cursor
 from .metrics import Metrics
+from .new_jobs import new_job
 from .store.base import (
     ALL_QUEUES,
     BulkAction,
@@ -94,242 +90,15 @@ from .store.base import (
     SnoozeItem,
     Store,
 )
+from .sightings import Sightings
+from .waits import JobWaits
+from .waker import Parked, Waker, wake_after_reports
 from .workflows import new_workflow
 
-__all__ = ["Engine", "RetryPolicy", "Sightings", "Waker"]
+# Parked, Sightings, Waker, new_job and session_key are imported from here too.
+__all__ = ["Engine", "Parked", "RetryPolicy", "Sightings", "Waker", "new_job", "session_key"]
 
-log = logging.getLogger("qftrio.engine")
-
-
-class Parked:
-    """A long-poll parked on a queue, from its claim until woken or handed
-    jobs."""
-
-    __slots__ = ("claim", "event", "leases", "taken", "waiting")
-
-    def __init__(self, claim: ClaimRequest) -> None:
-        self.claim = claim
-        self.event = trio.Event()
-        #: Its claim found nothing and it waits: only then may an enqueue
-        #: claim for it.
-        self.waiting = False
-        #: Jobs an enqueue claimed for this poll, in its own transaction.
-        self.leases: list[Lease] = []
-        #: An enqueue is claiming for this poll: its event is set once that
-        #: transaction ends, with or without jobs.
-        self.taken = False
-
-
-class Waker:
-    """The long-polls parked on each queue, oldest first.
-
-    A poll parks before it claims, and waits only if its claim found
-    nothing. ``notify(queue)`` wakes every poll parked on that queue; each
-    then claims again, and those that find nothing park again. A notify
-    that comes while a poll claims (for work its claim may not have seen:
-    committed after the claim read the queue) is not lost either: the poll
-    claims again at once instead of waiting. ``take(queue, n)`` unparks the
-    oldest waiting polls that can hold *n* jobs between them, for an
-    enqueue to claim for them.
-    """
-
-    def __init__(self) -> None:
-        self._parked: dict[str, list[Parked]] = {}
-
-    def park(self, claim: ClaimRequest) -> Parked:
-        parked = Parked(claim)
-        self._parked.setdefault(claim.queue, []).append(parked)
-        return parked
-
-    def unpark(self, parked: Parked) -> None:
-        polls = self._parked.get(parked.claim.queue)
-        if polls is not None and parked in polls:
-            polls.remove(parked)
-            if not polls:
-                del self._parked[parked.claim.queue]
-
-    def take(self, queue: str, jobs: int) -> list[Parked]:
-        polls = self._parked.get(queue)
-        if not polls:
-            return []
-        taken: list[Parked] = []
-        kept: list[Parked] = []  # claiming for themselves, or not needed
-        room = 0
-        for k, parked in enumerate(polls):
-            if room >= jobs:
-                kept += polls[k:]
-                break
-            if parked.waiting:
-                parked.taken = True
-                taken.append(parked)
-                room += parked.claim.limit
-            else:
-                kept.append(parked)
-        if kept:
-            self._parked[queue] = kept
-        else:
-            del self._parked[queue]
-        return taken
-
-    def notify(self, queue: str) -> None:
-        for parked in self._parked.pop(queue, ()):
-            parked.event.set()
-
-    def notify_all(self) -> None:
-        everything, self._parked = self._parked, {}
-        for polls in everything.values():
-            for parked in polls:
-                parked.event.set()
-
-    def after_change(self, queues: Iterable[str], *, freed: bool) -> None:
-        """Wake the polls a change of jobs may have made work for: those
-        parked on *queues* (where it made jobs ready), or every poll when it
-        *freed* a concurrency key's place (a job of a key stopped running:
-        a report ended it, a cancel, or the janitor took it back), since that
-        key's jobs on any queue may be claimable now; other servers hear the
-        key's NOTIFY. Polls park on a queue only when it had nothing to hand
-        out, and each wake costs a claim: a change that made nothing
-        claimable wakes no one."""
-        if freed:
-            self.notify_all()
-            return
-        for queue in set(queues):
-            self.notify(queue)
-
-
-class Sightings:
-    """Which ``(worker_id, queue)`` lease callers this server wrote to the
-    store, and when: a pair is written again only once *every* seconds have
-    passed, so a worker's lease calls cost at most one write per few seconds.
-
-    Bounded: pairs not written for *window* seconds are forgotten (the
-    oldest writes first), and at most *capacity* pairs are kept. A new pair
-    arriving when that many were written within the window is not recorded
-    (nor written): a caller sending endless worker ids grows neither this
-    server's memory nor the table, and each server adds at most *capacity*
-    rows per window. The workers list then misses such pairs until room
-    frees up; :attr:`refused` counts them.
-    """
-
-    def __init__(self, *, every: float, window: float, capacity: int) -> None:
-        self.every = every
-        self.window = window
-        self.capacity = capacity
-        self.refused = 0
-        # Oldest write first, so expired pairs are found at the front.
-        self._written: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
-
-    def due(self, worker_id: str, queue: str, now: float) -> bool:
-        """Whether the pair is to be written now; if so, it counts as
-        written at *now*."""
-        key = (worker_id, queue)
-        last = self._written.get(key)
-        if last is not None and now - last < self.every:
-            return False
-        while self._written:
-            oldest, at = next(iter(self._written.items()))
-            if now - at < self.window:
-                break
-            del self._written[oldest]
-        if key not in self._written and len(self._written) >= self.capacity:
-            self.refused += 1
-            return False
-        self._written[key] = now
-        self._written.move_to_end(key)
-        return True
-
-    def __len__(self) -> int:
-        return len(self._written)
-
-
-def session_key(session_id: str) -> str:
-    """What the store keys a dashboard session by: the SHA-256 of its id,
-    so that the database holds no id a browser could present."""
-    return hashlib.sha256(session_id.encode()).hexdigest()
-
-
-def token_mac(secret: str, token: str | bytes) -> str:
-    """The mark a session keeps of the token it was signed in with: an HMAC
-    under the session's own secret, so it matches only that token and is
-    worth nothing to anyone reading the database."""
-    raw = token if isinstance(token, bytes) else token.encode()
-    return hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
-
-
-def _wake_after_reports(waker: Waker, results: Sequence[ReportResult], *, retried: bool) -> None:
-    """Wake the long polls that *results* may have made work for
-    (:meth:`Waker.after_change`): on the queues where they made jobs ready
-    (workflow steps, and with *retried* the jobs put back to pending, whose
-    polls recompute their wait), and every poll when an ended job held a
-    concurrency key."""
-    queues = {q for r in results for q in r.ready_queues}
-    if retried:
-        queues |= {r.queue for r in results if r.applied and r.status is Status.PENDING and r.queue is not None}
-    waker.after_change(queues, freed=any(r.applied and r.keyed for r in results))
-
-
-def encode_cursor(key: tuple[float, str]) -> str:
-    """The cursor of the page after the item of *key*, ``(created_at, id)``."""
-    raw = json.dumps(list(key)).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, job_id = json.loads(raw)
-        job_id.encode()  # a lone surrogate is no id, and no store can take it
-        return float(created_at), str(job_id)
-    except Exception:
-        raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor") from None
-
-
-def encode_queue_cursor(queue: str) -> str:
-    """The cursor of the page of queues after *queue*."""
-    return base64.urlsafe_b64encode(queue.encode()).decode().rstrip("=")
-
-
-def decode_queue_cursor(cursor: str) -> str:
-    try:
-        queue = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-    except Exception:
-        queue = ""
-    if not valid_name(queue):
-        raise errors.InvalidInput("cursor: not a cursor this server issued", code="invalid_cursor")
-    return queue
-
-
-def new_job(tenant: str, job: EnqueueRequest, now: float, *, schedule: str | None = None) -> NewJob:
-    """The job an enqueue request asks for at *now* (a schedule's tick: the
-    tick's time, its ``delay_secs`` counted from it)."""
-    cfg = job.config
-    if cfg.scheduled_at is not None:
-        scheduled_at = parse_time(cfg.scheduled_at) or 0.0
-    elif cfg.delay_secs:
-        scheduled_at = now + cfg.delay_secs
-    else:
-        scheduled_at = now
-    return NewJob(
-        tenant=tenant,
-        queue=cfg.queue,
-        kind=job.kind,
-        payload=job.payload,
-        priority=cfg.priority,
-        max_attempts=cfg.max_attempts,
-        scheduled_at=scheduled_at,
-        idempotency_key=cfg.idempotency_key,
-        timeout_secs=cfg.timeout_secs,
-        backoff=None if cfg.backoff is None else cfg.backoff.model_dump(),
-        headers=cfg.headers or None,
-        schedule=schedule,
-        concurrency=None if cfg.concurrency is None else cfg.concurrency.model_dump(),
-        rate_limit=cfg.rate_limit,
-        unique=None if cfg.unique is None else cfg.unique.model_dump(),
-    )
-
-
-def _job_of_schedule(tenant: str, name: str, job: dict[str, Any], tick: float) -> NewJob:
-    return new_job(tenant, EnqueueRequest.model_validate(job), tick, schedule=name)
+session_key = sessions.session_key
 
 
 class Engine:
@@ -361,12 +130,15 @@ class Engine:
     MAX_RATE_LIMITS = 100
     #: Sightings and expired sessions are purged this often.
     PURGE_EVERY_SECS = 60.0
-    #: A dashboard session's id is this long (``secrets.token_urlsafe(32)``);
-    #: a longer cookie is not looked up.
-    MAX_SESSION_ID = 64
-    #: A session's idle end moves on at most this often (a write), so that
-    #: browsing costs a read per page, not a write.
-    SESSION_TOUCH_SECS = 60.0
+    #: A dashboard session's id is this long; a longer cookie is not looked up.
+    MAX_SESSION_ID = sessions.MAX_SESSION_ID
+    #: A session's idle end moves on at most this often.
+    SESSION_TOUCH_SECS = sessions.SESSION_TOUCH_SECS
+    #: Waits (``GET /api/v1/jobs/{id}/wait``) one tenant may have parked on
+    #: this server at once.
+    MAX_WAITS_PER_TENANT = 1000
+    #: Seconds a wait's end may take to unregister it (shielded).
+    WAIT_END_SECS = 5.0
 
     def __init__(
         self,
@@ -384,11 +156,12 @@ class Engine:
         self.policy = policy
         self.clock = clock
         self.safety_poll_secs = safety_poll_secs
-        #: A dashboard session ends after this long without a request, and
-        #: this long after sign-in whatever happens.
-        self.session_idle_secs = session_idle_secs
-        self.session_lifetime_secs = session_lifetime_secs
+        self.sessions = sessions.Sessions(
+            store, clock, idle_secs=session_idle_secs, lifetime_secs=session_lifetime_secs
+        )
         self.waker = Waker()
+        self.waits = JobWaits(self.MAX_WAITS_PER_TENANT)
+        store.on_ended = self.waits.ended
         self.metrics = Metrics()
         self.sightings = Sightings(
             every=self.SIGHTING_EVERY_SECS, window=self.WORKERS_SEEN_SECS, capacity=self.MAX_SIGHTINGS
@@ -421,12 +194,31 @@ class Engine:
             max_items=MAX_BATCH,
         )
 
+    @property
+    def session_idle_secs(self) -> float:
+        """A dashboard session ends after this long without a request."""
+        return self.sessions.idle_secs
+
+    @session_idle_secs.setter
+    def session_idle_secs(self, secs: float) -> None:
+        self.sessions.idle_secs = secs
+
+    @property
+    def session_lifetime_secs(self) -> float:
+        """A dashboard session ends this long after sign-in whatever happens."""
+        return self.sessions.lifetime_secs
+
+    @session_lifetime_secs.setter
+    def session_lifetime_secs(self, secs: float) -> None:
+        self.sessions.lifetime_secs = secs
+
     # -- lifecycle ---------------------------------------------------------
 
     def begin_shutdown(self) -> None:
         """Make parked long-polls return (empty) at once, and new ones not wait."""
         self._closing.set()
         self.waker.notify_all()
+        self.waits.close()
 
     @property
     def closing(self) -> bool:
@@ -497,14 +289,7 @@ class Engine:
         new = [new_job(tenant, job, now) for job in jobs]
         # Jobs due now go straight to the long-polls parked on their queue:
         # claimed for them in the insert's own transaction.
-        handed: list[Parked] = []
-        if not self.closing:
-            due: dict[str, int] = {}
-            for job in new:
-                if job.scheduled_at <= now:
-                    due[job.queue] = due.get(job.queue, 0) + 1
-            for queue, count in due.items():
-                handed += self.waker.take(queue, count)
+        handed = [] if self.closing else self.waker.take_due(new, now)
         claimed: list[list[Lease]] = []
         if not handed:
             inserted = await self._inserts([(job, now) for job in new])
@@ -579,6 +364,42 @@ class Engine:
         if job is None:
             raise errors.NotFound(f"job {job_id} not found")
         return job
+
+    async def job_wait(self, tenant: str, job_id: str, timeout_secs: float) -> Job:
+        """The job once it is terminal (completed, failed, cancelled), or as
+        it stands when *timeout_secs* pass or the server begins shutting
+        down; at once when it is terminal already. Woken by the store's word
+        that it ended, from this server or another (:attr:`Store.on_ended`),
+        and reading it again every ``safety_poll_secs`` besides.
+
+        Raises:
+            NotFound: no such job of *tenant*.
+            TooManyRequests: the tenant has ``MAX_WAITS_PER_TENANT`` waits
+                parked here already.
+        """
+        job = await self.job_get(tenant, job_id)
+        if job.status in TERMINAL or timeout_secs <= 0 or self.closing:
+            return job
+        deadline = trio.current_time() + timeout_secs
+        with self.waits.park(tenant, job_id) as parked:
+            wait_id = await self.store.job_wait_begin(job_id, now=self.clock(), wait_secs=timeout_secs)
+            try:
+                while True:
+                    remaining = deadline - trio.current_time()
+                    # Listening before the read: an end another server
+                    # commits after it reaches this wait.
+                    await self.store.notifications_wanted(max(0.0, remaining))
+                    job = await self.job_get(tenant, job_id)
+                    remaining = deadline - trio.current_time()
+                    if job.status in TERMINAL or remaining <= 0 or self.waits.closed:
+                        return job
+                    with trio.move_on_after(min(remaining, self.safety_poll_secs)):
+                        await parked.event.wait()
+                    parked.rearm()
+            finally:
+                # The wait's row goes even when the caller went away.
+                with trio.CancelScope(shield=True), trio.move_on_after(self.WAIT_END_SECS):
+                    await self.store.job_wait_end(wait_id)
 
     async def jobs_list(
         self,
@@ -742,53 +563,20 @@ class Engine:
     # -- dashboard sessions --------------------------------------------------
 
     async def session_create(self, tenant: str, token: str) -> tuple[str, DashboardSession]:
-        """A new dashboard session of *tenant*, signed in with *token*: its
-        random id (the cookie's value, kept nowhere else) and the session as
-        every server reads it from the store."""
-        session_id = secrets.token_urlsafe(32)
-        secret = secrets.token_urlsafe(32)
-        now = self.clock()
-        expires_at = now + self.session_lifetime_secs
-        session = DashboardSession(
-            tenant=tenant,
-            secret=secret,
-            token_mac=token_mac(secret, token),
-            created_at=now,
-            idle_until=min(now + self.session_idle_secs, expires_at),
-            expires_at=expires_at,
-        )
-        await self.store.session_create(session_key(session_id), session)
-        return session_id, session
+        """A new dashboard session of *tenant*, signed in with *token*
+        (:meth:`Sessions.create <qftrio.server.sessions.Sessions.create>`)."""
+        return await self.sessions.create(tenant, token)
 
     async def session_get(
         self, session_id: str, tokens_of: Callable[[str], Iterable[bytes]]
     ) -> DashboardSession | None:
-        """The valid session of *session_id*, or None: unknown, signed out,
-        idle too long, past its lifetime, or signed in with a token that no
-        longer acts for its tenant (*tokens_of* answers those that do now;
-        such a session is deleted). Moves the idle end on, at most once
-        every :attr:`SESSION_TOUCH_SECS`."""
-        if not session_id or len(session_id) > self.MAX_SESSION_ID:
-            return None
-        key = session_key(session_id)
-        now = self.clock()
-        session = await self.store.session_get(key, now=now)
-        if session is None:
-            return None
-        mac = session.token_mac.encode()
-        if not any(hmac.compare_digest(token_mac(session.secret, t).encode(), mac) for t in tokens_of(session.tenant)):
-            await self.store.session_delete(key)
-            return None
-        idle_until = min(now + self.session_idle_secs, session.expires_at)
-        if idle_until - session.idle_until >= self.SESSION_TOUCH_SECS:
-            await self.store.session_touch(key, idle_until=idle_until)
-            session = dataclasses.replace(session, idle_until=idle_until)
-        return session
+        """The valid session of *session_id*, or None
+        (:meth:`Sessions.get <qftrio.server.sessions.Sessions.get>`)."""
+        return await self.sessions.get(session_id, tokens_of)
 
     async def session_delete(self, session_id: str) -> None:
         """Sign the session out (idempotent): its id is worth nothing from now on."""
-        if session_id and len(session_id) <= self.MAX_SESSION_ID:
-            await self.store.session_delete(session_key(session_id))
+        await self.sessions.delete(session_id)
 
     # -- workflows -----------------------------------------------------------
 
@@ -830,7 +618,7 @@ class Engine:
     # -- schedules -----------------------------------------------------------
 
     #: Due schedules per transaction of a janitor round.
-    SCHEDULES_BATCH = 100
+    SCHEDULES_BATCH = schedule_firing.SCHEDULES_BATCH
 
     async def _check_rate_limits(self, tenant: str, configs: Sequence[JobConfig], field: str, now: float) -> None:
         """Refuse (422 naming *field*) a job config naming a rate limit the
@@ -898,7 +686,9 @@ class Engine:
     async def schedule_trigger(self, tenant: str, name: str) -> tuple[Schedule, Job]:
         """Enqueue one job of the schedule now, besides its ticks (paused or
         not); its next run stays."""
-        triggered = await self.store.schedule_trigger(tenant, name, now=self.clock(), job_of=_job_of_schedule)
+        triggered = await self.store.schedule_trigger(
+            tenant, name, now=self.clock(), job_of=schedule_firing.job_of_schedule
+        )
         if triggered is None:
             raise errors.NotFound(f"schedule {name} not found")
         schedule, inserted = triggered
@@ -910,15 +700,9 @@ class Engine:
         every server: each tick enqueues one job whichever server wins it),
         :attr:`SCHEDULES_BATCH` schedules per transaction. Returns how many
         jobs it enqueued."""
-        fired = 0
-        while True:
-            taken, inserted = await self.store.schedules_fire(
-                now=self.clock(), limit=self.SCHEDULES_BATCH, job_of=_job_of_schedule
-            )
-            self._enqueued_by_schedules(inserted)
-            fired += len(inserted)
-            if taken < self.SCHEDULES_BATCH:
-                return fired
+        return await schedule_firing.fire_due(
+            self.store, self.clock, self._enqueued_by_schedules, batch=self.SCHEDULES_BATCH
+        )
 
     def _enqueued_by_schedules(self, inserted: Sequence[Inserted]) -> None:
         self._count_enqueued((i.new.queue, i.new.kind) for i in inserted)
@@ -1038,14 +822,14 @@ class Engine:
     async def complete(self, items: Sequence[CompleteItem]) -> list[ReportResult]:
         results = await self._completes(items)
         self._count_ended(results, self.clock())
-        _wake_after_reports(self.waker, results, retried=False)
+        wake_after_reports(self.waker, results, retried=False)
         await self._count_conflicts(items, results)
         return results
 
     async def fail(self, items: Sequence[FailItem]) -> list[ReportResult]:
         results = await self._fails(items)
         self._count_ended(results, self.clock())
-        _wake_after_reports(self.waker, results, retried=True)
+        wake_after_reports(self.waker, results, retried=True)
         await self._count_conflicts(items, results)
         return results
 
@@ -1054,7 +838,7 @@ class Engine:
         their attempt (:func:`~qftrio.server.transitions.snooze`)."""
         results = await self._snoozes(items)
         # parked long-polls recompute their wait
-        _wake_after_reports(self.waker, results, retried=True)
+        wake_after_reports(self.waker, results, retried=True)
         await self._count_conflicts(items, results)
         return results
 
@@ -1076,16 +860,8 @@ class Engine:
     # -- janitor -----------------------------------------------------------
 
     async def reap_expired(self) -> int:
-        reaped = await self.store.jobs_reap_expired(now=self.clock(), retry_at=self.policy.retry_at)
-        for r in reaped:
-            # a lost lease or a timeout is a failed attempt, retried or dead-lettered
-            self.metrics.of(self.metrics.failed, r.queue, r.kind).inc()
-            if r.status is Status.FAILED:
-                self.metrics.of(self.metrics.dead_lettered, r.queue, r.kind).inc()
-        self.waker.after_change(
-            {r.queue for r in reaped if r.status is Status.PENDING}, freed=any(r.keyed for r in reaped)
-        )
-        return len(reaped)
+        """Take back the jobs whose lease ran out (:func:`~qftrio.server.janitor.reap_expired`)."""
+        return await janitor.reap_expired(self)
 
     async def run_janitor(
         self,
@@ -1100,25 +876,9 @@ class Engine:
         :attr:`PURGE_EVERY_SECS`, forget old worker sightings and expired
         dashboard sessions. Runs until cancelled; store errors are
         logged and retried next round."""
-        task_status.started()
-        purged_at = -math.inf
-        while True:
-            try:
-                await self.fire_schedules()
-                await self.reap_expired()
-                await self.store.counts_fold()
-                if retention_secs is not None:
-                    await self.store.jobs_prune(before=self.clock() - retention_secs)
-                now = self.clock()
-                if now - purged_at >= self.PURGE_EVERY_SECS:
-                    await self.store.sightings_purge(before=now - self.WORKERS_SEEN_SECS)
-                    await self.store.sessions_purge(now=now)
-                    purged_at = now
-            except errors.Unavailable as exc:
-                log.warning("janitor round failed: %s; retrying", exc)
-            except Exception:
-                log.warning("janitor round failed; retrying", exc_info=True)
-            await trio.sleep(interval_secs)
+        await janitor.run_janitor(
+            self, interval_secs=interval_secs, retention_secs=retention_secs, task_status=task_status
+        )
 
     async def run_listener(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Forward the store's cross-process wake-ups to parked long-polls."""

@@ -7,7 +7,7 @@ in one place: authorise the caller, cap and read the body, parse body, query
 and path into their models, and map every error to its JSON answer. A
 route's handler only calls the engine.
 
-The same declarations give ``/openapi.json`` (see :mod:`qftrio.server.app`)
+The same declarations give ``/openapi.json`` (see :mod:`qftrio.server.openapi`)
 and the router: :class:`Router` finds a route by method and path, or the
 methods a path allows.
 """
@@ -20,7 +20,7 @@ import logging
 import math
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 from urllib.parse import parse_qsl
 
 import pydantic
@@ -38,8 +38,8 @@ M = TypeVar("M", bound=pydantic.BaseModel)
 Reply = tuple[int, Any]
 
 #: Who may call a route: the worker token, a tenant token (the handler gets
-#: the tenant), or anyone.
-Caller = Literal["worker", "tenant", "anyone"]
+#: the tenant), the metrics token (anyone when none is set), or anyone.
+Caller = Literal["worker", "tenant", "metrics", "anyone"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -79,7 +79,9 @@ class Route:
             than opaque ids (a queue's name), by parameter.
         waits: whether a call may wait long (a long poll); its answer is then
             abandoned when the client disconnects.
-        hot: answered straight from ASGI rather than through Quart.
+        media: the content type of a success answer that is not JSON (the
+            handler's payload is then its bytes).
+        documented: whether ``/openapi.json`` lists it.
     """
 
     method: str
@@ -92,18 +94,25 @@ class Route:
     query: type[pydantic.BaseModel] | None = None
     path_params: dict[str, pydantic.TypeAdapter[Any]] = dataclasses.field(default_factory=dict)
     waits: Callable[[Call], bool] | None = None
-    hot: bool = False
+    media: str | None = None
+    documented: bool = True
 
     @property
     def name(self) -> str:
         return self.handler.__name__
 
+    def path_names(self) -> list[str]:
+        """The path's parameters, in order."""
+        return re.findall(r"<(\w+)>", self.path)
+
     def statuses(self) -> list[int]:
         """Every status the route answers, in order."""
         # 422 for an unknown query parameter, on every route.
         found = set(self.answers) | set(self.errors) | {422, 503}
-        if self.caller != "anyone":
+        if self.caller in ("worker", "tenant"):
             found |= {401, 403, 429}  # 429: the client's address gave too many wrong credentials
+        elif self.caller == "metrics":
+            found |= {401, 429}
         if self.body is not None:
             found |= {400, 413}
         return sorted(found)
@@ -295,6 +304,17 @@ class Disconnected(Exception):
     """The client went away before its request was read or answered."""
 
 
+class Answer(NamedTuple):
+    """A route's answer: its status and payload, whether the connection
+    must close after it, and for a ``429`` the seconds of ``Retry-After``
+    the handler named."""
+
+    status: int
+    payload: Any
+    close: bool = False
+    retry_after: float | None = None
+
+
 class Envelope:
     """Authorisation, body cap, parsing and error mapping, for every route."""
 
@@ -320,6 +340,8 @@ class Envelope:
             tenant = self.credentials.tenant(authorization)
         elif route.caller == "worker":
             self.credentials.worker(authorization)
+        elif route.caller == "metrics":
+            self.credentials.metrics(authorization)
         for name, adapter in route.path_params.items():
             try:
                 adapter.validate_python(params[name])
@@ -331,32 +353,32 @@ class Envelope:
             body = parse_body(route.body, await self._read_body(content_length, receive_chunk))
         return Call(tenant=tenant, body=body, query=query, path=params)
 
-    async def run(self, route: Route, call: Call) -> tuple[int, Any, bool]:
-        """The handler's answer to *call*, errors mapped:
-        ``(status, payload, close)``."""
+    async def run(self, route: Route, call: Call) -> Answer:
+        """The handler's answer to *call*, errors mapped."""
         try:
             status, payload = await route.handler(self.engine, call)
         except Exception as exc:
             return self.refusal(route, exc)
-        return status, payload, False
+        return Answer(status, payload)
 
-    async def answer(self, route: Route, params: dict[str, str], **request: Any) -> tuple[int, Any, bool]:
-        """:meth:`prepare` then :meth:`run`, as ``(status, payload, close)``."""
+    async def answer(self, route: Route, params: dict[str, str], **request: Any) -> Answer:
+        """:meth:`prepare` then :meth:`run`."""
         try:
             call = await self.prepare(route, params, **request)
         except Exception as exc:
             return self.refusal(route, exc)
         return await self.run(route, call)
 
-    def refusal(self, route: Route, exc: Exception) -> tuple[int, Any, bool]:
+    def refusal(self, route: Route, exc: Exception) -> Answer:
         """The answer to *exc*, raised while answering *route* (call it in
         the ``except`` block: a bug is logged with its traceback)."""
         if isinstance(exc, errors.ApiError):
             # A 413 leaves the body unread: the connection cannot carry
             # another request.
-            return exc.status_code, exc.to_wire(), isinstance(exc, errors.PayloadTooLarge)
+            retry_after = exc.retry_after if isinstance(exc, errors.TooManyRequests) else None
+            return Answer(exc.status_code, exc.to_wire(), isinstance(exc, errors.PayloadTooLarge), retry_after)
         log.exception("request failed: %s %s", route.method, route.path)
-        return 500, errors.ApiError("internal error").to_wire(), False
+        return Answer(500, errors.ApiError("internal error").to_wire())
 
     async def _read_body(self, declared: str | None, receive_chunk: ChunkReceiver) -> bytes:
         cap = self.max_body_bytes

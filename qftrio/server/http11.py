@@ -1,4 +1,4 @@
-"""An HTTP/1.1 server for ASGI applications, on Trio.
+"""An HTTP/1.1 server on Trio, for a front and an ASGI application.
 
 It serves qftrio's API: keep-alive, pipelining, ``Content-Length`` and
 chunked request bodies, ``Expect: 100-continue``, HEAD, chunked or
@@ -9,9 +9,10 @@ put a proxy in front for those.
 The framing is parsed by llhttp (Node.js's parser, through ``httptools``)
 with every leniency off, so a request means here what it means to any strict
 parser: what llhttp refuses is answered ``400`` and the connection closed,
-and no second request is ever read where a strict parser sees one. This
-module keeps the connection loop around the parser: each connection is one
-task, and each request's application call runs in it (no task per
+and no second request is ever read where a strict parser sees one. The
+parsing is a protocol object with no I/O (:mod:`qftrio.server.http_protocol`);
+this module keeps the connection loop around it: each connection is one
+task, and each request's front or application call runs in it (no task per
 request). The parser runs ahead of the application only as far as one read
 goes; its events (a head, body bytes, the end of a message) are queued and
 served in order, and a parse error comes after the requests before it.
@@ -40,34 +41,28 @@ it can read the answer. The limits are documented in docs/protocol.md
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import email.utils
 import ipaddress
 import logging
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from http import HTTPStatus
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import unquote
 
 import httptools
 import trio
 
 from .._json import dumps
+from .http_protocol import END, HEAD, MAX_HEAD_BYTES, NO_BODY_STATUS, REASONS, BadRequest, Request, RequestParser, response_head
 from .throttle import client_key
 
-__all__ = ["serve_asgi", "KEEP_ALIVE_SECS"]
+__all__ = ["Exchange", "Front", "serve_asgi", "KEEP_ALIVE_SECS"]
 
 log = logging.getLogger("qftrio.server.http")
 
-#: A request head (the leading empty lines a client may send before it
-#: included) is at most this long and holds at most ``MAX_HEADERS`` fields;
-#: so is the framing between a chunked body's bytes (a chunk's size line and
-#: extensions, the trailer section). Trailers count toward the body cap.
-MAX_HEAD_BYTES = 64 * 1024
-MAX_HEADERS = 100
 KEEP_ALIVE_SECS = 120.0
 #: From a head's first byte (an empty line counts) to its end.
 HEAD_TIMEOUT_SECS = 30.0
@@ -100,24 +95,16 @@ MAX_CONNECTIONS_PER_ADDRESS = 256
 MAX_REFUSING_PER_ADDRESS = 8
 READ_SIZE = 65536
 
-_NO_BODY_STATUS = frozenset({204, 304})
-_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _VERSIONS = frozenset({"1.0", "1.1"})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _DISCONNECT = {"type": "http.disconnect"}
 
-# The parser's events, queued in order: a request head, body bytes, the end
-# of a request.
-_HEAD, _BODY, _END = range(3)
 
 
-class _BadRequest(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+#: Answers an :class:`Exchange` itself (True), or leaves it to the ASGI
+#: application (False).
+Front = Callable[["Exchange"], Awaitable[bool]]
 
 
 class _Closed(Exception):
@@ -151,8 +138,10 @@ class _Server:
         max_body_bytes: int,
         max_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
         trusted_proxies: Sequence[str] = (),
+        front: Front | None = None,
     ) -> None:
         self.app = app
+        self.front = front
         self.state = lifespan_state
         self.max_connections = max_connections
         self.max_body_bytes = max_body_bytes
@@ -272,7 +261,7 @@ class _Server:
         try:
             if answer:
                 connection = _Connection(self, stream, address)
-                await connection.refuse(_BadRequest(503, "unavailable", message))
+                await connection.refuse(BadRequest(503, "unavailable", message))
                 await connection.linger_close()
         except _Closed:
             pass
@@ -289,131 +278,27 @@ class _Server:
             self.slots.release()
 
 
-class _Request(NamedTuple):
-    """A request head, as the parser delivered it."""
-
-    method: bytes
-    target: bytes
-    version: str
-    headers: list[tuple[bytes, bytes]]
-    keep_alive: bool
-    upgrade: bool
-
-
-class _Connection:
-    """One client connection: its bytes fed to llhttp, its requests served
-    in turn. The parser's callbacks (the ``on_*`` methods) run inside
-    :meth:`_feed` and only queue events or raise :class:`_BadRequest`."""
+class _Connection(RequestParser):
+    """One client connection: its bytes read and fed to its parser, its
+    requests served in turn."""
 
     def __init__(self, server: _Server, stream: trio.SocketStream, address: str | None) -> None:
         self.server = server
         self.stream = stream
         #: The address this connection counts against (None: a trusted proxy).
         self.address = address
-        self.parser = httptools.HttpRequestParser(self)
-        # every leniency is off by default; say so, so that a later default
-        # cannot turn one on unseen
-        self.parser.set_dangerous_leniencies(
-            lenient_headers=False,
-            lenient_chunked_length=False,
-            lenient_keep_alive=False,
-            lenient_transfer_encoding=False,
-            lenient_version=False,
-            lenient_data_after_close=False,
-            lenient_optional_lf_after_cr=False,
-            lenient_optional_cr_before_lf=False,
-            lenient_optional_crlf_after_chunk=False,
-            lenient_spaces_after_chunk_size=False,
-        )
-        self.events: collections.deque[tuple[int, Any]] = collections.deque()
-        #: Why the parser stopped: nothing after the queued events can be read.
-        self.error: _BadRequest | None = None
-        #: The parser saw an upgrade request (or CONNECT); what follows it is
-        #: not HTTP, and is not read.
-        self.upgraded = False
+        RequestParser.__init__(self, server.max_body_bytes)
         self.eof = False
         #: The client may still be sending when the connection closes.
         self.linger = False
-        # the message being parsed
-        self.begun = False
-        self.in_head = False
-        self.target = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.head_bytes = 0
-        self.body_bytes = 0
+        self.fd = stream.socket.fileno()
+        #: The last reads waited for the socket (see :meth:`_read_head`).
+        self.parked = False
         try:
             self.local = _address(stream.socket.getsockname())
             self.peer = _address(stream.socket.getpeername())
         except OSError:
             self.local = self.peer = None
-
-    # -- the parser's callbacks ---------------------------------------------
-
-    def on_message_begin(self) -> None:
-        self.begun = self.in_head = True
-        self.target = b""
-        self.headers = []
-        self.head_bytes = self.body_bytes = 0
-
-    def on_url(self, url: bytes) -> None:
-        self.target += url
-        self.head_bytes += len(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        size = len(name) + len(value) + 4  # ": " and CRLF
-        if self.in_head:
-            self.head_bytes += size
-            if self.head_bytes > MAX_HEAD_BYTES:
-                raise _BadRequest(431, "headers_too_large", "the request head is too large")
-            if len(self.headers) >= MAX_HEADERS:
-                raise _BadRequest(431, "headers_too_large", "the request has too many header fields")
-            self.headers.append((name.lower(), value.rstrip(b" \t")))
-        else:  # a trailer field: llhttp has checked its syntax, and drops it
-            self._count_body(size)
-
-    def on_headers_complete(self) -> None:
-        parser = self.parser
-        self.in_head = False
-        self.events.append(
-            (
-                _HEAD,
-                _Request(
-                    parser.get_method(),
-                    self.target,
-                    parser.get_http_version(),
-                    self.headers,
-                    parser.should_keep_alive(),
-                    parser.should_upgrade(),
-                ),
-            )
-        )
-
-    def on_body(self, body: bytes) -> None:
-        self._count_body(len(body))
-        self.events.append((_BODY, body))
-
-    def on_message_complete(self) -> None:
-        self.begun = False
-        self.events.append((_END, None))
-
-    def _count_body(self, size: int) -> None:
-        self.body_bytes += size
-        if self.body_bytes > self.server.max_body_bytes:
-            raise _BadRequest(
-                413, "payload_too_large", f"the request body is larger than {self.server.max_body_bytes} bytes"
-            )
-
-    def _feed(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self.upgraded = True
-        except httptools.HttpParserCallbackError as exc:
-            if not isinstance(exc.__context__, _BadRequest):
-                raise exc.__context__ or exc  # a fault of the callbacks, not of the request
-            self.error = exc.__context__
-        except httptools.HttpParserError as exc:
-            self.error = _BadRequest(400, "bad_request", f"malformed request: {exc}")
 
     @property
     def readable(self) -> bool:
@@ -423,11 +308,26 @@ class _Connection:
     # -- reading ---------------------------------------------------------------
 
     async def _receive(self) -> bytes:
-        """The next bytes from the client; empty at the end of the stream."""
-        try:
-            data = await self.stream.receive_some(READ_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            data = b""
+        """The next bytes from the client; empty at the end of the stream.
+
+        The (non-blocking) socket is read directly, and waited for only when
+        it has nothing: Trio's ``receive_some`` yields to the scheduler once
+        more after each read, a second wake-up for every request. Sets
+        ``parked`` when it waited."""
+        while True:
+            try:
+                data = os.read(self.fd, READ_SIZE)
+            except BlockingIOError:
+                try:
+                    await trio.lowlevel.wait_readable(self.fd)
+                except trio.ClosedResourceError:
+                    data = b""
+                else:
+                    self.parked = True
+                    continue
+            except OSError:  # reset by the peer, and the like
+                data = b""
+            break
         if not data:
             self.eof = True
         return data
@@ -443,17 +343,18 @@ class _Connection:
                 self.server.idle.pop(idle, None)
         return b""
 
-    async def _read_head(self) -> _Request | None:
+    async def _read_head(self) -> Request | None:
         """The next request's head, or None if the client is done (end of
         stream, idle timeout, server closing).
 
         Raises:
-            _BadRequest: a malformed, too large or too slow head.
+            BadRequest: a malformed, too large or too slow head.
         """
         events = self.events
         # the deadline runs from the head's first byte, an empty line included
         deadline = trio.current_time() + HEAD_TIMEOUT_SECS if self.begun else None
         received = 0
+        self.parked = False
         while not events:
             if not self.readable:
                 if self.error is not None:
@@ -469,15 +370,20 @@ class _Connection:
                 with trio.move_on_at(deadline):
                     data = await self._receive()
                 if data is None:
-                    raise _BadRequest(408, "request_timeout", "the request head was not sent in time")
+                    raise BadRequest(408, "request_timeout", "the request head was not sent in time")
             if not data:
                 return None
             received += len(data)
-            self._feed(data)
+            self.feed(data)
             if not events and received > MAX_HEAD_BYTES:
-                raise _BadRequest(431, "headers_too_large", "the request head is too large")
+                raise BadRequest(431, "headers_too_large", "the request head is too large")
+        if not self.parked:
+            # Pipelined requests come without a wait, and so do their
+            # answers: one yield per request keeps a client's stream of them
+            # from holding the loop.
+            await trio.lowlevel.checkpoint()
         kind, request = events.popleft()
-        assert kind == _HEAD, "a request's events were left unread"
+        assert kind == HEAD, "a request's events were left unread"
         return request
 
     # -- the connection's life ---------------------------------------------------
@@ -486,14 +392,14 @@ class _Connection:
         while not self.server.closing:
             try:
                 request = await self._read_head()
-            except _BadRequest as exc:
+            except BadRequest as exc:
                 self.linger = True
                 with contextlib.suppress(_Closed):
                     await self.refuse(exc)
                 return
             if request is None:
                 return
-            exchange = _Exchange(self, request)
+            exchange = Exchange(self, request)
             if not await exchange.run():
                 self.linger = not exchange.body_done
                 return
@@ -516,9 +422,22 @@ class _Connection:
                 return
 
     async def write(self, data: bytes) -> None:
+        """Send *data*, waiting at most ``WRITE_TIMEOUT_SECS`` for the client
+        to take it. An answer nearly always fits the socket's buffer: it is
+        written directly, with no timeout to arm nor a yield to the
+        scheduler, and only the rest, if any, is waited for."""
+        try:
+            sent = os.write(self.fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self.eof = True
+            raise _Closed from None
+        if sent == len(data):
+            return
         with trio.move_on_after(WRITE_TIMEOUT_SECS):
             try:
-                await self.stream.send_all(data)
+                await self.stream.send_all(memoryview(data)[sent:])
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             else:
@@ -526,21 +445,28 @@ class _Connection:
         self.eof = True  # the connection is of no further use
         raise _Closed
 
-    async def refuse(self, exc: _BadRequest) -> None:
+    async def refuse(self, exc: BadRequest) -> None:
         """Send *exc* as a JSON error that closes the connection."""
         body = dumps({"error": {"code": exc.code, "message": exc.message}})
         extra = b"retry-after: 1\r\n" if exc.status == 503 else b""
         await self.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
             b"connection: close\r\n%sdate: %s\r\n\r\n%s"
-            % (exc.status, _REASONS.get(exc.status, b""), len(body), extra, _date(), body)
+            % (exc.status, REASONS.get(exc.status, b""), len(body), extra, _date(), body)
         )
 
 
-class _Exchange:
-    """One request and its answer on a connection."""
+class Exchange:
+    """One request and its answer on a connection.
 
-    def __init__(self, connection: _Connection, request: _Request) -> None:
+    A front (see :func:`serve_asgi`) reads the parsed head (``method``,
+    ``path``, ``raw_path``, ``query_string``, ``headers``, ``client``),
+    the body with :meth:`read_chunk`, waits for the client to go with
+    :meth:`wait_disconnect`, and answers with :meth:`respond`; an ASGI
+    application gets the same through ``receive`` and ``send``.
+    """
+
+    def __init__(self, connection: _Connection, request: Request) -> None:
         self.connection = connection
         self.request = request
         self.keep_alive = request.keep_alive and not request.upgrade
@@ -552,7 +478,7 @@ class _Exchange:
         self.expect_continue = False
         self.continuing: trio.Event | None = None  # set once a 100 Continue is written
         #: Why reading the request failed (framing, size, time): the answer.
-        self.refusal: _BadRequest | None = None
+        self.refusal: BadRequest | None = None
         self.waited = 0.0  # in the current body rate window
         self.window_bytes = 0
         self.framing = 0  # bytes read since the last that brought body bytes
@@ -569,19 +495,21 @@ class _Exchange:
     async def run(self) -> bool:
         """Serve the request; True if the connection can carry another."""
         connection = self.connection
+        server = connection.server
         try:
-            scope = self._scope()
-        except _BadRequest as exc:
+            self._parse_head()
+        except BadRequest as exc:
             await self._refuse(exc)
             return False
         try:
-            await connection.server.app(scope, self.receive, self.send)
+            if server.front is None or not await server.front(self):
+                await server.app(self._scope(), self.receive, self.send)
         except _Closed:
             return False
         except Exception:
-            log.exception("request failed: %s %s", scope["method"], scope["path"])
+            log.exception("request failed: %s %s", self.method, self.path)
             if not self.head_sent:
-                await self._refuse(_BadRequest(500, "internal", "internal error"))
+                await self._refuse(BadRequest(500, "internal", "internal error"))
             return False
         if self.refusal is not None:
             if not self.head_sent:
@@ -590,15 +518,15 @@ class _Exchange:
         if not self.complete:
             if self.head_sent or connection.eof:
                 return False  # an unfinished answer, or nobody left to answer
-            log.error("no answer to %s %s", scope["method"], scope["path"])
-            await self._refuse(_BadRequest(500, "internal", "internal error"))
+            log.error("no answer to %s %s", self.method, self.path)
+            await self._refuse(BadRequest(500, "internal", "internal error"))
             return False
         if self.keep_alive and not self.body_done:
             await self._drain()
         # requests the client sent before it stopped sending are still answered
         return self.keep_alive and self.body_done and (not connection.eof or bool(connection.events))
 
-    async def _refuse(self, exc: _BadRequest) -> None:
+    async def _refuse(self, exc: BadRequest) -> None:
         """Answer with *exc* instead of the application, and close."""
         self.keep_alive = False
         with contextlib.suppress(_Closed):
@@ -616,16 +544,16 @@ class _Exchange:
             while not self.body_done and drained <= DRAIN_BYTES:
                 try:
                     drained += len(await self._read_body())
-                except (_Closed, _BadRequest):
+                except (_Closed, BadRequest):
                     return
 
-    def _scope(self) -> dict[str, Any]:
-        """The request's ASGI scope, once its head is checked for what
-        llhttp leaves to the server (RFC 9112 §3.2, §6.1, RFC 9110 §10.1.1)."""
+    def _parse_head(self) -> None:
+        """Check the head for what llhttp leaves to the server (RFC 9112
+        §3.2, §6.1, RFC 9110 §10.1.1), and read its method and target."""
         request = self.request
         version = request.version
         if version not in _VERSIONS:
-            raise _BadRequest(505, "http_version_not_supported", "only HTTP/1.1 and HTTP/1.0 are served")
+            raise BadRequest(505, "http_version_not_supported", "only HTTP/1.1 and HTTP/1.0 are served")
         connection = self.connection
         if connection.error is not None and not connection.events:
             # llhttp refused this head as it ended (say, a Transfer-Encoding
@@ -642,51 +570,65 @@ class _Exchange:
                 transfer_encoding = value.lower()  # llhttp allows one, ending in chunked
             elif name == b"expect":
                 if value.lower() != b"100-continue":
-                    raise _BadRequest(417, "expectation_failed", "only Expect: 100-continue is understood")
+                    raise BadRequest(417, "expectation_failed", "only Expect: 100-continue is understood")
                 self.expect_continue = version == "1.1"
         if hosts > 1 or (hosts == 0 and version == "1.1"):
-            raise _BadRequest(400, "bad_request", "an HTTP/1.1 request needs exactly one Host header")
+            raise BadRequest(400, "bad_request", "an HTTP/1.1 request needs exactly one Host header")
         if transfer_encoding is not None:
             if version == "1.0":
                 # RFC 9112 §6.1: its framing is to be treated as faulty
-                raise _BadRequest(400, "bad_request", "Transfer-Encoding in an HTTP/1.0 request")
+                raise BadRequest(400, "bad_request", "Transfer-Encoding in an HTTP/1.0 request")
             if transfer_encoding != b"chunked":
-                raise _BadRequest(501, "not_implemented", "only the chunked transfer coding is understood")
+                raise BadRequest(501, "not_implemented", "only the chunked transfer coding is understood")
             self.chunked = True
         if request.upgrade and (self.chunked or self.declared):
             # llhttp leaves the body of an upgrade request unparsed
-            raise _BadRequest(400, "bad_request", "a request to switch protocols cannot carry a body here")
+            raise BadRequest(400, "bad_request", "a request to switch protocols cannot carry a body here")
         events = connection.events
-        if events and events[0][0] == _END:  # no body: its end came with the head
+        if events and events[0][0] == END:  # no body: its end came with the head
             events.popleft()
             self.body_done = True
             self.expect_continue = False
         try:
             url = httptools.parse_url(request.target)
         except httptools.HttpParserInvalidURLError:
-            raise _BadRequest(400, "bad_request", "malformed request target") from None
-        method = request.method.decode("ascii")
+            raise BadRequest(400, "bad_request", "malformed request target") from None
+        self.method = method = request.method.decode("ascii")
         self.head_only = method == "HEAD"
-        raw_path = url.path or b"/"
-        path = raw_path.decode("ascii")
+        self.raw_path = url.path or b"/"
+        path = self.raw_path.decode("ascii")
+        self.path = unquote(path) if "%" in path else path
+        self.query_string = url.query or b""
+
+    def _scope(self) -> dict[str, Any]:
+        """The request's ASGI scope."""
+        connection = self.connection
         return {
             "type": "http",
             "asgi": _ASGI,
-            "http_version": version,
-            "method": method,
+            "http_version": self.request.version,
+            "method": self.method,
             "scheme": "http",
-            "path": unquote(path) if "%" in path else path,
-            "raw_path": raw_path,
-            "query_string": url.query or b"",
+            "path": self.path,
+            "raw_path": self.raw_path,
+            "query_string": self.query_string,
             "root_path": "",
-            "headers": request.headers,
-            "client": self._client(),
+            "headers": self.request.headers,
+            "client": self.client,
             "server": connection.local,
             "extensions": {},
             "state": dict(connection.server.state),
         }
 
-    def _client(self) -> tuple[str, int] | None:
+    def header(self, name: bytes) -> str | None:
+        """The first value of the request's header *name* (lower case)."""
+        for key, value in self.request.headers:
+            if key == name:
+                return value.decode("latin-1")
+        return None
+
+    @property
+    def client(self) -> tuple[str, int] | None:
         """The client: the peer, or, when the peer is a trusted proxy, the
         address the proxies name in ``X-Forwarded-For`` (the rightmost that
         is not itself a trusted proxy)."""
@@ -707,27 +649,43 @@ class _Exchange:
 
     # -- the request body -------------------------------------------------
 
-    async def receive(self) -> dict[str, Any]:
+    async def read_chunk(self) -> tuple[bytes, bool] | None:
+        """The next bytes of the body and whether more follow; None when the
+        client has gone or the body cannot be read (the answer is then the
+        server's). After the body's end, it returns only when the client
+        goes."""
         if self.refusal is not None:
-            return _DISCONNECT
+            return None
         if not self.body_done:
             try:
                 if self.expect_continue:
                     self.expect_continue = False
                     await self._continue()
                 body = await self._read_body()
-            except _BadRequest as exc:
+            except BadRequest as exc:
                 self.refusal = exc
-                return _DISCONNECT
+                return None
             except _Closed:
-                return _DISCONNECT
+                return None
             self.body_delivered = self.body_done
-            return {"type": "http.request", "body": body, "more_body": not self.body_done}
+            return body, not self.body_done
         if not self.body_delivered:
             self.body_delivered = True
-            return {"type": "http.request", "body": b"", "more_body": False}
+            return b"", False
         await self._wait_for_disconnect()
-        return _DISCONNECT
+        return None
+
+    async def wait_disconnect(self) -> None:
+        """Return when the client has gone (the body is read and dropped)."""
+        while await self.read_chunk() is not None:
+            pass
+
+    async def receive(self) -> dict[str, Any]:
+        """ASGI's ``receive``."""
+        chunk = await self.read_chunk()
+        if chunk is None:
+            return _DISCONNECT
+        return {"type": "http.request", "body": chunk[0], "more_body": chunk[1]}
 
     async def _continue(self) -> None:
         """Send ``100 Continue`` if the client waits for it: not once the
@@ -746,7 +704,7 @@ class _Exchange:
         sets ``body_done`` at the request's end.
 
         Raises:
-            _BadRequest: the body is malformed, too large or too slow.
+            BadRequest: the body is malformed, too large or too slow.
             _Closed: the client went away.
         """
         events = self.connection.events
@@ -755,7 +713,7 @@ class _Exchange:
         parts = []
         while events:
             kind, value = events.popleft()
-            if kind == _END:  # a request's events end with its end
+            if kind == END:  # a request's events end with its end
                 self.body_done = True
                 break
             parts.append(value)
@@ -774,7 +732,7 @@ class _Exchange:
         with trio.move_on_at(began + BODY_WINDOW_SECS - self.waited):
             data = await connection._receive()
         if data is None:
-            raise _BadRequest(408, "request_timeout", "the request body came too slowly")
+            raise BadRequest(408, "request_timeout", "the request body came too slowly")
         if not data:
             raise _Closed
         self.waited += trio.current_time() - began
@@ -783,7 +741,7 @@ class _Exchange:
             self.waited = 0.0
             self.window_bytes = 0
         events = len(connection.events)
-        connection._feed(data)
+        connection.feed(data)
         # Bytes that bring no body (a chunk's size line and extensions, the
         # trailer section) are bounded as a head is: llhttp keeps no limit.
         if len(connection.events) > events:
@@ -791,7 +749,7 @@ class _Exchange:
         else:
             self.framing += len(data)
             if self.framing > MAX_HEAD_BYTES:
-                raise _BadRequest(
+                raise BadRequest(
                     431, "headers_too_large", "the request's chunk framing or trailer section is too large"
                 )
 
@@ -806,7 +764,7 @@ class _Exchange:
             data = await connection._receive()
             read += len(data)
             if data:
-                connection._feed(data)
+                connection.feed(data)
         if not (self.complete or connection.eof):
             # the parser has stopped (an error, an upgrade): the socket is
             # no longer read, and the client may still be there
@@ -814,21 +772,31 @@ class _Exchange:
 
     # -- the answer -------------------------------------------------------
 
+    async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Answer with *status*, *headers* and all of *body*."""
+        self._start(status, headers)
+        await self._send_body(body, False)
+
     async def send(self, message: dict[str, Any]) -> None:
+        """ASGI's ``send``."""
         kind = message["type"]
         if kind == "http.response.start":
-            if self.started:
-                raise RuntimeError("http.response.start sent twice")
-            self.started = True
-            self.status = message["status"]
-            self.headers = list(message.get("headers", ()))
+            self._start(message["status"], list(message.get("headers", ())))
             return
         if kind != "http.response.body":
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        await self._send_body(message.get("body", b""), message.get("more_body", False))
+
+    def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        if self.started:
+            raise RuntimeError("http.response.start sent twice")
+        self.started = True
+        self.status = status
+        self.headers = headers
+
+    async def _send_body(self, body: bytes, more: bool) -> None:
         if not self.started or self.complete:
             raise RuntimeError("http.response.body out of order")
-        body = message.get("body", b"")
-        more = message.get("more_body", False)
         if not more:
             self.complete = True
         if self.refusal is not None and not self.head_sent:
@@ -845,7 +813,7 @@ class _Exchange:
             pass  # the client is gone; the application need not care
 
     async def _write_framed(self, head: bytes, body: bytes, more: bool) -> None:
-        if self.head_only or self.status in _NO_BODY_STATUS or self.status < 200:
+        if self.head_only or self.status in NO_BODY_STATUS or self.status < 200:
             payload = b""
         elif self.out_chunked:
             payload = b"%x\r\n%s\r\n" % (len(body), body) if body else b""
@@ -863,50 +831,25 @@ class _Exchange:
             await self.connection.write(head + payload if payload else head)
 
     def _head(self, first_body: int, more: bool) -> bytes:
-        status = self.status
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
-        length: int | None = None
-        for name, value in self.headers:
-            name = name.lower()
-            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
-                raise RuntimeError("a header of the answer holds a line break")
-            if name == b"content-length":
-                length = int(value)
-                continue
-            elif name == b"transfer-encoding":
-                continue  # the framing is this server's to choose
-            elif name == b"connection":
-                if b"close" in value.lower():
-                    self.keep_alive = False
-                continue
-            elif name == b"date":
-                continue
-            lines.append(b"%s: %s\r\n" % (name, value))
-        framed_by_close = False
-        if status in _NO_BODY_STATUS or status < 200:
-            if length is not None and status == 304:
-                lines.append(b"content-length: %d\r\n" % length)
-        elif length is not None:
-            lines.append(b"content-length: %d\r\n" % length)
-            self.out_left = length
-        elif not more:
-            lines.append(b"content-length: %d\r\n" % first_body)
-            self.out_left = first_body
-        elif self.head_only:
-            pass
-        elif self.request.version == "1.1":
-            lines.append(b"transfer-encoding: chunked\r\n")
-            self.out_chunked = True
-        else:
-            framed_by_close = True
-        if framed_by_close or self.connection.server.closing or not (self.body_done or self._drainable()):
-            self.keep_alive = False
-        if not self.keep_alive:
-            lines.append(b"connection: close\r\n")
-        elif self.request.version == "1.0":
-            lines.append(b"connection: keep-alive\r\n")  # HTTP/1.0 closes by default
-        lines.append(b"date: %s\r\n\r\n" % _date())
-        return b"".join(lines)
+        server = self.connection.server
+        framing = response_head(
+            self.status,
+            self.headers,
+            first_body=first_body,
+            more=more,
+            head_only=self.head_only,
+            version=self.request.version,
+            keep_alive=self.keep_alive and not server.closing and (self.body_done or self._drainable()),
+            date=_date(),
+        )
+        self.keep_alive = framing.keep_alive
+        self.out_left = framing.length
+        self.out_chunked = framing.chunked
+        return framing.head
+
+
+# The name the fault-injection tests patch its phases under.
+_Exchange = Exchange
 
 
 def _address(address: Any) -> tuple[str, int] | None:
@@ -970,6 +913,7 @@ async def serve_asgi(
     max_body_bytes: int = 1 << 20,
     max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
     trusted_proxies: Sequence[str] = (),
+    front: Front | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve *app* on *host*:*port* until *shutdown_trigger* returns, then
@@ -990,6 +934,10 @@ async def serve_asgi(
     A request body and its trailers together are at most *max_body_bytes*
     long (413).
 
+    With a *front*, each request goes to it first, as an :class:`Exchange`:
+    it answers what it serves and returns True, or returns False, having
+    read nothing, to leave the request to *app*.
+
     Calls ``task_status.started(urls)`` once listening, with the bound URLs
     (port 0 binds a free port). Raises ``OSError`` if it cannot listen.
     """
@@ -1002,6 +950,7 @@ async def serve_asgi(
         max_body_bytes,
         max_connections_per_address,
         trusted_proxies,
+        front,
     )
     try:
         async with _lifespan(app, state):

@@ -1,25 +1,17 @@
-"""The hot routes, and the ASGI front that serves them.
-
-Enqueue (single and batch), lease, heartbeat, complete and fail (single and
-batch; snooze, rarer, sits with them) are nearly every request a busy server answers. Through Quart, a small
-request costs several times what the HTTP server alone spends on it (see
-docs/performance.md), so :class:`ProtocolFront` answers these routes
-straight from ASGI, in the same :class:`~qftrio.server.envelope.Envelope` as
-every other route, and hands the rest to the Quart app. It also answers
-``405`` (with ``Allow``) for every declared path.
+"""The hot routes: enqueue (single and batch), lease, heartbeat, complete and
+fail (single and batch; snooze, rarer, sits with them), nearly every request
+a busy server answers. They are served as every route is, by
+:class:`~qftrio.server.front.ApiFront`.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable
 from typing import Any
 
 import pydantic
 import trio
 
 from .. import errors
-from .._json import dumps as json_dumps
 from ..models import (
     NAME,
     CompleteItem,
@@ -47,12 +39,11 @@ from ..models import (
     SnoozeRequest,
     format_time,
 )
-from .auth import Credentials
 from .engine import Engine
-from .envelope import Call, Caller, Disconnected, Envelope, Handler, Reply, Route, Router
+from .envelope import Call, Caller, Handler, Reply, Route
 from .store.base import HeartbeatResult, ReportResult
 
-__all__ = ["ProtocolFront", "ROUTES"]
+__all__ = ["ROUTES"]
 
 _CONFLICT_MESSAGE = "the lease token is not the job's current one, or the job was cancelled"
 
@@ -199,7 +190,7 @@ def _hot(
     errors: tuple[int, ...] = (),
     **more: Any,
 ) -> Route:
-    return Route("POST", path, handler, caller, answers, errors, body=body, hot=True, **more)
+    return Route("POST", path, handler, caller, answers, errors, body=body, **more)
 
 
 ROUTES: list[Route] = [
@@ -216,115 +207,3 @@ ROUTES: list[Route] = [
     _hot("/api/v1/leases/fail", fail_many, "worker", FailManyRequest, {200: ReportResultsAnswer}),
     _hot("/api/v1/leases/snooze", snooze_many, "worker", SnoozeManyRequest, {200: ReportResultsAnswer}),
 ]
-
-
-# -- the ASGI front --------------------------------------------------------------
-
-
-class ProtocolFront:
-    """An ASGI app: the hot routes answered here, a method a declared path
-    does not allow answered ``405``, everything else passed to *app* (the
-    Quart app, which serves the other routes of *routes*, every route of the
-    API: :data:`~qftrio.server.api.ALL_ROUTES`)."""
-
-    def __init__(
-        self, app: Any, engine: Engine, credentials: Credentials, *, routes: list[Route], max_body_bytes: int
-    ) -> None:
-        self.app = app
-        self.router = Router(routes)
-        self.envelope = Envelope(engine, credentials, max_body_bytes=max_body_bytes)
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            found = self.router.match(scope["method"], scope["path"])
-            if isinstance(found, list):
-                err = errors.ApiError(f"{scope['method']} is not allowed here", code="method_not_allowed")
-                await _send(send, 405, err.to_wire(), headers=[(b"allow", ", ".join(found).encode())])
-                return
-            if found is not None and found[0].hot:
-                await self._serve(*found, scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    async def _serve(self, route: Route, params: dict[str, str], scope: dict[str, Any], receive: Any, send: Any) -> None:
-        try:
-            call = await self.envelope.prepare(
-                route,
-                params,
-                authorization=_header(scope, b"authorization"),
-                content_length=_header(scope, b"content-length"),
-                query_string=scope["query_string"],
-                receive_chunk=functools.partial(_receive_chunk, receive),
-            )
-        except Disconnected:
-            return  # nobody to answer
-        except Exception as exc:
-            await _send(send, *self.envelope.refusal(route, exc))
-            return
-        if route.waits is not None and route.waits(call):
-            # A long poll is abandoned if its client goes away. Its answer is
-            # sent from inside the watch, so that it leaves before the watch
-            # is torn down.
-            try:
-                await _unless_disconnected(self._answer(route, call, send), receive)
-            except Disconnected:
-                pass
-            return
-        await _send(send, *await self.envelope.run(route, call))
-
-    async def _answer(self, route: Route, call: Call, send: Any) -> None:
-        await _send(send, *await self.envelope.run(route, call))
-
-
-async def _receive_chunk(receive: Any) -> tuple[bytes, bool]:
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise Disconnected
-    return message.get("body", b""), message.get("more_body", False)
-
-
-async def _send(send: Any, status: int, payload: Any, close: bool = False, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    headers = list(headers or ())
-    if close:
-        headers.append((b"connection", b"close"))
-    if payload is None:
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": b""})
-        return
-    body = json_dumps(payload)
-    headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _header(scope: dict[str, Any], name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
-async def _unless_disconnected(call: Awaitable[None], receive: Any) -> None:
-    """Await *call*; abandon it if the client disconnects meanwhile (a long
-    poll must not claim jobs for a caller that is gone)."""
-    done = False
-    failed: list[Exception] = []
-
-    async def watch(cancel_scope: trio.CancelScope) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        cancel_scope.cancel()
-
-    with trio.CancelScope() as outer:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch, outer)
-            try:
-                await call
-                done = True
-            except Exception as exc:
-                failed.append(exc)  # raised below, not wrapped in the nursery's group
-            nursery.cancel_scope.cancel()
-    if failed:
-        raise failed[0]
-    if not done:
-        raise Disconnected

@@ -1,5 +1,6 @@
 """Running the server: the store, the engine, its janitor and listener, the
-HTTP app on qftrio's HTTP/1.1 server, and in-process handlers, in one nursery.
+API's front and the dashboard's app on qftrio's HTTP/1.1 server, and
+in-process handlers, in one nursery.
 
 Shutdown order: the trigger fires; parked long-polls return empty at once;
 the HTTP server stops accepting, closes idle connections and gives requests
@@ -18,13 +19,12 @@ import trio
 
 from .. import errors
 from ..models import format_time
-from .api import ALL_ROUTES
 from .app import create_app
 from .auth import Credentials
 from .config import Config
 from .engine import Engine
+from .front import ApiFront
 from .http11 import serve_asgi
-from .protocol import ProtocolFront
 from .store.sqlite import open_sqlite_store
 from ..worker.runtime import DEFAULT_WARN_BLOCKED_SECS, Worker, watch_blocking
 from .throttle import Throttle, ThrottleFront
@@ -192,16 +192,8 @@ async def run_server(
                 # One watchdog for them all: one blocked loop, one warning.
                 background.start_soon(watch_blocking, DEFAULT_WARN_BLOCKED_SECS, workers)
             if config.mode in ("api", "all"):
-                app = ThrottleFront(
-                    ProtocolFront(
-                        create_app(engine, credentials, max_body_bytes=config.max_body_bytes),
-                        engine,
-                        credentials,
-                        routes=ALL_ROUTES,
-                        max_body_bytes=config.max_body_bytes,
-                    ),
-                    throttle,
-                )
+                api_front = ApiFront(engine, credentials, throttle, max_body_bytes=config.max_body_bytes)
+                app = ThrottleFront(create_app(engine, credentials), throttle)
                 host, _, port = config.bind.rpartition(":")
                 try:
                     binds = await front.start(
@@ -214,6 +206,7 @@ async def run_server(
                             max_body_bytes=config.max_body_bytes,
                             max_connections_per_address=config.max_connections_per_address,
                             trusted_proxies=config.trusted_proxies,
+                            front=api_front,
                             task_status=task_status,
                         )
                     )

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Client", "Throttle", "ThrottleFront", "client_key", "current_client", "route_of"]
+__all__ = ["Client", "Throttle", "ThrottleFront", "client_key", "client_of", "current_client", "retry_after_header", "route_of"]
 
 #: The client of a request, as the server's front saw it: the address
 #: limits count by (:func:`client_key`), the request's ASGI scope, and the
@@ -41,8 +41,9 @@ def route_of(scope: dict[str, Any]) -> str:
     return f"{scope['method']} {path[:200].decode('ascii', 'replace')}"
 
 
-#: The client of the request being served: set by the server's front
-#: (:class:`ThrottleFront`), read where a credential is checked
+#: The client of the request being served: set by the API's front
+#: (:class:`~qftrio.server.front.ApiFront`) and, for the dashboard, by
+#: :class:`ThrottleFront`; read where a credential is checked
 #: (:mod:`qftrio.server.auth`).
 current_client: contextvars.ContextVar[Client | None] = contextvars.ContextVar("qftrio_current_client", default=None)
 
@@ -126,12 +127,24 @@ class Throttle:
             del buckets[address]
 
 
+def client_of(throttle: Throttle, host: str, where: dict[str, Any]) -> Client:
+    """The :data:`Client` of a request from *host* (the HTTP server has
+    already taken it from a trusted proxy's ``X-Forwarded-For``) to *where*
+    (its method and paths), with whether its address is throttled."""
+    address = client_key(host)
+    return address, where, throttle.retry_after(address)
+
+
+def retry_after_header(wait: float) -> tuple[bytes, bytes]:
+    """The ``Retry-After`` of a ``429`` to an address throttled for *wait* seconds."""
+    return b"retry-after", str(math.ceil(wait)).encode()
+
+
 class ThrottleFront:
-    """An ASGI app around *app*: each request's client (``scope["client"]``,
-    which the HTTP server has already taken from a trusted proxy's
-    ``X-Forwarded-For``) is :data:`current_client` while *app* answers it,
-    with whether its address is throttled; a ``429`` answer to a throttled
-    address gets ``Retry-After``, whichever route or page gave it."""
+    """An ASGI app around *app* (the dashboard's): each request's client is
+    :data:`current_client` while *app* answers it (:func:`client_of`); a
+    ``429`` answer to a throttled address gets ``Retry-After``, whichever
+    page gave it."""
 
     def __init__(self, app: Any, throttle: Throttle) -> None:
         self.app = app
@@ -141,10 +154,10 @@ class ThrottleFront:
         if scope["type"] != "http" or not scope.get("client"):
             await self.app(scope, receive, send)
             return
-        address = client_key(scope["client"][0])
-        wait = self.throttle.retry_after(address)
+        client = client_of(self.throttle, scope["client"][0], scope)
+        wait = client[2]
         if wait is not None:
-            retry_after = (b"retry-after", str(math.ceil(wait)).encode())
+            retry_after = retry_after_header(wait)
             plain_send = send
 
             async def send(message: dict[str, Any]) -> None:
@@ -153,7 +166,7 @@ class ThrottleFront:
                     message = {**message, "headers": [*headers, retry_after]}
                 await plain_send(message)
 
-        reset = current_client.set((address, scope, wait))
+        reset = current_client.set(client)
         try:
             await self.app(scope, receive, send)
         finally:

@@ -567,6 +567,15 @@ class DashboardSession:
 class Store(abc.ABC):
     """A job store. See the module docstring for the rules."""
 
+    #: Called on Trio's thread with the id of each job ended (completed,
+    #: failed, cancelled) while a wait on it was registered
+    #: (:meth:`job_wait_begin`), by this process or, on a store several
+    #: servers share, by any of them (through :meth:`run_listener`, which
+    #: then runs only while :meth:`notifications_wanted` says so). It may
+    #: also be called for a job that did not end (a change rolled back): a
+    #: wait reads the job again.
+    on_ended: Callable[[str], None] | None = None
+
     # -- lifecycle ---------------------------------------------------------
 
     @abc.abstractmethod
@@ -838,6 +847,16 @@ class Store(abc.ABC):
     async def jobs_heartbeat(self, items: Sequence[HeartbeatItem], *, now: float) -> list[HeartbeatResult]:
         """One result per item, in order. An extended lease sets
         ``locked_until`` and ``updated_at``."""
+
+    @abc.abstractmethod
+    async def job_wait_begin(self, job_id: str, *, now: float, wait_secs: float) -> str:
+        """Register a wait on *job_id* for up to *wait_secs* from *now*, so
+        that its end is passed to :attr:`on_ended`; returns the wait's id,
+        for :meth:`job_wait_end`."""
+
+    @abc.abstractmethod
+    async def job_wait_end(self, wait_id: str) -> None:
+        """Remove a wait :meth:`job_wait_begin` registered."""
 
     @abc.abstractmethod
     async def jobs_progress(self, items: Sequence[ProgressItem], *, now: float) -> list[HeartbeatResult]:

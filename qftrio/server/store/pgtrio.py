@@ -1337,10 +1337,13 @@ class Listener:
     #: More distinct payloads than this between two receives collapse to "*".
     MAX_PENDING = 1000
 
-    def __init__(self, conn: Connection, channel: str, *, ignore: Collection[int] = ()) -> None:
+    def __init__(
+        self, conn: Connection, channel: str, *, ignore: Collection[int] = (), always: Callable[[str], bool] | None = None
+    ) -> None:
         self._conn = conn
         self._channel = '"' + channel.replace('"', '""') + '"'
         self._ignore = ignore
+        self._always = always
         self._pending: set[str] = set()
         self._poked = False
         self._waiting: trio.CancelScope | None = None
@@ -1353,12 +1356,13 @@ class Listener:
         return self._conn.get_server_pid()
 
     def _notified(self, notify: PGnotify) -> None:
-        if notify.be_pid in self._ignore:
+        payload = notify.extra.decode()
+        if notify.be_pid in self._ignore and (self._always is None or not self._always(payload)):
             return
         if len(self._pending) >= self.MAX_PENDING:
             self._pending = {"*"}
         else:
-            self._pending.add(notify.extra.decode())
+            self._pending.add(payload)
 
     def poke(self) -> None:
         """Make a :meth:`receive` waiting now (or the next one) return, with
@@ -1437,10 +1441,12 @@ async def open_listener(
     timeout: float | None = 10.0,
     application_name: str = "qftrio-listener",
     ignore: Collection[int] = (),
+    always: Callable[[str], bool] | None = None,
 ) -> AsyncIterator[Listener]:
     """Connect to *url* for LISTENing on *channel* (not yet listening: see
     :meth:`Listener.listen`), ignoring what the backends *ignore* (a live
-    collection of process ids, such as :attr:`Database.backends`) send.
+    collection of process ids, such as :attr:`Database.backends`) send,
+    but for the payloads *always* accepts.
     Its waits are bounded by *watchdog*, a database's (:attr:`Database.watchdog`).
 
     Raises:
@@ -1451,7 +1457,7 @@ async def open_listener(
             url, watchdog=watchdog, timeout=timeout, command_timeout=timeout,
             settings={"application_name": application_name},
         )  # fmt: skip
-    listener = Listener(conn, channel, ignore=ignore)
+    listener = Listener(conn, channel, ignore=ignore, always=always)
     try:
         yield listener
     finally:

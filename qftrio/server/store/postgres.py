@@ -116,6 +116,9 @@ T = TypeVar("T")
 
 #: The NOTIFY channel; the payload is a queue name.
 CHANNEL = "qftrio_jobs"
+#: The prefix of a notification on CHANNEL that a job ended (migration 0018);
+#: a queue's name cannot hold its colon.
+ENDED = "ended:"
 
 #: What :meth:`PostgresStore.run_listener` passes to ``on_notify`` when it may
 #: have missed notifications (its connection was lost and came back): wake
@@ -670,7 +673,8 @@ class PostgresStore(Store):
         while True:
             try:
                 async with pgtrio.open_listener(
-                    self._url, CHANNEL, timeout=self._timeout, ignore=self._db.backends, watchdog=self._db.watchdog
+                    self._url, CHANNEL, timeout=self._timeout, ignore=self._db.backends, watchdog=self._db.watchdog,
+                    always=lambda payload: payload.startswith(ENDED),
                 ) as listener:
                     if self._wanted():
                         await listen(listener)
@@ -685,8 +689,8 @@ class PostgresStore(Store):
                         if listener.listening:
                             self._listening.set()
                         with trio.move_on_at(self._wanted_until if listener.listening else math.inf):
-                            for queue in sorted(await listener.receive(keepalive_secs=self._keepalive)):
-                                on_notify(queue)
+                            for payload in sorted(await listener.receive(keepalive_secs=self._keepalive)):
+                                self._notified(payload, on_notify)
                         if self._wanted() and not listener.listening:
                             await listen(listener)
                         elif listener.listening and not self._wanted():
@@ -706,6 +710,18 @@ class PostgresStore(Store):
                 task_status.started()
                 started = True
             await trio.sleep(delay)
+
+    def _notified(self, payload: str, on_notify: Callable[[str], None]) -> None:
+        """A notification's payload: a queue made ready, ``*`` (anything may
+        have been missed), or ``ended:<job id>`` (a job a wait is parked on
+        ended: migration 0018)."""
+        if payload.startswith(ENDED):
+            if self.on_ended is not None:
+                self.on_ended(payload[len(ENDED) :])
+            return
+        on_notify(payload)
+        if payload == ALL_QUEUES and self.on_ended is not None:
+            self.on_ended(ALL_QUEUES)
 
     def _wanted(self) -> bool:
         return trio.current_time() < self._wanted_until
@@ -1025,6 +1041,16 @@ class PostgresStore(Store):
         status it read, and whether the token was current)."""
         status = None if row["status"] is None else STATUS_OF[row["status"]]
         return transitions.heartbeat(status, row["current"], extend_secs=extend, now=now)
+
+    async def job_wait_begin(self, job_id: str, *, now: float, wait_secs: float) -> str:
+        wait_id = uuid.uuid4()
+        # Kept a minute past its time, so that a wait of a server that died
+        # cannot be taken for a live one, nor a live one removed too soon.
+        await self._db.fetch(Q["job_wait_begin"], wait_id, _uuid_param(job_id), now, wait_secs + 60.0)
+        return str(wait_id)
+
+    async def job_wait_end(self, wait_id: str) -> None:
+        await self._db.fetch(Q["job_wait_end"], uuid.UUID(wait_id))
 
     async def jobs_progress(self, items: Sequence[ProgressItem], *, now: float) -> list[HeartbeatResult]:
         if not items:

@@ -28,6 +28,7 @@ import os
 import re
 import sqlite3
 import threading
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from queue import SimpleQueue
@@ -565,6 +566,20 @@ class _StoreThread:
         await trio.to_thread.run_sync(self._thread.join)
 
 
+#: The waits on jobs of one connection (SqliteStore): its own TEMP table and
+#: trigger, gone with it.
+_WAITS_SCHEMA = """
+CREATE TEMP TABLE job_waits (id TEXT PRIMARY KEY, job_id TEXT NOT NULL);
+CREATE INDEX temp.job_waits_job ON job_waits (job_id);
+CREATE TEMP TRIGGER jobs_ended AFTER UPDATE OF status ON main.jobs
+WHEN NEW.status IN ('completed', 'failed', 'cancelled')
+    AND EXISTS (SELECT 1 FROM temp.job_waits WHERE job_id = NEW.id)
+BEGIN
+    SELECT qftrio_ended(NEW.id);
+END;
+"""
+
+
 class SqliteStore(Store):
     """See the module docstring. Build it with :func:`open_sqlite_store`.
 
@@ -595,6 +610,21 @@ class SqliteStore(Store):
         self._conn.execute("PRAGMA busy_timeout=5000")
         self._conn.create_function("qftrio_merge", 2, _merge, deterministic=True)
         self._migrate()
+        # Waits on jobs: the ids of the jobs a transaction ends that a wait
+        # is parked on, noted by a trigger of this connection's own (the
+        # schema knows nothing of it), passed on once the transaction has
+        # committed (_execute_group). A status change nobody waits on pays
+        # one look at an empty table.
+        self._ended_now: list[str] = []  # in the transaction under way
+        self._ended: list[str] = []  # committed, not yet passed on
+        self._conn.create_function("qftrio_ended", 1, self._ended_now.append)
+        self._conn.executescript(_WAITS_SCHEMA)
+
+    def on_ended_committed(self) -> None:
+        ended, self._ended = self._ended, []
+        if self.on_ended is not None:
+            for job_id in dict.fromkeys(ended):
+                self.on_ended(job_id)
 
     def _migrate(self) -> None:
         conn = self._require()
@@ -628,10 +658,15 @@ class SqliteStore(Store):
             if self._threaded:
                 if self._thread is None:
                     self._thread = _StoreThread()
-                return await self._thread.run(lambda: self._execute(batch))
-            return self._execute(batch)
+                results = await self._thread.run(lambda: self._execute(batch))
+            else:
+                results = self._execute(batch)
+            if self._ended:
+                self.on_ended_committed()
+            return results
 
     def _execute(self, batch: list[Callable[[sqlite3.Connection], Any]]) -> list[outcome.Outcome[Any]]:
+        self._ended_now.clear()
         try:
             conn = self._require()
             conn.execute("BEGIN IMMEDIATE")
@@ -651,6 +686,7 @@ class SqliteStore(Store):
                         results.append(outcome.Error(exc))
                     conn.execute("RELEASE call")
             conn.execute("COMMIT")
+            self._ended.extend(self._ended_now)
         except Exception as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
@@ -912,6 +948,14 @@ class SqliteStore(Store):
             return transitions.answers(out, slot)
 
         return await self._run(heartbeat)
+
+    async def job_wait_begin(self, job_id: str, *, now: float, wait_secs: float) -> str:
+        wait_id = str(uuid.uuid4())
+        await self._run(lambda conn: conn.execute(Q["job_wait_begin"], (wait_id, job_id)))
+        return wait_id
+
+    async def job_wait_end(self, wait_id: str) -> None:
+        await self._run(lambda conn: conn.execute(Q["job_wait_end"], (wait_id,)))
 
     async def jobs_progress(self, items: Sequence[ProgressItem], *, now: float) -> list[HeartbeatResult]:
         def progress(conn: sqlite3.Connection) -> list[HeartbeatResult]:

@@ -160,6 +160,8 @@ export class Client {
       if (typeof value !== "string" || value === "") throw new ConfigError(`${key}: expected a non-empty string`);
       path = path.replace(`{${key}}`, segment(value));
     }
+    // the path asked for, not the route's template: what a reader can retry by hand
+    const where = `${route.method} ${this.url}${path}`;
     if (query) {
       const search = new URLSearchParams();
       for (const [key, value] of Object.entries(query)) {
@@ -175,7 +177,6 @@ export class Client {
         throw new ConfigError(`the request cannot be sent as JSON: ${(error as Error).message}`);
       }
     }
-    const where = `${route.method} ${this.url}${route.path}`;
     const timeoutMs = this.timeoutMs + (options.extraMs ?? 0);
     const timeout = AbortSignal.timeout(timeoutMs);
     const signal = options.signal ? AbortSignal.any([options.signal, timeout]) : timeout;

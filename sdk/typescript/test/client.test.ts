@@ -141,6 +141,9 @@ test("a server that cannot be reached is a TransportError", async () => {
   const error = await new Client(`http://127.0.0.1:${port}`, "dev").health().catch((e: unknown) => e);
   assert.ok(error instanceof TransportError, String(error));
   assert.match(error.message, /ECONNREFUSED/);
+  const leased = await new Client(`http://127.0.0.1:${port}`, "dev").lease("images").catch((e: unknown) => e);
+  assert.ok(leased instanceof TransportError, String(leased));
+  assert.match(leased.message, new RegExp(`^POST http://127\\.0\\.0\\.1:${port}/api/v1/queues/images/lease: ECONNREFUSED`));
 });
 
 test("a bad URL or token is a ConfigError at once", () => {

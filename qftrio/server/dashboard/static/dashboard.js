@@ -50,7 +50,7 @@ function setCell(row, field, text) {
 async function refresh(chart, canvas) {
   const answer = await fetch(chart.dataset.live, { credentials: "same-origin", headers: { Accept: "application/json" } });
   if (!answer.ok) return;
-  const { queues, summary } = await answer.json();
+  const { queues, summary, chart_note: note } = await answer.json();
   for (const [field, text] of Object.entries(summary || {})) {
     const cell = document.querySelector(`[data-summary="${field}"]`);
     if (cell) (cell.querySelector("a") || cell).textContent = text;
@@ -71,7 +71,12 @@ async function refresh(chart, canvas) {
     setCell(row, "rate", q.rate);
     setCell(row, "state", q.paused ? "paused" : "active");
   }
-  drawChart(canvas, total);
+  // Words instead of a flat line when nothing completed.
+  const words = chart.querySelector(".chart-note");
+  words.textContent = note || "";
+  words.hidden = !note;
+  canvas.hidden = Boolean(note);
+  if (!note) drawChart(canvas, total);
 }
 
 document.addEventListener("DOMContentLoaded", () => {

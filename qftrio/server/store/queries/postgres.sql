@@ -1113,3 +1113,12 @@ WHERE s.tenant = u.tenant AND s.name = u.name;
 DELETE FROM qftrio_schedule_ticks AS k
 USING unnest($1::text[], $2::text[], $3::float8[]) AS u(tenant, schedule, tick)
 WHERE k.tenant = u.tenant AND k.schedule = u.schedule AND k.tick < u.tick;
+
+-- name: job_wait_begin
+-- A wait parked on a job (migration 0018), and those whose server died
+-- before removing theirs, past their time, removed.
+WITH gone AS (DELETE FROM qftrio_job_waits WHERE until < $3)
+INSERT INTO qftrio_job_waits (id, job_id, until) VALUES ($1, $2, $3 + $4);
+
+-- name: job_wait_end
+DELETE FROM qftrio_job_waits WHERE id = $1;

@@ -615,3 +615,11 @@ DELETE FROM schedule_ticks WHERE (tenant, schedule, tick) IN (
     SELECT k.tenant, k.schedule, k.tick FROM json_each(?1) AS i JOIN schedule_ticks AS k
         ON k.tenant = i.value AND k.schedule = json_extract(?2, '$[' || i.key || ']')
            AND k.tick < json_extract(?3, '$[' || i.key || ']'));
+
+-- name: job_wait_begin
+-- A wait parked on a job, in this connection's own table (the store's
+-- TEMP trigger jobs_ended reads it): ?1 wait id, ?2 job id.
+INSERT INTO temp.job_waits (id, job_id) VALUES (?1, ?2);
+
+-- name: job_wait_end
+DELETE FROM temp.job_waits WHERE id = ?1;

@@ -1,0 +1,3 @@
+module github.com/qftrio/qftrio/sdk/go
+
+go 1.22
