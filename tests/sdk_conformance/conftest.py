@@ -130,6 +130,16 @@ BUILDS: dict[str, Callable[[Path], Runtime]] = {
 }
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each runtime's scenarios in one group of their own: under pytest-xdist
+    (``--dist loadgroup``), one process builds that runtime's adapter and
+    serves it, and the runtimes run side by side."""
+    for item in items:
+        runtime = getattr(item, "callspec", None) and item.callspec.params.get("runtime")
+        if runtime and HERE in Path(item.path).parents:
+            item.add_marker(pytest.mark.xdist_group(f"conformance-{runtime}"))
+
+
 @pytest.fixture(scope="session", params=RUNTIMES)
 def runtime(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Runtime:
     """Each runtime's adapter, built once per session."""
