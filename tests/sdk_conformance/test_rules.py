@@ -19,7 +19,7 @@ from qftrio import Client
 from qftrio.models import Status
 
 from .conftest import TENANT_TOKEN, WORKER_TOKEN, Adapter, Server, wait_job
-from .proxy import Proxy, Seen
+from ..proxy import Proxy, Seen
 
 pytestmark = pytest.mark.slow
 
@@ -295,7 +295,7 @@ async def test_a_report_whose_answer_is_lost_is_sent_again(server, api, proxy, a
     p, url = proxy
     queue = server.queue("lost-answer")
     job = await api.enqueue("echo", {"n": 3}, queue=queue)
-    p.drop = lambda target, body: target.endswith("complete") and job.id.encode() in body and len(
+    p.drop = lambda target, body, answer: target.endswith("complete") and job.id.encode() in body and len(
         [s for s in p.seen if s.dropped]) < 2  # fmt: skip
     async with adapters(url, queue, lease_secs=3) as adapter:
         await adapter.wait("returned", job=job.id)

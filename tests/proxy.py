@@ -1,14 +1,17 @@
-"""A TCP proxy in front of a scenario's server that sees what a worker sends.
+"""A TCP proxy in front of a test's server that sees what a client sends.
 
-It records every request (target, body, the answer's status and body), and
-can make the network fail in the ways the rules are about: refuse a request
-(its connection closed before the server sees it), lose an answer (the
-server acted, the worker sees its connection closed), or be down (every
-connection refused, those open cut).
+It parses both directions with httptools to pair each answer with its
+request (qftrio's clients send one request at a time per connection),
+records every request (target, body, the answer's status and body), and can
+make the network fail: refuse a request (its connection closed before the
+server sees it), lose an answer (the server acted, the client sees its
+connection closed), or be down (every connection refused, those open cut).
+The conformance suite and the fault suite both use it.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -17,9 +20,41 @@ from collections.abc import Callable
 import httptools
 import trio
 
-from ..faults.proxy import _Answers, _Requests
-
 __all__ = ["Proxy", "Seen"]
+
+
+class _Requests:
+    """httptools callbacks: the target and body of each request read so
+    far, oldest first, each added once the request is complete."""
+
+    def __init__(self) -> None:
+        self.pending: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._url = b""
+        self._body = b""
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
+
+    def on_message_complete(self) -> None:
+        self.pending.append((self._url.decode("latin-1"), self._body))
+        self._url = self._body = b""
+
+
+class _Answers:
+    """httptools callbacks: each complete answer's raw bytes and body."""
+
+    def __init__(self) -> None:
+        self.body = b""
+        self.complete = False
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.complete = True
 
 
 @dataclasses.dataclass
@@ -40,20 +75,25 @@ class Proxy:
     """Forward ``127.0.0.1:<port>`` to *upstream_port*.
 
     ``refuse(target, body)`` picks requests that never reach the server;
-    ``drop(target, body)`` picks those whose answer is lost; ``down`` refuses
-    every connection. ``seen`` lists every request read, ``attempts`` the
-    time of every connection made to it.
+    ``drop(target, body, answer)`` picks those whose answer is lost (the
+    answer's body given); ``down`` refuses every connection. ``seen`` lists
+    every request read, ``attempts`` the time of every connection made to it,
+    ``dropped`` the targets whose answers were lost.
     """
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.refuse: Callable[[str, bytes], bool] = lambda target, body: False
-        self.drop: Callable[[str, bytes], bool] = lambda target, body: False
+        self.drop: Callable[[str, bytes, bytes], bool] = lambda target, body, answer: False
         self.seen: list[Seen] = []
         self.attempts: list[float] = []
         self._down = False
         self._open: set[trio.CancelScope] = set()
         self._changed = trio.Event()
+
+    @property
+    def dropped(self) -> list[str]:
+        return [s.target for s in self.seen if s.dropped]
 
     @property
     def down(self) -> bool:
@@ -145,7 +185,7 @@ class Proxy:
                                 seen = waiting.pop(0)
                                 seen.status, seen.answer = parser.get_status_code(), answers.body
                                 seen.answered_at = trio.current_time()
-                                if self.drop(seen.target, seen.body):
+                                if self.drop(seen.target, seen.body, seen.answer):
                                     seen.dropped = True
                                     self._notify()
                                     break  # both connections close, the answer unsent
