@@ -4,6 +4,8 @@ an hour), so that each test decides when a lease is taken back."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,8 +13,10 @@ import httpx
 import pytest
 import trio
 
-from qftrio.models import MAX_ATTEMPTS_KEPT, parse_time
+from qftrio.models import MAX_ATTEMPTS_KEPT, CompleteItem, parse_time
+from qftrio.server.store import sql
 from qftrio.server.store.base import Store
+from qftrio.server.store.sqlite import open_sqlite_store
 
 from .conftest import RunningServer, serve_store
 
@@ -181,3 +185,36 @@ async def test_only_the_newest_attempts_are_kept(http: httpx.AsyncClient, server
     job, _ = await lease(http, server, "w1")
     assert len(job["attempts"]) == MAX_ATTEMPTS_KEPT and job["attempts"][-1]["outcome"] == "running"
     assert job["attempts"][0]["attempt"] == claims - MAX_ATTEMPTS_KEPT + 2
+
+
+async def test_jobs_kept_before_histories_start_empty_and_a_running_one_shows_its_claim(tmp_path) -> None:
+    # An embedded store one version behind: a pending job, and one running
+    # under a lease, written as that version wrote them.
+    path = tmp_path / "old.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        scripts = sql.migrations("sqlite")
+        (version,) = [n for n, (v, _, _) in enumerate(scripts, 1) if v == "0013"]
+        for number, (_, _, script) in enumerate(scripts[: version - 1], 1):
+            conn.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+        for job_id, status, attempt in (("01a00000-0000-7000-8000-000000000001", "pending", 0),
+                                         ("01a00000-0000-7000-8000-000000000002", "running", 1)):  # fmt: skip
+            conn.execute(
+                "INSERT INTO jobs (id, tenant, queue, kind, payload, priority, max_attempts, scheduled_at, status,"
+                " attempt, created_at, updated_at, worker_id, lease_token, claimed_at, locked_until)"
+                " VALUES (?, 't', 'q', 'k', '{}', 0, 5, 1.0, ?, ?, 1.0, 2.0, 'old-worker', 'tok', 2.0, 9e9)",
+                (job_id, status, attempt),
+            )
+        conn.commit()
+    async with open_sqlite_store(path) as store:
+        pending = await store.job_get("01a00000-0000-7000-8000-000000000001")
+        running = await store.job_get("01a00000-0000-7000-8000-000000000002")
+        assert pending is not None and pending.attempts == ()
+        assert running is not None and [(e.attempt, e.worker_id, e.claimed_at, e.outcome.value) for e in running.attempts] == [
+            (1, "old-worker", 2.0, "running")
+        ]
+        (done,) = await store.jobs_complete([CompleteItem(running.id, "tok", {})], now=3.0)
+        assert done.applied
+        ended = await store.job_get(running.id)
+        assert ended is not None and [(e.attempt, e.worker_id, e.ended_at, e.outcome.value) for e in ended.attempts] == [
+            (1, "old-worker", 3.0, "completed")
+        ]
