@@ -18,6 +18,7 @@ UTC strings (``2026-01-02T03:04:05.123456Z``) on the wire.
 
 from .limits import (
     MAX_ANSWER_BYTES,
+    MAX_ATTEMPTS_KEPT,
     MAX_BATCH,
     MAX_BULK,
     MAX_DELAY_SECS,
@@ -47,6 +48,9 @@ from .limits import (
     valid_name,
 )
 from .records import (
+    AttemptEntry,
+    AttemptOutcome,
+    attempt_history,
     CompleteItem,
     Epoch,
     ErrorEntry,
@@ -139,6 +143,7 @@ from .answers import (
     ErrorAnswer,
     ErrorDetail,
     ErrorEntryAnswer,
+    AttemptEntryAnswer,
     HealthAnswer,
     HeartbeatAnswer,
     HeldBackAnswer,
@@ -165,6 +170,7 @@ from .answers import (
 
 __all__ = [
     "MAX_ANSWER_BYTES",
+    "MAX_ATTEMPTS_KEPT",
     "MAX_BATCH",
     "MAX_BULK",
     "MAX_DELAY_SECS",
@@ -192,6 +198,9 @@ __all__ = [
     "QUEUES_PAGE",
     "timeout_error",
     "valid_name",
+    "AttemptEntry",
+    "AttemptOutcome",
+    "attempt_history",
     "CompleteItem",
     "Epoch",
     "ErrorEntry",
@@ -280,6 +289,7 @@ __all__ = [
     "ErrorAnswer",
     "ErrorDetail",
     "ErrorEntryAnswer",
+    "AttemptEntryAnswer",
     "HealthAnswer",
     "HeartbeatAnswer",
     "HeldBackAnswer",

@@ -64,6 +64,7 @@ from ..._backoff import backoff
 from ...models import (
     JOB_FORM,
     STATUS_OF,
+    attempt_history,
     ErrorEntry,
     HeldBack,
     Job,
@@ -122,7 +123,7 @@ CHANNEL = "qftrio_jobs"
 #: The prefix of a notification on CHANNEL that a job ended (migration 0018);
 #: a queue's name cannot hold its colon.
 ENDED = "ended:"
-#: The prefix of a job change's notification, its JSON after (migration 0019).
+#: The prefix of a job change's notification, its JSON after (migration 0020).
 EVENT = "event:"
 
 #: What :meth:`PostgresStore.run_listener` passes to ``on_notify`` when it may
@@ -175,6 +176,7 @@ def _job_value(name: str) -> str:
         "id": 'str(row["id"])',
         "status": 'STATUS_OF[row["status"]]',
         "errors": '_errors(row["errors"])',
+        "attempts": 'attempt_history(row["attempts"], row["status"], row["attempt"], row["worker_id"], row["claimed_at"])',
         "workflow_id": '_str_or_none(row["workflow_id"])',
     }
     return special.get(name) or f"row[{JOB_FORM.wire[name]!r}]"
@@ -182,7 +184,10 @@ def _job_value(name: str) -> str:
 
 #: A job of a row of ``job_columns``.
 _job: Callable[[pgtrio.Record], Job] = JOB_FORM.builder(
-    "_job", "row", _job_value, {"STATUS_OF": STATUS_OF, "_errors": _errors, "_str_or_none": _str_or_none}
+    "_job",
+    "row",
+    _job_value,
+    {"STATUS_OF": STATUS_OF, "_errors": _errors, "attempt_history": attempt_history, "_str_or_none": _str_or_none},
 )
 
 
