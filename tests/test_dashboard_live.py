@@ -29,8 +29,9 @@ async def storage(tmp_path: Path) -> AsyncIterator[Store]:
 
 
 async def streams(server: RunningServer, n: int) -> None:
-    """Until *n* streams are open on the server: the page's, not a time."""
-    while len(server.engine.events) != n:
+    """Until *n* streams are open on the server, each registered and heard:
+    the page's, not a time."""
+    while len(server.engine.events) != n or server.engine.events.live != n:
         await trio.sleep(0.01)
 
 

@@ -77,8 +77,10 @@ async def events(http: httpx.AsyncClient, server: RunningServer, who: str = "acm
 
 
 async def open_streams(engine: Engine, n: int) -> None:
-    """Until *n* streams are open on *engine*: its state, not a time."""
-    while len(engine.events) != n:
+    """Until *n* streams are open on *engine* (and, when *n* is more than
+    none, each registered and heard: a change made now reaches it): its
+    state, not a time."""
+    while len(engine.events) != n or engine.events.live != n:
         await trio.sleep(0.001)
 
 

@@ -453,6 +453,7 @@ class Engine:
             )
             try:
                 await self.store.notifications_wanted(2 * self.EVENTS_KEEPALIVE_SECS)
+                subscriber.live = True
                 yield KEEPALIVE
 
                 async def keep() -> None:

@@ -36,7 +36,7 @@ class Subscriber:
     """One open stream: the events of its tenant's jobs that match its
     filters, in :attr:`receive`; :attr:`overflowed` once it fell behind."""
 
-    __slots__ = ("tenant", "queue", "kind", "job", "behind", "send", "receive", "overflowed")
+    __slots__ = ("tenant", "queue", "kind", "job", "behind", "send", "receive", "overflowed", "live")
 
     def __init__(self, tenant: str, queue: str | None, kind: str | None, job: str | None, behind: int) -> None:
         self.tenant = tenant
@@ -46,6 +46,9 @@ class Subscriber:
         self.behind = behind
         self.send, self.receive = trio.open_memory_channel[dict[str, Any]](behind)
         self.overflowed = False
+        #: Registered in the store and heard: a change committed from now on
+        #: reaches it.
+        self.live = False
 
     def matches(self, event: dict[str, Any]) -> bool:
         return (
@@ -86,6 +89,11 @@ class EventStreams:
 
     def __len__(self) -> int:
         return sum(len(streams) for streams in self._of_tenant.values())
+
+    @property
+    def live(self) -> int:
+        """How many streams are :attr:`Subscriber.live`."""
+        return sum(s.live for streams in self._of_tenant.values() for s in streams)
 
     def open(self, tenant: str, *, queue: str | None, kind: str | None, job: str | None) -> Subscriber:
         """Register a stream; :meth:`close_one` must follow.
