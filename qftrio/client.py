@@ -355,7 +355,7 @@ def _events_target(queue: str | None, kind: str | None, job: str | None, stats_s
     """The target of a stream, its query checked locally as the server
     checks it."""
     try:
-        EventsQuery(queue=queue, kind=kind, job=job, stats_secs=stats_secs)
+        EventsQuery.model_validate({"queue": queue, "kind": kind, "job": job, "stats_secs": stats_secs})
     except pydantic.ValidationError as exc:
         raise InvalidArgument(field_errors(exc, "query")) from None
     query = {"queue": queue, "kind": kind, "job": job, "stats_secs": stats_secs}

@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -439,7 +439,7 @@ class Engine:
                 if not await write(chunk):
                     return
 
-    async def events_chunks(self, subscriber: Subscriber, *, stats_secs: float | None) -> AsyncIterator[bytes]:
+    async def events_chunks(self, subscriber: Subscriber, *, stats_secs: float | None) -> AsyncGenerator[bytes, None]:
         """*subscriber*'s stream, chunk by chunk, until the stream
         overflows or the server shuts down (or the consumer closes it). The
         stream is registered in the store, and the store listening, before

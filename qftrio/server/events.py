@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import trio
@@ -152,7 +152,7 @@ async def chunks(
     stats_secs: float | None = None,
     stats: Callable[[], Awaitable[list[bytes]]] | None = None,
     fill: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """*subscriber*'s stream, chunk by chunk, until its channel ends:
     ``event: job`` for each event, ``event: stats`` (*stats*' events) every
     *stats_secs*, a comment and a call of *keep* (the stream's registration

@@ -125,10 +125,11 @@ class ApiFront:
         """Write *stream* as its chunks come (chunked); the head goes with
         the first. An error before it is answered as any route's."""
         assert route.media is not None
+        media = route.media.encode()
 
         async def write(chunk: bytes) -> bool:
             if not exchange.head_sent:
-                exchange.start(200, [(b"content-type", route.media.encode()), (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no")])
+                exchange.start(200, [(b"content-type", media), (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no")])
             await exchange.write_chunk(chunk)
             return not exchange.gone
 
