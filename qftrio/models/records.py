@@ -561,6 +561,8 @@ class WorkflowStep:
     status: StepStatus
     job_id: str | None = None
     job: Job | None = None
+    #: The step that added it at run time (``POST /api/v1/jobs/{id}/steps``), else ``None``.
+    added_by: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -571,6 +573,7 @@ class WorkflowStep:
             "max_attempts": self.max_attempts,
             "status": self.status.value,
             "job_id": self.job_id,
+            "added_by": self.added_by,
         }
         if self.job is not None:
             out["job"] = self.job.to_wire()
@@ -588,6 +591,7 @@ class WorkflowStep:
             status=StepStatus(data["status"]),
             job_id=data.get("job_id"),
             job=Job.from_wire(job) if job else None,
+            added_by=data.get("added_by"),
         )
 
 

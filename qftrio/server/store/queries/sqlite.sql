@@ -435,6 +435,9 @@ DELETE FROM workflow_edges WHERE workflow_id = ?;
 -- name: prune_workflow_steps
 DELETE FROM workflow_steps WHERE workflow_id = ?;
 
+-- name: prune_workflow_collects
+DELETE FROM workflow_collects WHERE workflow_id = ?;
+
 -- name: prune_workflow
 DELETE FROM workflows WHERE id = ?;
 
@@ -449,6 +452,45 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: workflow_edge_insert
 INSERT INTO workflow_edges (workflow_id, step, dependent) VALUES (?, ?, ?);
+
+-- Steps added at run time (changes.steps_add, migration 0013).
+
+-- name: step_of_job
+SELECT workflow_id, step FROM jobs WHERE id = ?1;
+
+-- name: step_lease
+SELECT status, lease_token IS ?2 FROM jobs WHERE id = ?1;
+
+-- name: steps_named
+-- The steps of these names, each with its job's status.
+SELECT s.name, s.kind, s.payload, s.depends_on, s.max_attempts, s.added_by, s.collect, j.status
+FROM workflow_steps AS s LEFT JOIN jobs AS j ON j.id = s.job_id
+WHERE s.workflow_id = ?1 AND s.name IN (SELECT value FROM json_each(?2));
+
+-- name: workflow_steps_total
+SELECT steps_total FROM workflows WHERE id = ?1;
+
+-- name: step_dependents
+SELECT dependent FROM workflow_edges WHERE workflow_id = ?1 AND step = ?2 ORDER BY dependent;
+
+-- name: collect_owner
+SELECT added_by FROM workflow_collects WHERE workflow_id = ?1 AND key = ?2;
+
+-- name: added_step_insert
+INSERT INTO workflow_steps (workflow_id, name, position, kind, payload, depends_on, max_attempts, state,
+    remaining, job_id, added_by, collect)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'waiting', ?8, NULL, ?9, ?10);
+
+-- name: steps_wait_more
+UPDATE workflow_steps SET remaining = remaining + ?3
+WHERE workflow_id = ?1 AND name IN (SELECT value FROM json_each(?2));
+
+-- name: workflow_grow
+UPDATE workflows SET steps_total = steps_total + ?2, updated_at = ?3 WHERE id = ?1;
+
+-- name: collect_add
+INSERT INTO workflow_collects (workflow_id, key, added_by, remaining) VALUES (?1, ?2, ?3, ?4)
+ON CONFLICT (workflow_id, key) DO UPDATE SET remaining = remaining + excluded.remaining;
 
 -- name: step_job_insert
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
@@ -483,6 +525,22 @@ RETURNING tenant, status, context, steps_total, steps_completed;
 UPDATE workflow_steps SET remaining = remaining - 1
 WHERE workflow_id = ?1 AND name IN (SELECT dependent FROM workflow_edges WHERE workflow_id = ?1 AND step = ?2)
 RETURNING position, name, remaining, state;
+
+-- name: step_collected
+-- A completed step's collect key (migration 0013), its count lowered.
+UPDATE workflow_collects SET remaining = remaining - 1
+WHERE workflow_id = ?1 AND key = (SELECT collect FROM workflow_steps WHERE workflow_id = ?1 AND name = ?2)
+RETURNING key, remaining;
+
+-- name: collect_write
+-- The results of the steps collected under ?2, in the order added, as a
+-- list under that key of the context.
+UPDATE workflows SET context = qftrio_merge(context, json_object(?2, (
+    SELECT json_group_array(json(coalesce(r, '{}'))) FROM (
+        SELECT j.result AS r FROM workflow_steps AS s JOIN jobs AS j ON j.id = s.job_id
+        WHERE s.workflow_id = ?1 AND s.collect = ?2 ORDER BY s.position)))), updated_at = ?3
+WHERE id = ?1
+RETURNING context;
 
 -- name: workflow_complete
 UPDATE workflows SET status = 'completed' WHERE id = ?1;
@@ -543,7 +601,7 @@ SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows
 WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: steps_of_workflows
-SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
+SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id, added_by
 FROM workflow_steps WHERE workflow_id IN (SELECT value FROM json_each(?1)) ORDER BY workflow_id, position;
 
 -- name: jobs_of_workflows
