@@ -7,8 +7,12 @@ from __future__ import annotations
 import random
 
 import pytest
+import trio
 
+from qftrio.client import Client
+from qftrio.models import Job
 from qftrio.server import workflows
+from qftrio.worker import HttpTransport, Registry, open_worker
 
 from .test_workflows import create, get, lease, report, statuses
 
@@ -204,3 +208,32 @@ async def test_a_collect_key_belongs_to_one_step_and_jobs_outside_workflows_add_
     assert r.status_code == 404
     r = await http.post(f"/api/v1/jobs/{plain['job']['id']}/steps", json={"lease_token": "t", "steps": pages(1)}, headers=server.headers())
     assert r.status_code == 403
+
+
+async def test_the_python_runtime_fans_out_a_pdfs_pages_and_fans_in_their_thumbnails(http, server) -> None:
+    reg = Registry()
+
+    @reg.handler("split-pdf")
+    async def split_pdf(job: Job) -> dict:
+        pages = [{"name": f"page-{n}", "kind": "thumbnail", "payload": {"page": n}} for n in range(job.payload["pages"])]
+        await job.add_steps(pages, collect="thumbnails")
+        return {"pages": len(pages)}
+
+    @reg.handler("thumbnail")
+    async def thumbnail(job: Job) -> dict:
+        return {"url": f"thumbs/{job.payload['page']}.png"}
+
+    @reg.handler("zip")
+    async def zip_(job: Job) -> dict:
+        return {"zipped": [t["url"] for t in job.context["thumbnails"]]}
+
+    steps = [{"name": "split", "kind": "split-pdf", "payload": {"pages": 40}}, {"name": "zip", "kind": "zip", "depends_on": ["split"]}]
+    wf = await create(http, server, steps=steps)
+    async with Client(server.url, server.worker_token) as worker_client:
+        async with open_worker(HttpTransport(worker_client), "default", reg, lanes=8, lease_secs=30, wait_secs=1):
+            with trio.fail_after(60):
+                while (done := await get(http, server, wf["id"]))["status"] == "running":
+                    await trio.sleep(0.05)
+    assert done["status"] == "completed"
+    assert done["context"]["zipped"] == [f"thumbs/{n}.png" for n in range(40)]
+    assert [s["added_by"] for s in done["steps"]] == [None, None] + ["split"] * 40

@@ -14,7 +14,7 @@ import math
 import time
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, create_model
@@ -163,6 +163,30 @@ class Job:
         second); the latest one reported wins. Only a handler the worker
         runtime runs can report its job's progress."""
         _progress.report(self.id, progress)
+
+    async def add_steps(self, steps: Sequence[Mapping[str, Any]], *, collect: str | None = None) -> Workflow:
+        """Add *steps* (at most 1000 a call, shaped as a new workflow's:
+        ``{"name", "kind", "payload", "depends_on", "max_attempts"}``) to the
+        workflow of this step; returns the workflow grown. They run once this
+        step has completed (their own dependencies may name each other and
+        completed steps), and the steps waiting for this one wait for them
+        too. With *collect*, their results go, in the order added, to a list
+        under that key of the context the waiting steps see. The worker
+        retries the call on transport errors while the lease lasts; a
+        repeat of the same steps changes nothing, so a retried handler may
+        add them again. Only an async handler the worker runtime runs can
+        add steps to its job's workflow.
+
+        Raises:
+            qftrio.errors.InvalidInput: steps that do not fit the workflow
+                (names taken, unknown or unfinished dependencies, a cycle,
+                the caps); nothing is added.
+            qftrio.errors.Conflict: the lease is lost (or the job cancelled
+                with its workflow), or this step added other steps of these
+                names.
+        """
+        workflow: Workflow = await _progress.add_steps(self.id, steps, collect)
+        return workflow
 
     if typing.TYPE_CHECKING:  # generated below, by _WireForm
 
