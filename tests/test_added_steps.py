@@ -4,6 +4,7 @@ through the worker protocol, and the workflow waits for them."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -14,7 +15,7 @@ from qftrio.models import Job
 from qftrio.server import workflows
 from qftrio.worker import HttpTransport, Registry, open_worker
 
-from .test_workflows import create, get, lease, report, statuses
+from .test_workflows import create, get, lease, report, run_cli, statuses
 
 SPLIT_JOIN = [
     {"name": "split", "kind": "split"},
@@ -237,3 +238,13 @@ async def test_the_python_runtime_fans_out_a_pdfs_pages_and_fans_in_their_thumbn
     assert done["status"] == "completed"
     assert done["context"]["zipped"] == [f"thumbs/{n}.png" for n in range(40)]
     assert [s["added_by"] for s in done["steps"]] == [None, None] + ["split"] * 40
+
+
+async def test_the_cli_shows_added_steps_with_added_by(http, server, capsys: pytest.CaptureFixture[str]) -> None:
+    wf, split = await started(http, server)
+    assert (await add(http, server, split, pages(2))).status_code == 201
+    assert await run_cli("workflows", "get", wf["id"], "--url", server.url, "--token", server.tenants["acme"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [(s["name"], s["added_by"]) for s in shown["steps"]] == [
+        ("split", None), ("join", None), ("page-0", "split"), ("page-1", "split"),
+    ]  # fmt: skip
