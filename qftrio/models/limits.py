@@ -16,8 +16,8 @@ MAX_WAIT_SECS = 60
 #: A workflow has at most this many steps, and this many dependencies in all.
 MAX_WORKFLOW_STEPS = 1000
 MAX_WORKFLOW_DEPENDENCIES = 20_000
-#: A running step adds at most this many steps a call, and a workflow grows
-#: to at most this many steps in all (``POST /api/v1/jobs/{id}/steps``).
+#: A running step adds at most this many steps a call, and at most this many
+#: are added to one workflow in all (``POST /api/v1/jobs/{id}/steps``).
 MAX_ADDED_STEPS = 1000
 MAX_WORKFLOW_GROWN = 10_000
 #: ``GET /api/v1/workflows`` pages hold at most this many workflows.

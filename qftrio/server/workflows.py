@@ -133,13 +133,13 @@ def check_added(
     adding: str,
     existing: Mapping[str, Existing],
     *,
-    steps_total: int,
+    steps_added: int,
     dependents: int,
     collect_owner: str | None,
 ) -> bool:
     """Check the steps that the step *adding* adds against its workflow:
     *existing* holds the workflow's steps named by the request (as names
-    or dependencies), *steps_total* counts its steps, *dependents* the steps
+    or dependencies), *steps_added* counts the steps added to it so far, *dependents* the steps
     waiting for *adding*, and *collect_owner* is the step that added the
     steps collected under the request's key so far, if any.
 
@@ -167,9 +167,10 @@ def check_added(
                 " other steps beside it; a retried add must send the same steps"
             )
         raise errors.InvalidInput(f"steps.{names.index(taken[0])}.name: the workflow already has a step {taken[0]!r}")
-    if steps_total + len(names) > MAX_WORKFLOW_GROWN:
+    if steps_added + len(names) > MAX_WORKFLOW_GROWN:
         raise errors.InvalidInput(
-            f"steps: a workflow holds at most {MAX_WORKFLOW_GROWN} steps; it has {steps_total}, {len(names)} more asked"
+            f"steps: at most {MAX_WORKFLOW_GROWN} steps are added to a workflow; {steps_added} were,"
+            f" {len(names)} more asked"
         )
     if added.collect is not None and collect_owner not in (None, adding):
         raise errors.InvalidInput(

@@ -175,10 +175,18 @@ def job_retry(job_id: str, tenant: str, now: float) -> Plan[Job | None]:
 # Lock order: a workflow's row (FOR UPDATE, in id order) before any of its jobs.
 
 
+#: Steps enqueued by one statement, at most: SQLite reads the id of each
+#: step from the array of ids by its index (``json_extract``), a walk of the
+#: array, so that a chunk costs its size squared; chunks keep it linear.
+ENQUEUE_CHUNK = 500
+
+
 def _enqueue_steps(workflow_id: str, tenant: str, names: Sequence[str], context: Any, now: float) -> Plan[None]:
     """Give the waiting steps *names* their jobs, carrying *context*."""
-    if names:
-        args = (workflow_id, list(names), tenant, WORKFLOW_QUEUE, now, context, new_ids(len(names), now))
+    ids = new_ids(len(names), now)
+    for at in range(0, len(names), ENQUEUE_CHUNK):
+        chunk = slice(at, at + ENQUEUE_CHUNK)
+        args = (workflow_id, list(names[chunk]), tenant, WORKFLOW_QUEUE, now, context, ids[chunk])
         yield _run("enqueue_steps", *args)
         yield _run("steps_enqueued", *args)
 
@@ -292,11 +300,11 @@ def steps_add(added: NewSteps, now: float) -> Plan[Workflow | None]:
             yield _rows("steps_named", workflow_id, wanted, json=(2, 3))
         )
     }
-    steps_total = yield _value("workflow_steps_total", workflow_id)
+    steps_total, steps_added = yield _row("workflow_steps_total", workflow_id)
     dependents = [name for (name,) in (yield _rows("step_dependents", workflow_id, adding))]
     owner = None if added.collect is None else (yield _value("collect_owner", workflow_id, added.collect))
     replay = check_added(
-        added, adding, existing, steps_total=steps_total, dependents=len(dependents), collect_owner=owner
+        added, adding, existing, steps_added=steps_added, dependents=len(dependents), collect_owner=owner
     )
     if transitions.steps_add(STATUS_OF[status], bool(current), replay=replay):
         inner = set(names)
@@ -320,7 +328,7 @@ def steps_add(added: NewSteps, now: float) -> Plan[Workflow | None]:
         yield _run("workflow_grow", workflow_id, len(names), now)
         if added.collect is not None:
             yield _run("collect_add", workflow_id, added.collect, adding, len(names))
-    return (yield from workflow_get(workflow_id))
+    return (yield from workflow_get(workflow_id, jobs=False))
 
 
 def workflow_get(workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Plan[Workflow | None]:

@@ -1084,10 +1084,13 @@ FROM qftrio_workflow_steps AS s LEFT JOIN qftrio_jobs AS j ON j.id = s.job_id
 WHERE s.workflow_id = $1 AND s.name = ANY($2::text[]);
 
 -- name: workflow_steps_total
-SELECT steps_total FROM qftrio_workflows WHERE id = $1;
+SELECT steps_total, steps_added FROM qftrio_workflows WHERE id = $1;
 
 -- name: step_dependents
-SELECT dependent FROM qftrio_workflow_edges WHERE workflow_id = $1 AND step = $2 ORDER BY dependent;
+-- The steps waiting for $2, but for those it added itself.
+SELECT e.dependent FROM qftrio_workflow_edges AS e
+JOIN qftrio_workflow_steps AS s ON s.workflow_id = e.workflow_id AND s.name = e.dependent
+WHERE e.workflow_id = $1 AND e.step = $2 AND s.added_by IS DISTINCT FROM $2 ORDER BY e.dependent;
 
 -- name: collect_owner
 SELECT added_by FROM qftrio_workflow_collects WHERE workflow_id = $1 AND key = $2;
@@ -1102,7 +1105,7 @@ UPDATE qftrio_workflow_steps SET remaining = remaining + $3
 WHERE workflow_id = $1 AND name = ANY($2::text[]);
 
 -- name: workflow_grow
-UPDATE qftrio_workflows SET steps_total = steps_total + $2, updated_at = $3 WHERE id = $1;
+UPDATE qftrio_workflows SET steps_total = steps_total + $2, steps_added = steps_added + $2, updated_at = $3 WHERE id = $1;
 
 -- name: collect_add
 INSERT INTO qftrio_workflow_collects AS c (workflow_id, key, added_by, remaining) VALUES ($1, $2, $3, $4)

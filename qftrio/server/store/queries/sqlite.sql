@@ -468,10 +468,13 @@ FROM workflow_steps AS s LEFT JOIN jobs AS j ON j.id = s.job_id
 WHERE s.workflow_id = ?1 AND s.name IN (SELECT value FROM json_each(?2));
 
 -- name: workflow_steps_total
-SELECT steps_total FROM workflows WHERE id = ?1;
+SELECT steps_total, steps_added FROM workflows WHERE id = ?1;
 
 -- name: step_dependents
-SELECT dependent FROM workflow_edges WHERE workflow_id = ?1 AND step = ?2 ORDER BY dependent;
+-- The steps waiting for ?2, but for those it added itself.
+SELECT e.dependent FROM workflow_edges AS e
+JOIN workflow_steps AS s ON s.workflow_id = e.workflow_id AND s.name = e.dependent
+WHERE e.workflow_id = ?1 AND e.step = ?2 AND s.added_by IS NOT ?2 ORDER BY e.dependent;
 
 -- name: collect_owner
 SELECT added_by FROM workflow_collects WHERE workflow_id = ?1 AND key = ?2;
@@ -486,7 +489,7 @@ UPDATE workflow_steps SET remaining = remaining + ?3
 WHERE workflow_id = ?1 AND name IN (SELECT value FROM json_each(?2));
 
 -- name: workflow_grow
-UPDATE workflows SET steps_total = steps_total + ?2, updated_at = ?3 WHERE id = ?1;
+UPDATE workflows SET steps_total = steps_total + ?2, steps_added = steps_added + ?2, updated_at = ?3 WHERE id = ?1;
 
 -- name: collect_add
 INSERT INTO workflow_collects (workflow_id, key, added_by, remaining) VALUES (?1, ?2, ?3, ?4)
@@ -504,7 +507,9 @@ INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, m
 SELECT json_extract(?7, '$[' || n.key || ']'), ?3, ?4, s.kind, s.payload, 'pending', 0, 0, s.max_attempts, ?5, ?5, ?5,
     ?1, s.name, ?6
 FROM json_each(?2) AS n
-JOIN workflow_steps AS s ON s.workflow_id = ?1 AND s.name = n.value
+-- CROSS JOIN keeps the names outermost, each step found by its key: else
+-- SQLite walks every step of the workflow in order, a cost that grows with it
+CROSS JOIN workflow_steps AS s ON s.workflow_id = ?1 AND s.name = n.value
 WHERE s.state = 'waiting'
 ORDER BY s.position;
 

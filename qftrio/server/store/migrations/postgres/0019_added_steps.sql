@@ -4,8 +4,10 @@
 -- collect the context key its result is gathered under. qftrio_workflow_collects
 -- counts, per key (owned by the step that added them), the collected steps not completed yet: the last one to
 -- complete writes the whole list into the context, so that no completion
--- before it rewrites a list that grows with the workflow. Adding nullable
--- columns rewrites no row.
+-- before it rewrites a list that grows with the workflow. Adding a column
+-- with a constant default or none rewrites no row.
+-- steps_added counts a workflow's added steps, which a cap bounds.
+ALTER TABLE qftrio_workflows ADD COLUMN steps_added integer NOT NULL DEFAULT 0;
 ALTER TABLE qftrio_workflow_steps ADD COLUMN added_by text;
 ALTER TABLE qftrio_workflow_steps ADD COLUMN collect text;
 CREATE INDEX qftrio_workflow_steps_collected_idx ON qftrio_workflow_steps (workflow_id, collect, position)
