@@ -453,6 +453,13 @@ export interface WorkflowCreateRequest {
   steps: WorkflowStepRequest[];
 }
 
+/** @wire StepsAddRequest */
+export interface StepsAddRequest {
+  lease_token: string;
+  steps: WorkflowStepRequest[];
+  collect?: string | null;
+}
+
 /** @wire WorkflowStepAnswer */
 export interface WorkflowStep {
   name: string;
@@ -462,6 +469,8 @@ export interface WorkflowStep {
   max_attempts: number;
   status: StepStatus;
   job_id: string | null;
+  /** The step that added it at run time, else `null`. */
+  added_by?: string | null;
   job?: Job | null;
 }
 
