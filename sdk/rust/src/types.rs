@@ -397,6 +397,9 @@ pub struct WorkflowStep {
     pub max_attempts: u32,
     pub status: StepStatus,
     pub job_id: Option<String>,
+    /// The step that added it at run time, else `None`.
+    #[serde(default)]
+    pub added_by: Option<String>,
     #[serde(default)]
     pub job: Option<Job>,
 }
