@@ -940,11 +940,13 @@ FOR UPDATE;
 
 -- name: enqueue_steps
 -- $7 holds a new job id for each name of $2. Marks the steps too.
+-- The steps are found by their key (name = ANY), whatever the generic plan
+-- guesses of the workflow's size: else it may walk all its steps for each.
 WITH ready AS (
     SELECT s.name, s.kind, s.payload, s.max_attempts, s.position, n.job_id
-    FROM unnest($2::text[], $7::uuid[]) AS n(name, job_id)
-    JOIN qftrio_workflow_steps AS s ON s.workflow_id = $1 AND s.name = n.name
-    WHERE s.state = 'waiting'
+    FROM qftrio_workflow_steps AS s
+    JOIN unnest($2::text[], $7::uuid[]) AS n(name, job_id) ON n.name = s.name
+    WHERE s.workflow_id = $1 AND s.name = ANY($2::text[]) AND s.state = 'waiting'
 ), inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
         scheduled_at, created_at, updated_at, workflow_id, step, context)
@@ -966,9 +968,13 @@ RETURNING tenant, status, context, steps_total, steps_completed;
 
 -- name: steps_unblock
 -- The steps waiting for a completed one, their count lowered.
+-- Their names are read first, as an array, so that the steps are found by
+-- their key whatever the generic plan guesses of how many there are (a
+-- guess of a few, for a step waited on by thousands, would walk every step
+-- of the workflow for each).
 UPDATE qftrio_workflow_steps SET remaining = remaining - 1
 WHERE workflow_id = $1
-  AND name IN (SELECT dependent FROM qftrio_workflow_edges WHERE workflow_id = $1 AND step = $2)
+  AND name = ANY(ARRAY(SELECT dependent FROM qftrio_workflow_edges WHERE workflow_id = $1 AND step = $2))
 RETURNING position, name, remaining, state;
 
 -- name: step_collected
