@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -139,9 +141,11 @@ def run_drain_ab(args: argparse.Namespace, base: str) -> None:
     sides = {"this": here, "other": Path(args.drain_ab).resolve()}
     complete = "UPDATE qftrio_jobs SET status = 'completed', updated_at = $2 WHERE id = ANY($1::uuid[]) AND status = 'running'"
 
-    async def migrate(conn: Any, root: Path) -> None:
-        for path in sorted((root / "qftrio/server/store/migrations/postgres").glob("*.sql")):
-            await conn.execute(path.read_text())
+    def migrate(url: str, root: Path) -> None:
+        # each side by its own `qftrio migrate` (its numbered migrations and
+        # whatever else its version applies, as functions.sql)
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        subprocess.run([sys.executable, "-m", "qftrio", "migrate", "--database-url", url], env=env, check=True, timeout=300)
 
     async def drain(conn: Any, claim: str) -> float:
         await conn.execute("DELETE FROM qftrio_jobs")
@@ -173,7 +177,7 @@ def run_drain_ab(args: argparse.Namespace, base: str) -> None:
         urls = {side: stack.enter_context(b.fresh_database(base)) for side in sides}
 
         for side, root in sides.items():
-            b.pg_run(urls[side], lambda conn, root=root: migrate(conn, root))
+            migrate(urls[side], root)
         for rnd in range(args.rounds):
             for side in sides if rnd % 2 == 0 else list(sides)[::-1]:
                 claim = statements(sides[side])["claim"]

@@ -283,6 +283,14 @@ def _jobs_command(sub: Any) -> None:
     q = jobs.add_parser("get", help="show a job")
     q.add_argument("id")
     _add_client_options(q)
+    q = jobs.add_parser(
+        "wait", help="wait for a job to end, then show it",
+        description="Wait for a job to end, then show it. Exit status: 0 completed, 1 failed, 3 cancelled, "
+        "124 not ended when --timeout ran out.",
+    )  # fmt: skip
+    q.add_argument("id")
+    q.add_argument("--timeout", type=_non_negative, metavar="SECS", help="give up after this long (default: wait until it ends)")
+    _add_client_options(q)
     for name, text in (
         ("cancel", "cancel a job, or every pending or running job matching the filters"),
         ("retry", "retry a failed or cancelled job, or every one matching the filters"),
@@ -321,6 +329,9 @@ def _jobs(args: argparse.Namespace) -> int:
                 f"give a job id or filters, not both ({', '.join(given) or ('--all' if args.all else '--limit')})"
             )
 
+    if args.jobs_command == "wait":
+        return _job_wait(args)
+
     async def call(client: Any) -> Any:
         if args.jobs_command == "list":
             jobs, cursor = await client.jobs_list(
@@ -331,6 +342,31 @@ def _jobs(args: argparse.Namespace) -> int:
         return (await method(args.id)).to_wire()
 
     return _client_call(args, call)
+
+
+#: ``qftrio jobs wait``'s exit status by the job's status when it answers
+#: (124, as timeout(1), for a job that has not ended).
+_WAIT_EXIT = {"completed": 0, "failed": 1, "cancelled": 3}
+
+
+def _job_wait(args: argparse.Namespace) -> int:
+    from .models import MAX_JOB_WAIT_SECS
+
+    ended: list[str] = []
+
+    async def call(client: Any) -> Any:
+        # One wait holds at most MAX_JOB_WAIT_SECS: wait again until the
+        # job ends or --timeout runs out.
+        deadline = None if args.timeout is None else trio.current_time() + args.timeout
+        while True:
+            left = MAX_JOB_WAIT_SECS if deadline is None else max(0.0, deadline - trio.current_time())
+            job = await client.job_wait(args.id, timeout_secs=min(left, MAX_JOB_WAIT_SECS))
+            if job.status.value in _WAIT_EXIT or (deadline is not None and trio.current_time() >= deadline):
+                ended.append(job.status.value)
+                return job.to_wire()
+
+    _client_call(args, call)
+    return _WAIT_EXIT.get(ended[0], 124)
 
 
 def _bulk_call(args: argparse.Namespace) -> Callable[[Any], Awaitable[Any]]:

@@ -49,6 +49,7 @@ from .models import (
     JobConfig,
     SnoozeItem,
     HeartbeatItem,
+    JobWaitQuery,
     HeartbeatReply,
     EnqueueBatchRequest,
     EnqueueRequest,
@@ -611,6 +612,23 @@ class _Api(Generic[X]):
     @_method
     def job_get(job_id: str) -> Call[Job]:
         return Call("GET", f"/api/v1/jobs/{_segment(job_id)}", Job.from_wire)
+
+    @_method
+    def job_wait(job_id: str, *, timeout_secs: float = 30) -> Call[Job]:
+        """The job once it has ended (completed, failed or cancelled), or as
+        it stands after *timeout_secs* (0 to 60): read its ``status``.
+        Woken within milliseconds of the end, from any server; an ended job
+        answers at once. Raises :class:`~qftrio.errors.NotFound` for an
+        unknown job, :class:`~qftrio.errors.TooManyRequests` past the
+        tenant's cap of parked waits."""
+        _build(JobWaitQuery, timeout_secs=timeout_secs)
+        return Call(
+            "GET",
+            f"/api/v1/jobs/{_segment(job_id)}/wait",
+            Job.from_wire,
+            params={"timeout_secs": timeout_secs},
+            wait_secs=timeout_secs,
+        )
 
     @_method
     def jobs_list(

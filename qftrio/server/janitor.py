@@ -6,15 +6,33 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
 from .. import errors
 from ..models import Status
+from .metrics import Metrics
+from .store.base import RetryPolicy, Store
+from .waker import Waker
 
-if TYPE_CHECKING:
-    from .engine import Engine
+
+class Engine(Protocol):
+    """What the janitor uses of :class:`~qftrio.server.engine.Engine`,
+    named here so that this module does not import the engine back."""
+
+    store: Store
+    clock: Callable[[], float]
+    policy: RetryPolicy
+    metrics: Metrics
+    waker: Waker
+    PURGE_EVERY_SECS: float
+    WORKERS_SEEN_SECS: float
+
+    async def fire_schedules(self) -> int: ...
+
+    async def reap_expired(self) -> int: ...
 
 __all__ = ["reap_expired", "run_janitor"]
 

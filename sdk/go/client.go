@@ -353,6 +353,18 @@ func (c *Client) job(ctx context.Context, name, jobID string) (*Job, error) {
 	return &job, nil
 }
 
+// JobWait answers the job once it has ended (completed, failed or
+// cancelled), or as it stands after timeout (0 to 60 s): read its Status.
+// The server wakes the wait within milliseconds of the end, from any server.
+func (c *Client) JobWait(ctx context.Context, jobID string, timeout time.Duration) (*Job, error) {
+	query := url.Values{"timeout_secs": {strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64)}}
+	var job Job
+	if err := c.call(ctx, "jobWait", []string{jobID}, query, nil, &job, "id", timeout); err != nil {
+		return nil, err
+	}
+	return &job, nil
+}
+
 // JobsList reads one page of jobs, newest first; pass NextCursor as Cursor
 // for the next.
 func (c *Client) JobsList(ctx context.Context, filter JobsFilter) (*JobsPage, error) {

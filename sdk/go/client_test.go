@@ -58,9 +58,15 @@ func TestEnqueueAndReadJobs(t *testing.T) {
 	if err != nil || len(rest.Jobs) != 1 || rest.NextCursor != nil {
 		t.Fatalf("JobsList's last page: %+v %v", rest, err)
 	}
+	if still, err := client.JobWait(ctx, many[0].ID, 200*time.Millisecond); err != nil || still.Status != StatusPending {
+		t.Fatalf("JobWait on a pending job: %v %v", still, err)
+	}
 	cancelled, err := client.JobCancel(ctx, many[0].ID)
 	if err != nil || cancelled.Status != StatusCancelled {
 		t.Fatalf("JobCancel: %v %v", cancelled, err)
+	}
+	if ended, err := client.JobWait(ctx, many[0].ID, time.Minute); err != nil || ended.Status != StatusCancelled {
+		t.Fatalf("JobWait on a cancelled job: %v %v", ended, err)
 	}
 	retried, err := client.JobRetry(ctx, many[0].ID)
 	if err != nil || retried.Status != StatusPending {

@@ -27,6 +27,7 @@ var routes = map[string]route{
 	"enqueue":         {"POST", "/api/v1/jobs", "EnqueueRequest", "JobAnswer", nil},
 	"enqueueMany":     {"POST", "/api/v1/jobs/batch", "EnqueueBatchRequest", "JobsAnswer", nil},
 	"jobGet":          {"GET", "/api/v1/jobs/{job_id}", "", "JobAnswer", nil},
+	"jobWait":         {"GET", "/api/v1/jobs/{job_id}/wait", "", "JobAnswer", []string{"timeout_secs"}},
 	"jobsList":        {"GET", "/api/v1/jobs", "", "JobsPageAnswer", []string{"queue", "status", "kind", "limit", "cursor"}},
 	"jobCancel":       {"POST", "/api/v1/jobs/{job_id}/cancel", "", "JobAnswer", nil},
 	"jobRetry":        {"POST", "/api/v1/jobs/{job_id}/retry", "", "JobAnswer", nil},

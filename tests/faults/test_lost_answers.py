@@ -16,7 +16,7 @@ from qftrio import Client
 from qftrio.models import Status
 
 from .conftest import Rig, all_jobs, wait_for
-from .proxy import AnswerDroppingProxy
+from ..proxy import Proxy
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,8 @@ async def test_lost_answers_to_lease_complete_and_fail_leave_each_job_ended_once
 ) -> None:
     (server,) = await rig.servers(rig.sqlite(), "server")
     rule = EveryOther()
-    proxy = AnswerDroppingProxy(int(server.url.rsplit(":", 1)[1]), rule)
+    proxy = Proxy(int(server.url.rsplit(":", 1)[1]))
+    proxy.drop = rule
     client = app(server.url)
     kinds = ["ok"] * 6 + ["bad"] * 3 + ["flaky"] * 3
     jobs = await client.enqueue_many(

@@ -412,6 +412,15 @@ impl Client {
             .await
     }
 
+    /// The job once it has ended (completed, failed or cancelled), or as it
+    /// stands after `timeout` (at most 60 s): read its `status`. The server
+    /// wakes the wait within milliseconds of the end, from any server.
+    pub async fn job_wait(&self, job_id: &str, timeout: Duration) -> Result<Job> {
+        let query = [("timeout_secs", timeout.as_secs_f64().to_string())];
+        self.call(&routes::JOB_WAIT, &[job_id], &query, None, timeout)
+            .await
+    }
+
     /// A page of the tenant's jobs, newest first.
     pub async fn jobs_list(&self, filter: &JobsFilter) -> Result<JobsPage> {
         let mut query = Vec::new();

@@ -37,6 +37,10 @@ pub const STEPS_ADD: Route = route("POST", "/api/v1/jobs/{job_id}/steps");
 pub const ENQUEUE: Route = route("POST", "/api/v1/jobs");
 pub const ENQUEUE_MANY: Route = route("POST", "/api/v1/jobs/batch");
 pub const JOB_GET: Route = route("GET", "/api/v1/jobs/{job_id}");
+pub const JOB_WAIT: Route = Route {
+    query: &["timeout_secs"],
+    ..route("GET", "/api/v1/jobs/{job_id}/wait")
+};
 pub const JOBS_LIST: Route = Route {
     query: &["queue", "status", "kind", "limit", "cursor"],
     ..route("GET", "/api/v1/jobs")
@@ -93,6 +97,7 @@ pub const ALL: &[Route] = &[
     ENQUEUE,
     ENQUEUE_MANY,
     JOB_GET,
+    JOB_WAIT,
     JOBS_LIST,
     JOB_CANCEL,
     JOB_RETRY,

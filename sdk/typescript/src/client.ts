@@ -296,6 +296,14 @@ export class Client {
     return (await this.#call("jobGet", { job_id: jobId }, undefined)) as Job;
   }
 
+  /** The job once it has ended (completed, failed or cancelled), or as it
+   * stands after `timeoutSecs` (0 to 60, default 30): read its `status`.
+   * Woken within milliseconds of the end, from any server. */
+  async jobWait(jobId: string, { timeoutSecs = 30, signal }: { timeoutSecs?: number; signal?: AbortSignal } = {}): Promise<Job> {
+    const query = { timeout_secs: timeoutSecs };
+    return (await this.#call("jobWait", { job_id: jobId }, undefined, query, { signal, extraMs: timeoutSecs * 1000 })) as Job;
+  }
+
   /** One page of jobs, newest first; pass `next_cursor` as `cursor` for the next. */
   async jobsList(filter: JobsFilter = {}): Promise<JobsPage> {
     return (await this.#call("jobsList", {}, undefined, { ...filter })) as JobsPage;

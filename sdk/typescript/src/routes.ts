@@ -33,6 +33,7 @@ export const ROUTES = {
   enqueue: { method: "POST", path: "/api/v1/jobs", request: "EnqueueRequest", answer: "JobAnswer" },
   enqueueMany: { method: "POST", path: "/api/v1/jobs/batch", request: "EnqueueBatchRequest", answer: "JobsAnswer" },
   jobGet: { method: "GET", path: "/api/v1/jobs/{job_id}", request: null, answer: "JobAnswer" },
+  jobWait: { method: "GET", path: "/api/v1/jobs/{job_id}/wait", request: null, answer: "JobAnswer", query: ["timeout_secs"] },
   jobsList: {
     method: "GET",
     path: "/api/v1/jobs",

@@ -110,19 +110,6 @@ test("a frozen worker that wakes after its lease changes nothing", async () => {
   assert.deepEqual([await alpha.exited, await beta.exited], [0, 0]);
 });
 
-test("the first SIGINT finishes the held job and leases nothing more", async () => {
-  const alpha = worker("alpha", "drain", 10);
-  const job = await client.enqueue("work", {}, { queue: "drain" });
-  await alpha.waitFor(new RegExp(`claimed ${job.id}`));
-  alpha.child.kill("SIGINT");
-  await alpha.waitFor(/stopping/);
-  const later = await client.enqueue("work", {}, { queue: "drain" });
-  assert.equal(await alpha.exited, 0);
-  assert.match(alpha.output(), new RegExp(`completed ${job.id}`));
-  assert.equal((await client.jobGet(job.id)).status, "completed");
-  assert.equal((await client.jobGet(later.id)).status, "pending");
-});
-
 test("a second SIGINT quits at once, reporting nothing", async () => {
   const alpha = worker("alpha", "quit", 10);
   const job = await client.enqueue("work", {}, { queue: "quit" });

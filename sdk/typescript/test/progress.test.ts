@@ -48,3 +48,13 @@ test("ctx.progress() lands on the job within a second, the latest winning", asyn
   drain.abort();
   await done;
 });
+
+test("jobWait() answers the job once it ends, or as it stands at its timeout", async () => {
+  const queue = "ts-wait";
+  const job = await client.enqueue("steps", {}, { queue });
+  const still = await client.jobWait(job.id, { timeoutSecs: 0.2 });
+  assert.equal(still.status, "pending");
+  const waiting = client.jobWait(job.id, { timeoutSecs: 60 });
+  await client.jobCancel(job.id);
+  assert.equal((await waiting).status, "cancelled");
+});

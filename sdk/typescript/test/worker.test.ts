@@ -1,10 +1,10 @@
 // runWorker in this process against a real server: outcomes, the abort
-// signal, stale tokens, retried reports and heartbeats, and refusals.
+// signal, retried reports and heartbeats, and refusals (the rules every
+// runtime keeps are tests/sdk_conformance/).
 
 import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
-import { setTimeout as sleep } from "node:timers/promises";
 import {
   ApiError,
   Client,
@@ -161,27 +161,6 @@ test("a lease asks for the free lanes only", async () => {
   assert.ok(asked.every((n) => n === 1 || n === 2), `asked for ${asked}`);
 });
 
-test("heartbeats keep every held job's lease, in one call for the jobs due together", async () => {
-  const jobs = await client.enqueueMany([1, 2].map((n) => ({ kind: "long", payload: { n }, config: { queue: "renew" } })));
-  const batches: number[] = [];
-  const watched = new Client(server.url, "dev");
-  const heartbeatMany = watched.heartbeatMany.bind(watched);
-  watched.heartbeatMany = (items, options) => {
-    batches.push(items.length);
-    return heartbeatMany(items, options);
-  };
-  const worker = start("renew", {
-    // Longer than the lease: only its renewals keep the job this worker's.
-    long: async (_job, ctx) => void (await sleep(4_000, undefined, { signal: ctx.signal })),
-  }, { client: watched, lanes: 2, leaseSecs: 3 });
-  for (const job of jobs) {
-    const done = await waitForJob(client, job.id);
-    assert.deepEqual([done.status, done.attempt, done.errors], ["completed", 1, []]);
-  }
-  await worker.stop();
-  assert.ok(batches.length >= 2 && batches.includes(2), `heartbeat calls of ${batches} jobs`);
-});
-
 test("cancelling a running job aborts its signal, and what its handler answers is never reported", async () => {
   const job = await client.enqueue("wait", {}, { queue: "cancel" });
   let reason: unknown;
@@ -226,28 +205,6 @@ test("a job's timeout aborts its handler at the deadline and fails it with the s
   else assert.equal(ended.type, "lost");
   const after = await client.jobGet(job.id);
   assert.deepEqual([after.status, after.error], ["failed", "timed out after 1 s"]);
-});
-
-test("a stale token never changes a job", async () => {
-  const job = await client.enqueue("twice", {}, { queue: "stale" });
-  let calls = 0;
-  const worker = start("stale", {
-    twice: async (_job, ctx) => {
-      if (++calls > 1) return { run: "fresh" };
-      await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve));
-      return { run: "stale" };
-    },
-  }, { leaseSecs: 3, lanes: 2 });
-  await until(worker.events, (e) => e.type === "claimed" && e.jobId === job.id);
-  // Cancel and retry: the job is pending again, the worker's token stale.
-  await client.jobCancel(job.id);
-  await client.jobRetry(job.id);
-  const done = await waitForJob(client, job.id);
-  await until(worker.events, (e) => e.type === "lost" && e.jobId === job.id);
-  await worker.stop();
-  assert.deepEqual([done.status, done.result], ["completed", { run: "fresh" }]);
-  assert.deepEqual((await client.jobGet(job.id)).result, { run: "fresh" });
-  assert.equal(worker.events.filter((e) => e.type === "completed" && e.jobId === job.id).length, 1);
 });
 
 test("a report that cannot land is retried until the lease ends, then unreported", async () => {

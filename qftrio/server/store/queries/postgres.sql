@@ -1193,9 +1193,13 @@ WHERE k.tenant = u.tenant AND k.schedule = u.schedule AND k.tick < u.tick;
 
 -- name: job_wait_begin
 -- A wait parked on a job (migration 0018), and those whose server died
--- before removing theirs, past their time, removed.
-WITH gone AS (DELETE FROM qftrio_job_waits WHERE until < $3)
-INSERT INTO qftrio_job_waits (id, job_id, until) VALUES ($1, $2, $3 + $4);
+-- before removing theirs, past their time, removed. The job's row is locked
+-- (FOR SHARE) while the wait's row goes in: a change of the job that began
+-- first commits before, and the wait reads it next; one that comes after
+-- waits for this commit, so its trigger sees the wait and notifies.
+WITH job AS (SELECT id FROM qftrio_jobs WHERE id = $2 FOR SHARE),
+    gone AS (DELETE FROM qftrio_job_waits WHERE until < $3)
+INSERT INTO qftrio_job_waits (id, job_id, until) SELECT $1, id, $3 + $4 FROM job;
 
 -- name: job_wait_end
 DELETE FROM qftrio_job_waits WHERE id = $1;

@@ -38,6 +38,12 @@ async fn jobs_round_trip() {
     assert_eq!(job.payload, obj(json!({"src": "a.png"})));
     assert_eq!(job.headers.as_ref().unwrap()["x-origin"], "test");
     assert_eq!(client.job_get(&job.id).await.unwrap(), job);
+    // A wait answers the job as it stands when its time runs out.
+    let still = client
+        .job_wait(&job.id, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(still.status, job.status);
 
     // A repeated idempotency key answers the first job and enqueues nothing.
     let mut keyed = JobConfig::queue(&q);
