@@ -248,3 +248,19 @@ async def test_the_cli_shows_added_steps_with_added_by(http, server, capsys: pyt
     assert [(s["name"], s["added_by"]) for s in shown["steps"]] == [
         ("split", None), ("join", None), ("page-0", "split"), ("page-1", "split"),
     ]  # fmt: skip
+
+
+async def test_a_handler_run_again_adds_the_same_steps_again_and_nothing_changes(http, server) -> None:
+    wf, split = await started(http, server)
+    assert (await add(http, server, split, pages(3), collect="pages")).status_code == 201
+    assert (await report(http, server, split, "fail", error="crashed", retry_in_secs=0)).status_code == 204
+    again = (await lease(http, server))["split"]
+    assert again["lease_token"] != split["lease_token"]
+    r = await add(http, server, again, pages(3), collect="pages")
+    assert r.status_code == 201 and len(r.json()["steps"]) == 5
+    # the first attempt's token is stale now, even for the same steps
+    r = await add(http, server, split, pages(3), collect="pages")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "lease_lost"
+    assert (await report(http, server, again, "complete")).status_code == 204
+    await complete_all(http, server, 3)
+    assert (await lease(http, server))["join"]["job"]["context"]["pages"] == [{"page": i} for i in range(3)]
