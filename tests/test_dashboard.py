@@ -13,14 +13,17 @@ import httpx
 import pytest
 import trio
 
-from qftrio.models import CompleteItem, EnqueueRequest, FailItem, JobConfig, QueueStats, ScheduleRequest, Status, StepsAddRequest, WorkflowCreateRequest
+from qftrio.models import (
+    CompleteItem, EnqueueRequest, FailItem, JobConfig, QueueStats, ScheduleRequest, SnoozeItem, Status, StepsAddRequest,
+    WorkflowCreateRequest,
+)
 from qftrio.server.dashboard import Throughput, csrf_token, timeline
 from qftrio.server.dashboard.figures import idle_note
 from qftrio.server.engine import Engine
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import open_sqlite_store
 
-from .browser import PHONE, in_browser, needs_chromium, sign_in
+from .browser import DESKTOP, PHONE, in_browser, needs_chromium, sign_in
 from .conftest import RunningServer
 
 ACME = "acme-secret"
@@ -95,7 +98,8 @@ async def test_counts_go_live_as_a_worker_completes_jobs_then_sign_out(server: R
         expect(page.locator("h1 .status")).to_have_text("completed")
         expect(page.locator("#result")).to_contain_text('"ok": true')
         expect(page.locator("#worker")).to_have_text("w1")
-        expect(page.locator("ol.timeline")).to_contain_text("completed on attempt 1")
+        expect(page.locator("ol.timeline")).to_contain_text("attempt 1 claimed by w1")
+        expect(page.locator("ol.timeline")).to_contain_text("attempt 1 completed")
 
         page.click("header form.signout button")
         expect(page).to_have_url(re.compile(r"/dashboard/signin$"))
@@ -428,7 +432,50 @@ async def test_the_timeline_follows_a_job_through_its_attempts(server: RunningSe
         await server.engine.fail([FailItem(job_id, lease.lease_token, "boom", True)])
         server.clock.advance(3600)
     events = [what for _, what in timeline(await server.engine.job_get("acme", job_id))]
-    assert events == ["enqueued", "attempt 1 failed", "attempt 2 failed; no attempt left (dead letter)"]
+    assert events == [
+        "enqueued", "attempt 1 claimed by a worker", "attempt 1 failed: boom", "attempt 2 claimed by a worker",
+        "attempt 2 failed: boom; no attempt left (dead letter)",
+    ]  # fmt: skip
+
+
+@needs_chromium
+async def test_a_jobs_page_shows_each_attempt_and_how_it_ended(server: RunningServer) -> None:
+    (job_id,) = await enqueue(server.engine, 1, max_attempts=5)
+    (lease,) = await server.engine.lease("q", worker_id="w1")
+    await server.engine.snooze([SnoozeItem(job_id, lease.lease_token, 0)])
+    (lease,) = await server.engine.lease("q", worker_id="w2")
+    await server.engine.fail([FailItem(job_id, lease.lease_token, "bad <input>", False)])
+
+    def scenario(page: Any, width: int) -> None:
+        from playwright.sync_api import expect
+
+        sign_in(page, server.url, ACME)
+        page.goto(f"{server.url}/dashboard/jobs/{job_id}")
+        steps = page.locator("ol.timeline li")
+        expect(steps).to_have_count(5)
+        expect(steps.nth(1)).to_contain_text("attempt 1 claimed by w1")
+        expect(steps.nth(2)).to_contain_text("attempt 1 snoozed")
+        expect(steps.nth(3)).to_contain_text("attempt 2 claimed by w2")
+        expect(steps.nth(4)).to_contain_text("attempt 2 failed: bad <input>; failed permanently")
+        # the page fits the window: nothing wider than it
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+
+    for viewport in (DESKTOP, PHONE):
+        await in_browser(scenario, viewport["width"], viewport=viewport)
+
+
+async def test_the_timeline_says_failed_permanently_when_attempts_were_left(server: RunningServer) -> None:
+    server.clock.freeze()
+    (job_id,) = await enqueue(server.engine, 1, max_attempts=5)
+    (lease,) = await server.engine.lease("q", worker_id="w1")
+    server.clock.advance(2)
+    await server.engine.fail([FailItem(job_id, lease.lease_token, "bad input", False)])
+    job = await server.engine.job_get("acme", job_id)
+    (attempt,) = job.attempts
+    assert timeline(job)[1:] == [
+        (attempt.claimed_at, "attempt 1 claimed by w1"),
+        (attempt.claimed_at + 2, "attempt 1 failed: bad input; failed permanently"),
+    ]
 
 
 async def test_the_workflow_and_workers_pages_show_steps_and_who_holds_jobs(server: RunningServer) -> None:

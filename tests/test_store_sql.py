@@ -25,7 +25,7 @@ PG_EXTRA = {"lease_token", "idempotency_key"}
 
 # A job row's column list: from its "id, tenant, queue" up to Job's last field.
 _JOB_LIST = re.compile(
-    r"(?:SELECT|RETURNING)\s+((?:j\.)?id,\s*(?:j\.)?tenant,\s*(?:j\.)?queue,[^;]*?(?:j\.)?" + FIELDS[-1] + r")\b"
+    r"(?:SELECT|RETURNING)\s+((?:j\.)?id,\s*(?:j\.)?tenant,\s*(?:j\.)?queue,[^;]*?,\s*(?:j\.)?" + FIELDS[-1] + r")\b"
 )
 
 

@@ -18,6 +18,7 @@ UTC strings (``2026-01-02T03:04:05.123456Z``) on the wire.
 
 from .limits import (
     MAX_ANSWER_BYTES,
+    MAX_ATTEMPTS_KEPT,
     MAX_BATCH,
     MAX_BULK,
     MAX_DELAY_SECS,
@@ -48,6 +49,9 @@ from .limits import (
     valid_name,
 )
 from .records import (
+    AttemptEntry,
+    AttemptOutcome,
+    attempt_history,
     CompleteItem,
     Epoch,
     ErrorEntry,
@@ -140,6 +144,7 @@ from .answers import (
     ErrorAnswer,
     ErrorDetail,
     ErrorEntryAnswer,
+    AttemptEntryAnswer,
     HealthAnswer,
     HeartbeatAnswer,
     HeldBackAnswer,
@@ -166,6 +171,7 @@ from .answers import (
 
 __all__ = [
     "MAX_ANSWER_BYTES",
+    "MAX_ATTEMPTS_KEPT",
     "MAX_BATCH",
     "MAX_BULK",
     "MAX_DELAY_SECS",
@@ -194,6 +200,9 @@ __all__ = [
     "QUEUES_PAGE",
     "timeout_error",
     "valid_name",
+    "AttemptEntry",
+    "AttemptOutcome",
+    "attempt_history",
     "CompleteItem",
     "Epoch",
     "ErrorEntry",
@@ -282,6 +291,7 @@ __all__ = [
     "ErrorAnswer",
     "ErrorDetail",
     "ErrorEntryAnswer",
+    "AttemptEntryAnswer",
     "HealthAnswer",
     "HeartbeatAnswer",
     "HeldBackAnswer",

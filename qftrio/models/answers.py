@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .records import JOB_FORM, SCHEDULE_FORM, ErrorEntry, HeartbeatStatus, StepStatus, Time, WorkflowStatus
+from .records import JOB_FORM, SCHEDULE_FORM, AttemptEntry, AttemptOutcome, ErrorEntry, HeartbeatStatus, StepStatus, Time, WorkflowStatus
 
 
 
@@ -33,8 +33,21 @@ class ErrorEntryAnswer(_Answer):
     at: Time
 
 
+class AttemptEntryAnswer(_Answer):
+    """One claim of a job: who claimed it and when, when and how it ended."""
+
+    attempt: int
+    worker_id: str | None
+    claimed_at: Time
+    ended_at: Time | None
+    outcome: AttemptOutcome
+    error: str | None
+
+
 #: A job, as :class:`Job` declares it.
-JobAnswer = JOB_FORM.answer_model("JobAnswer", "A job.", _Answer, {ErrorEntry: ErrorEntryAnswer})
+JobAnswer = JOB_FORM.answer_model(
+    "JobAnswer", "A job.", _Answer, {ErrorEntry: ErrorEntryAnswer, AttemptEntry: AttemptEntryAnswer}
+)
 
 
 #: A schedule, as :class:`Schedule` declares it.

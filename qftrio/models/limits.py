@@ -58,6 +58,9 @@ def timeout_error(timeout_secs: int | None) -> str:
 MAX_HEADERS_BYTES = 8192
 #: A job's ``progress``: the bytes of its JSON text (docs/worker.md, "Progress").
 MAX_PROGRESS_BYTES = 8192
+#: A job's ``attempts``: the newest claims its history keeps (each store's
+#: statements drop the oldest past it).
+MAX_ATTEMPTS_KEPT = 20
 #: The longest a wait on a job holds (``GET /api/v1/jobs/{id}/wait``).
 MAX_JOB_WAIT_SECS = 60
 MAX_HEADER_NAME = 256

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, create_model
 
 from .. import _progress
+from .limits import MAX_ATTEMPTS_KEPT
 
 class Status(str, enum.Enum):
     """The life cycle of a job."""
@@ -104,12 +105,82 @@ class ErrorEntry:
         return cls(attempt=data["attempt"], error=data["error"], at=parse_time(data["at"]) or 0.0)
 
 
+class AttemptOutcome(str, enum.Enum):
+    """How one claim of a job ended (``running`` while it has not)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    #: Its lease expired: taken back by the janitor, or claimed again.
+    LOST = "lost"
+    SNOOZED = "snoozed"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_OUTCOME_OF = {outcome.value: outcome for outcome in AttemptOutcome}
+
+
+def attempt_history(
+    ended: list[dict[str, Any]] | None, status: str, attempt: int, worker_id: str | None, claimed_at: float | None
+) -> tuple[AttemptEntry, ...]:
+    """A job's ``attempts`` from what both stores keep: the entries of its
+    ended attempts, and, while it runs, its running attempt from the row
+    itself (its ``attempt``, ``worker_id`` and ``claimed_at``, which the claim
+    set), so that a claim writes no history; the newest
+    :data:`MAX_ATTEMPTS_KEPT` of them."""
+    out = tuple(map(AttemptEntry.from_stored, ended)) if ended else ()
+    if status == "running" and claimed_at is not None:
+        running = AttemptEntry(
+            attempt=attempt, worker_id=worker_id, claimed_at=claimed_at, ended_at=None,
+            outcome=AttemptOutcome.RUNNING, error=None,
+        )  # fmt: skip
+        out = (*out[1 - MAX_ATTEMPTS_KEPT :], running) if len(out) >= MAX_ATTEMPTS_KEPT else (*out, running)
+    return out
+
+
 class _Rfc3339:
     """Marks a field held as epoch seconds and carried as an RFC 3339 string."""
 
 
 #: A time: epoch seconds inside qftrio, an RFC 3339 UTC string on the wire.
 Epoch = Annotated[float, _Rfc3339]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class AttemptEntry:
+    """One claim in a job's attempt history: its number, who claimed it and
+    when, and when and how it ended (``ended_at`` is None while it runs;
+    ``error`` is the attempt's error, if it ended with one). Its wire form
+    and ``__init__`` are generated (:class:`_WireForm`): a running entry is
+    built for every claimed job."""
+
+    attempt: int
+    worker_id: str | None
+    claimed_at: Epoch
+    ended_at: Epoch | None
+    outcome: AttemptOutcome
+    error: str | None
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> AttemptEntry:
+        """An entry as both stores keep it: the wire's keys, times as epoch seconds."""
+        ended = data["ended_at"]
+        return cls(
+            attempt=int(data["attempt"]), worker_id=data["worker_id"], claimed_at=float(data["claimed_at"]),
+            ended_at=None if ended is None else float(ended), outcome=_OUTCOME_OF[data["outcome"]],
+            error=data["error"],
+        )  # fmt: skip
+
+    if typing.TYPE_CHECKING:  # generated below, by _WireForm
+
+        def to_wire(self) -> dict[str, Any]: ...
+
+        @classmethod
+        def from_wire(cls, data: dict[str, Any]) -> AttemptEntry: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -156,6 +227,8 @@ class Job:
     #: when (docs/worker.md, "Progress"); ``job.progress(obj)`` reports it.
     last_progress: dict[str, Any] | None = dataclasses.field(default=None, metadata={"wire": "progress"})
     progress_at: Epoch | None = None
+    #: Its claims, oldest first, the newest MAX_ATTEMPTS_KEPT kept.
+    attempts: tuple[AttemptEntry, ...] = ()
 
     def progress(self, progress: dict[str, Any]) -> None:
         """Report how far this job's handler has got: a JSON object of at
@@ -362,6 +435,7 @@ def _records(from_wire: Callable[[Any], Any], items: list[Any] | None) -> tuple[
 
 #: How a job is written and built: its wire form, and the generated readers
 #: of the stores (`builder`) and of their new jobs (`writer`).
+ATTEMPT_FORM = _WireForm(AttemptEntry)  # before Job's: a job's attempts are read with its from_wire
 JOB_FORM = _WireForm(Job)
 
 

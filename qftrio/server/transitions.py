@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
 from .. import errors
-from ..models import HeartbeatItem, Status, WorkflowStatus, timeout_error
+from ..models import AttemptOutcome, HeartbeatItem, Status, WorkflowStatus, timeout_error
 from .store.base import LEASE_EXPIRED, HeartbeatResult, Outcome, ReportResult, RetryAt
 
 
@@ -502,6 +502,9 @@ class Reap:
     error: str
     #: When a timed-out job runs again (None: ``scheduled_at`` unchanged).
     retry_at: float | None = None
+    #: How its attempt ends in the job's history: ``lost`` (its lease
+    #: expired, whatever became of the job) or ``timed_out``.
+    outcome: AttemptOutcome = AttemptOutcome.LOST
 
 
 def timed_out(locked_until: float, deadline: float | None) -> bool:
@@ -556,7 +559,7 @@ def reap(expired: Sequence[Expired], *, retry_at: RetryAt, now: float) -> tuple[
             out.append(
                 Reap(
                     job_id=job.job_id, queue=job.queue, status=Status.FAILED if when is None else Status.PENDING,
-                    error=timeout_error(job.timeout_secs), retry_at=when,
+                    error=timeout_error(job.timeout_secs), retry_at=when, outcome=AttemptOutcome.TIMED_OUT,
                 )  # fmt: skip
             )
         elif job.attempt < job.max_attempts:

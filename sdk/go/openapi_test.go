@@ -20,6 +20,7 @@ var wireTypes = map[string]any{
 	// Answers: exactly the schema's fields.
 	"JobAnswer":             Job{},
 	"ErrorEntryAnswer":      ErrorEntry{},
+	"AttemptEntryAnswer":    AttemptEntry{},
 	"LeaseAnswer":           Lease{},
 	"LeasesAnswer":          leasesAnswer{},
 	"HeartbeatAnswer":       HeartbeatAnswer{},

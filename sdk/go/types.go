@@ -57,6 +57,8 @@ type Job struct {
 	// and ProgressAt when.
 	LastProgress json.RawMessage `json:"progress"`
 	ProgressAt   *time.Time      `json:"progress_at"`
+	// Attempts is the history of its claims, oldest first, the newest 20 kept.
+	Attempts []AttemptEntry `json:"attempts"`
 
 	// progress is the worker's: Job.Progress hands the value to it.
 	progress func(v any) error
@@ -84,6 +86,31 @@ type ErrorEntry struct {
 	Attempt int       `json:"attempt"`
 	Error   string    `json:"error"`
 	At      time.Time `json:"at"`
+}
+
+// AttemptOutcome is how one claim of a job ended (running while it has not).
+type AttemptOutcome string
+
+const (
+	AttemptRunning   AttemptOutcome = "running"
+	AttemptCompleted AttemptOutcome = "completed"
+	AttemptFailed    AttemptOutcome = "failed"
+	AttemptTimedOut  AttemptOutcome = "timed_out"
+	// AttemptLost: its lease expired, taken back by the janitor or claimed again.
+	AttemptLost      AttemptOutcome = "lost"
+	AttemptSnoozed   AttemptOutcome = "snoozed"
+	AttemptCancelled AttemptOutcome = "cancelled"
+)
+
+// AttemptEntry is one claim of a job: who claimed it and when, when and how
+// it ended (EndedAt nil while it runs).
+type AttemptEntry struct {
+	Attempt   int            `json:"attempt"`
+	WorkerID  *string        `json:"worker_id"`
+	ClaimedAt time.Time      `json:"claimed_at"`
+	EndedAt   *time.Time     `json:"ended_at"`
+	Outcome   AttemptOutcome `json:"outcome"`
+	Error     *string        `json:"error"`
 }
 
 // Backoff is a job's own retry delays: initial_secs * factor^(attempt-1),

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...models import Job, QueueStats, Status, format_time
+from ...models import AttemptOutcome, Job, QueueStats, Status, format_time
 
 __all__ = ["Throughput", "age", "clip", "idle_note", "show_rate", "show_time", "shown", "timeline"]
 
@@ -105,31 +105,45 @@ def show_rate(rate: float | None) -> str:
     return "–" if rate is None else f"{rate:.1f}"
 
 
+#: How an ended attempt reads on a job's timeline, by its outcome.
+_ENDED = {
+    AttemptOutcome.COMPLETED: "completed",
+    AttemptOutcome.FAILED: "failed",
+    AttemptOutcome.TIMED_OUT: "timed out",
+    AttemptOutcome.LOST: "lost its lease",
+    AttemptOutcome.SNOOZED: "snoozed",
+    AttemptOutcome.CANCELLED: "cancelled",
+}
+
+
 def timeline(job: Job) -> list[tuple[float, str]]:
-    """A job's transitions as far as the job itself records them, oldest
-    first: enqueued, when it became available, each failed attempt, and
-    where it is now."""
+    """A job's life as its attempt history records it, oldest first:
+    enqueued, each claim (when, by whom) and how it ended, when it is next
+    available, and the lease deadline of a running attempt. A job whose
+    last attempt failed it says why: "failed permanently" when the attempt
+    had attempts left (its handler said not to retry), else "no attempt
+    left" (dead letter). A job claimed before histories were kept shows its
+    error history instead."""
     events: list[tuple[float, str]] = [(job.created_at, "enqueued")]
-    failed = {entry.attempt for entry in job.errors}
-    for entry in job.errors:
-        if job.status is Status.FAILED and entry.attempt == job.attempt:
-            events.append((entry.at, f"attempt {entry.attempt} failed; no attempt left (dead letter)"))
-        else:
-            events.append((entry.at, f"attempt {entry.attempt} failed"))
-    if job.status is Status.PENDING:
-        if job.scheduled_at > job.created_at:
-            events.append((job.scheduled_at, f"available for attempt {job.attempt + 1}"))
-    elif job.status is Status.RUNNING:
-        worker = job.worker_id or "a worker"
-        events.append((job.updated_at, f"attempt {job.attempt} leased by {worker}"))
-        if job.locked_until is not None:
-            events.append((job.locked_until, "lease deadline"))
-    elif job.status is Status.COMPLETED:
-        events.append((job.updated_at, f"completed on attempt {job.attempt}"))
-    elif job.status is Status.CANCELLED:
+    if not job.attempts:
+        events += [(entry.at, f"attempt {entry.attempt} failed") for entry in job.errors]
+    for n, entry in enumerate(job.attempts, 1):
+        events.append((entry.claimed_at, f"attempt {entry.attempt} claimed by {entry.worker_id or 'a worker'}"))
+        if entry.ended_at is None:
+            if job.status is Status.RUNNING and job.locked_until is not None and n == len(job.attempts):
+                events.append((job.locked_until, "lease deadline"))
+            continue
+        what = f"attempt {entry.attempt} {_ENDED[entry.outcome]}"
+        if entry.error is not None:
+            what += f": {clip(entry.error)}"
+        if job.status is Status.FAILED and n == len(job.attempts) and entry.outcome is not AttemptOutcome.CANCELLED:
+            permanent = entry.outcome is AttemptOutcome.FAILED and entry.attempt < job.max_attempts
+            what += "; failed permanently" if permanent else "; no attempt left (dead letter)"
+        events.append((entry.ended_at, what))
+    if job.status is Status.PENDING and job.scheduled_at > events[-1][0]:
+        events.append((job.scheduled_at, f"available for attempt {job.attempt + 1}"))
+    elif job.status is Status.CANCELLED and not any(e.outcome is AttemptOutcome.CANCELLED for e in job.attempts[-1:]):
         events.append((job.updated_at, "cancelled"))
-    elif job.attempt not in failed:
-        events.append((job.updated_at, "failed"))
     events.sort(key=lambda event: event[0])
     return events
 

@@ -656,7 +656,7 @@ def reap_expired(now: float, limit: int, retry_at: RetryAt) -> Plan[list[Reaped]
     if decided:
         yield _run(
             "reap", [d.job_id for d in decided], [d.status.value for d in decided], [d.error for d in decided], now,
-            [d.retry_at for d in decided],
+            [d.retry_at for d in decided], [d.outcome.value for d in decided],
         )  # fmt: skip
     yield from notify({d.queue for d in decided if d.status is Status.PENDING})
     for workflow_id in failing:

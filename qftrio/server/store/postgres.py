@@ -64,6 +64,7 @@ from ..._backoff import backoff
 from ...models import (
     JOB_FORM,
     STATUS_OF,
+    attempt_history,
     ErrorEntry,
     HeldBack,
     Job,
@@ -174,6 +175,7 @@ def _job_value(name: str) -> str:
         "id": 'str(row["id"])',
         "status": 'STATUS_OF[row["status"]]',
         "errors": '_errors(row["errors"])',
+        "attempts": 'attempt_history(row["attempts"], row["status"], row["attempt"], row["worker_id"], row["claimed_at"])',
         "workflow_id": '_str_or_none(row["workflow_id"])',
     }
     return special.get(name) or f"row[{JOB_FORM.wire[name]!r}]"
@@ -181,7 +183,10 @@ def _job_value(name: str) -> str:
 
 #: A job of a row of ``job_columns``.
 _job: Callable[[pgtrio.Record], Job] = JOB_FORM.builder(
-    "_job", "row", _job_value, {"STATUS_OF": STATUS_OF, "_errors": _errors, "_str_or_none": _str_or_none}
+    "_job",
+    "row",
+    _job_value,
+    {"STATUS_OF": STATUS_OF, "_errors": _errors, "attempt_history": attempt_history, "_str_or_none": _str_or_none},
 )
 
 

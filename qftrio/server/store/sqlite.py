@@ -43,6 +43,7 @@ from ...models import (
     JOB_FORM,
     MAX_SCHEDULED_COUNT,
     STATUS_OF,
+    attempt_history,
     ErrorEntry,
     HeldBack,
     Job,
@@ -129,6 +130,12 @@ def _job_values() -> dict[str, str]:
             value = f"STATUS_OF[{value}]"
         elif name == "errors":
             value = f"_errors({value})"
+        elif name == "attempts":  # with the row's status, attempt, worker_id and claimed_at (after Job's fields)
+            at = list(JOB_FORM.kinds).index
+            value = (
+                f"attempt_history(None if {value} == '[]' else _json.loads({value}), row[{at('status')}], "
+                f"row[{at('attempt')}], row[{at('worker_id')}], row[{len(JOB_FORM.kinds)}])"
+            )
         elif typing.get_origin(inner) is dict:
             value = f"_loads({value})" if optional else f"_json.loads({value})"
         out[name] = value
@@ -137,7 +144,10 @@ def _job_values() -> dict[str, str]:
 
 #: A job of a row of ``job_columns``.
 _row_to_job: Callable[[sqlite3.Row | tuple[Any, ...]], Job] = JOB_FORM.builder(
-    "_row_to_job", "row", _job_values().__getitem__, {"STATUS_OF": STATUS_OF, "_errors": _errors, "_loads": _loads, "_json": _json}
+    "_row_to_job",
+    "row",
+    _job_values().__getitem__,
+    {"STATUS_OF": STATUS_OF, "_errors": _errors, "attempt_history": attempt_history, "_loads": _loads, "_json": _json},
 )
 
 #: The arguments of ``job_insert`` but the last (``now``).
@@ -285,7 +295,7 @@ def _claim_once(
         Q["claim"].format(tokens=" ".join("WHEN ? THEN ?" for _ in ids), marks=_marks(len(ids))),
         (
             now + lease_secs, now + lease_secs, now, now, worker_id, now, now, *[x for job_id in ids for x in (job_id, tokens[job_id])],
-            transitions.LOST_ATTEMPT, transitions.LOST_ATTEMPT, now, *ids,
+            transitions.LOST_ATTEMPT, transitions.LOST_ATTEMPT, now, now, transitions.LOST_ATTEMPT, *ids,
         ),  # fmt: skip
     ).fetchall()
     by_id = {row[0]: row for row in rows}

@@ -49,6 +49,33 @@ pub struct ErrorEntry {
     pub at: String,
 }
 
+/// How one claim of a job ended (`Running` while it has not); `Lost`: its
+/// lease expired, taken back by the janitor or claimed again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    #[default]
+    Running,
+    Completed,
+    Failed,
+    TimedOut,
+    Lost,
+    Snoozed,
+    Cancelled,
+}
+
+/// One claim in a job's `attempts` (`AttemptEntryAnswer`): who claimed it
+/// and when, when and how it ended.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AttemptEntry {
+    pub attempt: u32,
+    pub worker_id: Option<String>,
+    pub claimed_at: String,
+    pub ended_at: Option<String>,
+    pub outcome: AttemptOutcome,
+    pub error: Option<String>,
+}
+
 /// A job (`JobAnswer`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Job {
@@ -82,6 +109,8 @@ pub struct Job {
     /// The last progress its handler reported (`ctx.progress()`), and when.
     pub progress: Option<Object>,
     pub progress_at: Option<String>,
+    /// Its claims, oldest first, the newest 20 kept.
+    pub attempts: Vec<AttemptEntry>,
 }
 
 /// A leased job and the token that proves the lease (`LeaseAnswer`).

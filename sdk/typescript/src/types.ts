@@ -27,6 +27,22 @@ export interface ErrorEntry {
   at: string;
 }
 
+/** How one claim of a job ended (`running` while it has not); `lost`: its
+ * lease expired, taken back by the janitor or claimed again.
+ * @wire AttemptOutcome */
+export type AttemptOutcome = "running" | "completed" | "failed" | "timed_out" | "lost" | "snoozed" | "cancelled";
+
+/** One claim of a job: who claimed it and when, when and how it ended.
+ * @wire AttemptEntryAnswer */
+export interface AttemptEntry {
+  attempt: number;
+  worker_id: string | null;
+  claimed_at: string;
+  ended_at: string | null;
+  outcome: AttemptOutcome;
+  error: string | null;
+}
+
 /** A job, as every route shows it.
  * @wire JobAnswer */
 export interface Job {
@@ -65,6 +81,8 @@ export interface Job {
   /** The last progress its handler reported (`ctx.progress()`), and when. */
   progress: JsonObject | null;
   progress_at: string | null;
+  /** Its claims, oldest first, the newest 20 kept. */
+  attempts: AttemptEntry[];
 }
 
 /** A job's retry delays: the n-th failed attempt waits

@@ -6,7 +6,9 @@
 -- by name, and the lease token and idempotency key (tests/test_store_sql.py).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
-    context, timeout_secs, backoff, headers, schedule, concurrency, rate_limit, "unique", progress, progress_at
+    context, timeout_secs, backoff, headers, schedule, concurrency, rate_limit, "unique", progress, progress_at, attempts,
+    -- beyond Job's fields: the running attempt's claim (models.attempt_history)
+    claimed_at
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -20,6 +22,7 @@ SELECT id, 1024 + octet_length(payload::text) + coalesce(octet_length(result::te
     + 2 * coalesce(octet_length(error), 0) + coalesce(octet_length(worker_id), 0) + coalesce(octet_length(step), 0)
     + coalesce(octet_length(headers::text), 0) + coalesce(octet_length(concurrency::text), 0)
     + coalesce(octet_length("unique"::text), 0) + coalesce(octet_length(progress::text), 0)
+    + octet_length(attempts::text)
 FROM qftrio_jobs WHERE id = ANY($1::uuid[]);
 
 -- name: jobs_by_ids
@@ -175,13 +178,18 @@ UPDATE qftrio_jobs AS j SET
     error = CASE WHEN c.status = 'running' THEN $6 ELSE j.error END,
     errors = CASE WHEN c.status = 'running'
         THEN j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'error', $6::text, 'at', $2))
-        ELSE j.errors END
+        ELSE j.errors END,
+    -- the history keeps ended attempts: the lost one goes into it (the new
+    -- one is the row's own attempt, worker_id and claimed_at)
+    attempts = CASE WHEN c.status = 'running'
+        THEN qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'lost', $6, $2)
+        ELSE j.attempts END
 FROM chosen AS c
 WHERE j.id = c.id AND j.id = ANY((SELECT ids FROM taken)::uuid[])
 RETURNING j.id, j.tenant, j.queue, j.kind, j.payload, j.status, j.priority, j.attempt, j.max_attempts,
     j.scheduled_at, j.created_at, j.updated_at, j.locked_until, j.worker_id, j.lease_token, j.result, j.error,
     j.errors, j.idempotency_key, j.workflow_id, j.step, j.context, j.timeout_secs, j.backoff, j.headers, j.schedule,
-    j.concurrency, j.rate_limit, j."unique", j.progress, j.progress_at, c.rank, c.turn,
+    j.concurrency, j.rate_limit, j."unique", j.progress, j.progress_at, j.attempts, j.claimed_at, c.rank, c.turn,
     (SELECT count(*) FROM served) > 1 OR coalesce((SELECT ids FROM held) <> '{}', false) AS more;
 
 -- name: insert_handing_over
@@ -495,7 +503,8 @@ WITH items AS (
     -- index instead. A row changed since is left alone, and undecided: the
     -- probe read it running under the token, so the store decides it under
     -- its lock (complete_lock).
-    UPDATE qftrio_jobs AS j SET status = 'completed', result = c.result, locked_until = NULL, updated_at = $4
+    UPDATE qftrio_jobs AS j SET status = 'completed', result = c.result, locked_until = NULL, updated_at = $4,
+        attempts = qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'completed', NULL, $4)
     FROM items AS c
     WHERE j.ctid = ANY(ARRAY(SELECT row FROM items WHERE current))
       AND NOT (SELECT bool_or(workflow_id IS NOT NULL) FROM items)
@@ -538,7 +547,8 @@ ORDER BY i.ord;
 -- ($3: each one's place in the batch). The rows are locked since their
 -- decision: no guard but their ids (a filter on the status would let the
 -- planner read the running jobs' index instead of probing each).
-UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
+UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4,
+    attempts = qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'completed', NULL, $4)
 FROM unnest($1::uuid[], $2::jsonb[], $3::int[]) AS i(id, result, ord)
 WHERE j.id = ANY($1::uuid[]) AND j.id = i.id
 RETURNING i.ord, j.workflow_id, j.step, j.result, j.kind, j.claimed_at, j.concurrency_key IS NOT NULL AS keyed;
@@ -557,7 +567,8 @@ UPDATE qftrio_jobs AS j SET
     scheduled_at = u.due,
     max_attempts = j.max_attempts + 1,
     locked_until = NULL,
-    updated_at = $4
+    updated_at = $4,
+    attempts = qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'snoozed', NULL, $4)
 FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) AS u(id, token, due)
 WHERE j.id = u.id AND j.status = 'running' AND j.lease_token = u.token
 RETURNING j.queue;
@@ -580,6 +591,7 @@ UPDATE qftrio_jobs AS j SET
     error = u.error,
     errors = j.errors || jsonb_build_array(
         jsonb_build_object('attempt', j.attempt, 'error', u.error, 'at', $6::float8)),
+    attempts = qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'failed', u.error, $6),
     updated_at = $6
 FROM items AS u
 WHERE j.ctid = ANY(ARRAY(SELECT row FROM items WHERE current))
@@ -613,6 +625,7 @@ FOR UPDATE OF j SKIP LOCKED;
 -- name: reap
 -- The janitor takes the jobs back as transitions.reap decided: their tokens
 -- go stale, their worker_id stays; a timed-out job retried is due at $5's time.
+-- Each running attempt ends as $6 says (timed_out or lost).
 UPDATE qftrio_jobs AS j SET
     status = u.status,
     locked_until = NULL,
@@ -620,9 +633,10 @@ UPDATE qftrio_jobs AS j SET
     error = u.error,
     errors = j.errors || jsonb_build_array(
         jsonb_build_object('attempt', j.attempt, 'error', u.error, 'at', $4::float8)),
+    attempts = qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, u.outcome, u.error, $4),
     scheduled_at = coalesce(u.retry_at, j.scheduled_at),
     updated_at = $4
-FROM unnest($1::uuid[], $2::text[], $3::text[], $5::float8[]) AS u(id, status, error, retry_at)
+FROM unnest($1::uuid[], $2::text[], $3::text[], $5::float8[], $6::text[]) AS u(id, status, error, retry_at, outcome)
 WHERE j.id = u.id AND j.status = 'running' AND j.locked_until < $4;
 
 -- name: prune_jobs
@@ -672,8 +686,9 @@ SELECT status FROM qftrio_jobs WHERE id = $1 AND tenant = $2 FOR UPDATE;
 -- name: job_cancel
 -- The lease token stays: a late heartbeat of the running attempt must
 -- still be told "cancelled", not "conflict". The deadline goes: the job
--- is not running.
-UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2
+-- is not running. A running attempt ends as cancelled.
+UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2,
+    attempts = CASE WHEN status = 'running' THEN qftrio_attempt_end(attempts, attempt, worker_id, claimed_at, 'cancelled', NULL, $2) ELSE attempts END
 WHERE id = $1 AND status IN ('pending', 'running')
 RETURNING {job_columns};
 
@@ -865,7 +880,8 @@ SELECT id, status FROM qftrio_workflows WHERE id = ANY($1::uuid[]);
 
 -- name: bulk_cancel
 -- As job_cancel, for a batch.
-UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2
+UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2,
+    attempts = CASE WHEN status = 'running' THEN qftrio_attempt_end(attempts, attempt, worker_id, claimed_at, 'cancelled', NULL, $2) ELSE attempts END
 WHERE id = ANY($1::uuid[]) AND status IN ('pending', 'running')
 RETURNING id, workflow_id, concurrency_key IS NOT NULL AS keyed;
 
@@ -978,7 +994,7 @@ WHERE workflow_id = $1
 RETURNING position, name, remaining, state;
 
 -- name: step_collected
--- A completed step's collect key (migration 0019), its count lowered.
+-- A completed step's collect key (migration 0020), its count lowered.
 UPDATE qftrio_workflow_collects SET remaining = remaining - 1
 WHERE workflow_id = $1 AND key = (SELECT collect FROM qftrio_workflow_steps WHERE workflow_id = $1 AND name = $2)
 RETURNING key, remaining;
@@ -1001,8 +1017,9 @@ UPDATE qftrio_workflows SET status = $2, updated_at = $3 WHERE id = $1 AND statu
 
 -- name: workflow_jobs_cancel
 -- The lease token stays, as for any cancel: a late heartbeat of a running
--- step is told "cancelled".
-UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2
+-- step is told "cancelled"; its attempt ends as cancelled.
+UPDATE qftrio_jobs SET status = 'cancelled', locked_until = NULL, updated_at = $2,
+    attempts = CASE WHEN status = 'running' THEN qftrio_attempt_end(attempts, attempt, worker_id, claimed_at, 'cancelled', NULL, $2) ELSE attempts END
 WHERE workflow_id = $1 AND status IN ('pending', 'running');
 
 -- name: workflow_steps_cancel
@@ -1075,7 +1092,7 @@ VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, $8, $9, $10);
 -- name: workflow_edge_insert
 INSERT INTO qftrio_workflow_edges (workflow_id, step, dependent) VALUES ($1, $2, $3);
 
--- Steps added at run time (changes.steps_add, migration 0019).
+-- Steps added at run time (changes.steps_add, migration 0020).
 
 -- name: step_of_job
 SELECT workflow_id, step FROM qftrio_jobs WHERE id = $1;

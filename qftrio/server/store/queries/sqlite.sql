@@ -9,7 +9,9 @@
 -- sqlite._row_to_job reads them in (tests/test_store_sql.py checks it).
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context, timeout_secs, backoff, headers,
-    schedule, concurrency, rate_limit, "unique", progress, progress_at
+    schedule, concurrency, rate_limit, "unique", progress, progress_at, attempts,
+    -- beyond Job's fields: the running attempt's claim (models.attempt_history)
+    claimed_at
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
@@ -22,7 +24,7 @@ SELECT id, 1024 + length(CAST(payload AS BLOB)) + coalesce(length(CAST(result AS
     + 2 * coalesce(length(CAST(error AS BLOB)), 0) + coalesce(length(CAST(worker_id AS BLOB)), 0)
     + coalesce(length(CAST(step AS BLOB)), 0) + coalesce(length(CAST(headers AS BLOB)), 0)
     + coalesce(length(CAST(concurrency AS BLOB)), 0) + coalesce(length(CAST("unique" AS BLOB)), 0)
-    + coalesce(length(CAST(progress AS BLOB)), 0)
+    + coalesce(length(CAST(progress AS BLOB)), 0) + length(CAST(attempts AS BLOB))
 FROM jobs WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: job_get
@@ -115,6 +117,12 @@ DELETE FROM rate_limits WHERE tenant = ?1 AND name = ?2 RETURNING 1;
 -- job. SET expressions see the row as it was, so status = 'running' marks
 -- the expired leases, whose lost attempt goes into the error history. A job
 -- with timeout_secs gets its deadline, which its lease never runs past.
+-- The attempt history keeps ended attempts (the running one is the row's own
+-- attempt, worker_id and claimed_at): the lost attempt goes into it, the
+-- oldest entry dropped past MAX_ATTEMPTS_KEPT (20), as every end of an
+-- attempt below writes it. Its times are written with every digit of the
+-- double ("%!.17g": JSON's own form of a real keeps 15, tens of microseconds
+-- of an epoch time).
 UPDATE jobs SET status = 'running', attempt = attempt + 1,
     locked_until = CASE WHEN timeout_secs IS NULL THEN ? ELSE min(?, ? + timeout_secs) END,
     deadline = ? + timeout_secs,
@@ -122,7 +130,10 @@ UPDATE jobs SET status = 'running', attempt = attempt + 1,
     lease_token = CASE id {tokens} END,
     error = CASE WHEN status = 'running' THEN ? ELSE error END,
     errors = CASE WHEN status = 'running' THEN json_insert(errors, '$[#]',
-        json_object('attempt', attempt, 'error', ?, 'at', ?)) ELSE errors END
+        json_object('attempt', attempt, 'error', ?, 'at', ?)) ELSE errors END,
+    attempts = CASE WHEN status = 'running' THEN json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?)), 'outcome', 'lost', 'error', ?)) ELSE attempts END
 WHERE id IN ({marks})
 RETURNING {job_columns};
 
@@ -149,8 +160,12 @@ UPDATE jobs SET progress = ?1, progress_at = ?2, updated_at = ?2
 WHERE id = ?3 AND status = 'running' AND lease_token = ?4;
 
 -- name: complete
-UPDATE jobs SET status = 'completed', result = ?, locked_until = NULL, updated_at = ?
-WHERE id = ? AND status = 'running' AND lease_token = ?;
+-- The running attempt goes into the history, completed.
+UPDATE jobs SET status = 'completed', result = ?1, locked_until = NULL, updated_at = ?2,
+    attempts = json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?2)), 'outcome', 'completed', 'error', NULL))
+WHERE id = ?3 AND status = 'running' AND lease_token = ?4;
 
 -- name: fail_lock
 -- What a fail batch decides on (changes.jobs_fail).
@@ -162,7 +177,9 @@ WHERE id IN (SELECT value FROM json_each(?1));
 -- The guarded write of transitions.snooze, for the whole batch: ids, tokens
 -- and the times the jobs are due again, item by item. The token stays.
 UPDATE jobs SET status = 'pending', scheduled_at = u.due, max_attempts = max_attempts + 1, locked_until = NULL,
-    updated_at = ?4
+    updated_at = ?4, attempts = json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?4)), 'outcome', 'snoozed', 'error', NULL))
 FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS token,
           json_extract(?3, '$[' || i.key || ']') AS due
       FROM json_each(?1) AS i) AS u
@@ -174,7 +191,9 @@ RETURNING jobs.queue;
 -- statuses, scheduled_at (null: unchanged) and errors, item by item.
 UPDATE jobs SET status = u.status, scheduled_at = coalesce(u.retry_at, jobs.scheduled_at), locked_until = NULL,
     error = u.error, errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', u.error, 'at', ?6)),
-    updated_at = ?6
+    updated_at = ?6, attempts = json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?6)), 'outcome', 'failed', 'error', u.error))
 FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS token,
           json_extract(?3, '$[' || i.key || ']') AS status, json_extract(?4, '$[' || i.key || ']') AS retry_at,
           json_extract(?5, '$[' || i.key || ']') AS error
@@ -196,11 +215,16 @@ ORDER BY j.locked_until LIMIT ?2;
 -- name: reap
 -- The janitor takes the jobs back as transitions.reap decided: their tokens
 -- go stale, their worker_id stays; a timed-out job retried is due at ?5's time.
+-- Each running attempt ends as ?6 says (timed_out or lost).
 UPDATE jobs SET status = u.status, locked_until = NULL, lease_token = NULL, error = u.error,
     errors = json_insert(errors, '$[#]', json_object('attempt', attempt, 'error', u.error, 'at', ?4)),
-    scheduled_at = coalesce(u.retry_at, jobs.scheduled_at), updated_at = ?4
+    scheduled_at = coalesce(u.retry_at, jobs.scheduled_at), updated_at = ?4,
+    attempts = json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?4)), 'outcome', u.outcome, 'error', u.error))
 FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS status,
-          json_extract(?3, '$[' || i.key || ']') AS error, json_extract(?5, '$[' || i.key || ']') AS retry_at
+          json_extract(?3, '$[' || i.key || ']') AS error, json_extract(?5, '$[' || i.key || ']') AS retry_at,
+          json_extract(?6, '$[' || i.key || ']') AS outcome
       FROM json_each(?1) AS i) AS u
 WHERE jobs.id = u.id AND jobs.status = 'running' AND jobs.locked_until < ?4;
 
@@ -220,8 +244,12 @@ SELECT status FROM jobs WHERE id = ?1 AND tenant = ?2;
 -- name: job_cancel
 -- The lease token stays: a late heartbeat of the running attempt must
 -- still be told "cancelled", not "conflict". The deadline goes: the job
--- is not running.
-UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2 WHERE id = ?1 AND status IN ('pending', 'running')
+-- is not running. A running attempt ends as cancelled.
+UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2,
+    attempts = CASE WHEN status = 'running' THEN json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?2)), 'outcome', 'cancelled', 'error', NULL)) ELSE attempts END
+WHERE id = ?1 AND status IN ('pending', 'running')
 RETURNING {job_columns};
 
 -- name: job_reset
@@ -355,7 +383,10 @@ SELECT id, status FROM workflows WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: bulk_cancel
 -- As job_cancel, for a batch.
-UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2
+UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2,
+    attempts = CASE WHEN status = 'running' THEN json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?2)), 'outcome', 'cancelled', 'error', NULL)) ELSE attempts END
 WHERE id IN (SELECT value FROM json_each(?1)) AND status IN ('pending', 'running')
 RETURNING id, workflow_id, concurrency_key IS NOT NULL;
 
@@ -453,7 +484,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 -- name: workflow_edge_insert
 INSERT INTO workflow_edges (workflow_id, step, dependent) VALUES (?, ?, ?);
 
--- Steps added at run time (changes.steps_add, migration 0013).
+-- Steps added at run time (changes.steps_add, migration 0014).
 
 -- name: step_of_job
 SELECT workflow_id, step FROM jobs WHERE id = ?1;
@@ -532,7 +563,7 @@ WHERE workflow_id = ?1 AND name IN (SELECT dependent FROM workflow_edges WHERE w
 RETURNING position, name, remaining, state;
 
 -- name: step_collected
--- A completed step's collect key (migration 0013), its count lowered.
+-- A completed step's collect key (migration 0014), its count lowered.
 UPDATE workflow_collects SET remaining = remaining - 1
 WHERE workflow_id = ?1 AND key = (SELECT collect FROM workflow_steps WHERE workflow_id = ?1 AND name = ?2)
 RETURNING key, remaining;
@@ -555,8 +586,12 @@ UPDATE workflows SET status = ?2, updated_at = ?3 WHERE id = ?1 AND status = 'ru
 
 -- name: workflow_jobs_cancel
 -- The lease token stays, as for any cancel: a running step's next
--- heartbeat is told "cancelled".
-UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2 WHERE workflow_id = ?1 AND status IN ('pending', 'running');
+-- heartbeat is told "cancelled"; its attempt ends as cancelled.
+UPDATE jobs SET status = 'cancelled', locked_until = NULL, updated_at = ?2,
+    attempts = CASE WHEN status = 'running' THEN json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
+        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
+                    'ended_at', json(printf('%!.17g', ?2)), 'outcome', 'cancelled', 'error', NULL)) ELSE attempts END
+WHERE workflow_id = ?1 AND status IN ('pending', 'running');
 
 -- name: workflow_steps_cancel
 UPDATE workflow_steps SET state = 'cancelled' WHERE workflow_id = ? AND state = 'waiting';

@@ -123,6 +123,7 @@ async fn every_wire_type_matches_its_schema() {
     let answers: Vec<(&str, BTreeSet<String>)> = vec![
         ("JobAnswer", keys(Job::default())),
         ("ErrorEntryAnswer", keys(ErrorEntry::default())),
+        ("AttemptEntryAnswer", keys(AttemptEntry::default())),
         ("LeaseAnswer", keys(Lease::default())),
         ("HeartbeatAnswer", keys(HeartbeatAnswer::default())),
         ("ReportResultAnswer", keys(ReportResult::default())),

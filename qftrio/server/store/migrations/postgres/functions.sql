@@ -487,6 +487,54 @@ LANGUAGE sql STABLE AS $$
     FROM jsonb_array_elements(errors) WITH ORDINALITY AS x(e, i)
 $$;
 
+-- A job's attempt history on the wire (times as times).
+CREATE OR REPLACE FUNCTION qftrio_wire_attempts(attempts jsonb) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_agg(e || jsonb_build_object(
+        'claimed_at', qftrio_wire_time((e->>'claimed_at')::float8),
+        'ended_at', CASE WHEN e->>'ended_at' IS NOT NULL THEN qftrio_wire_time((e->>'ended_at')::float8) END
+    ) ORDER BY i), '[]')
+    FROM jsonb_array_elements(attempts) WITH ORDINALITY AS x(e, i)
+$$;
+
+-- The attempt history's entry of one claim: its number, who and when, and
+-- when and how it ended (null while it runs).
+CREATE OR REPLACE FUNCTION qftrio_attempt(attempt int, worker_id text, claimed_at float8, ended_at float8,
+                                          outcome text, error text) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', claimed_at,
+                              'ended_at', ended_at, 'outcome', outcome, 'error', error)
+$$;
+
+-- A job's attempt history with its running attempt ended (when, how, with
+-- what error), from the row's own attempt, worker_id and claimed_at, which
+-- the claim set: the history keeps ended attempts only, so that a claim
+-- writes none of it. The oldest entry goes past MAX_ATTEMPTS_KEPT. Every
+-- caller ends running jobs only.
+--
+-- These functions are no more than STABLE, as what they call
+-- (jsonb_build_object), and their arguments are columns or values: so
+-- PostgreSQL inlines them into the statement. An IMMUTABLE one calling STABLE
+-- functions would run as a call of its own for every row, a drain's database
+-- CPU a third higher.
+CREATE OR REPLACE FUNCTION qftrio_attempt_end(attempts jsonb, attempt int, worker_id text, claimed_at float8,
+                                              outcome text, error text, at float8) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN jsonb_array_length(attempts) >= {{MAX_ATTEMPTS_KEPT}} THEN attempts - 0 ELSE attempts END
+        || jsonb_build_array(qftrio_attempt(attempt, worker_id, claimed_at, at, outcome, error))
+$$;
+
+-- A job's attempts on the wire (qftrio.models.attempt_history): its ended
+-- attempts, and its running one from the row.
+CREATE OR REPLACE FUNCTION qftrio_wire_job_attempts(j qftrio_jobs) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT qftrio_wire_attempts(jsonb_path_query_array(
+        j.attempts || CASE WHEN j.status = 'running' AND j.claimed_at IS NOT NULL
+            THEN jsonb_build_array(qftrio_attempt(j.attempt, j.worker_id, j.claimed_at, NULL, 'running', NULL))
+            ELSE '[]' END,
+        '$[last - ({{MAX_ATTEMPTS_KEPT}} - 1) to last]'))
+$$;
+
 -- A job as the HTTP API answers it (qftrio.models.Job.to_wire), written
 -- from Job's fields (store/sql.py, job_wire). One expression too (a new job
 -- has no error history to read).

@@ -1,4 +1,4 @@
--- qftrio schema, version 0019: steps added at run time (DESIGN §4).
+-- qftrio schema, version 0020: steps added at run time (DESIGN §4).
 --
 -- added_by names the step that added a step (NULL for the workflow's own);
 -- collect the context key its result is gathered under. qftrio_workflow_collects

@@ -1,4 +1,4 @@
--- qftrio embedded schema, version 0013: steps added at run time.
+-- qftrio embedded schema, version 0014: steps added at run time.
 --
 -- added_by names the step that added a step (NULL for the workflow's own);
 -- collect the context key its result is gathered under. workflow_collects
