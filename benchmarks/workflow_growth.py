@@ -53,14 +53,17 @@ async def advance(engine: Engine, steps: int) -> tuple[list[float], float, float
     """The cost (ms) of each completion of the added steps in order, the
     cost of adding them, and that of ``split``'s completion."""
     body = WorkflowCreateRequest(
-        name="pdf", steps=[{"name": "split", "kind": "split"}, {"name": "join", "kind": "join", "depends_on": ["split"]}]
+        name="pdf",
+        steps=[{"name": "split", "kind": "split"}, {"name": "join", "kind": "join", "depends_on": ["split"]}],
     )
     workflow = await engine.workflow_create(TENANT, body)
     (split,) = await engine.lease("default", max_jobs=1, lease_secs=3600)
     start = time.perf_counter()
     for first in range(0, steps, 1000):
-        pages = [{"name": f"page-{i}", "kind": "page", "payload": {"page": i}} for i in range(first, min(steps, first + 1000))]
-        await engine.steps_add(split.job.id, StepsAddRequest(lease_token=split.lease_token, steps=pages, collect="pages"))
+        last = min(steps, first + 1000)
+        pages = [{"name": f"page-{i}", "kind": "page", "payload": {"page": i}} for i in range(first, last)]
+        body = StepsAddRequest(lease_token=split.lease_token, steps=pages, collect="pages")
+        await engine.steps_add(split.job.id, body)
     added = (time.perf_counter() - start) * 1000
     start = time.perf_counter()
     await engine.complete([CompleteItem(split.job.id, split.lease_token)])
@@ -71,7 +74,8 @@ async def advance(engine: Engine, steps: int) -> tuple[list[float], float, float
         assert leases, f"{len(costs)} of {steps} completed, none pending"
         for lease in leases:
             start = time.perf_counter()
-            (result,) = await engine.complete([CompleteItem(lease.job.id, lease.lease_token, {"page": lease.job.payload["page"]})])
+            item = CompleteItem(lease.job.id, lease.lease_token, {"page": lease.job.payload["page"]})
+            (result,) = await engine.complete([item])
             costs.append((time.perf_counter() - start) * 1000)
             assert result.outcome.code() == 204
     (join,) = await engine.lease("default", max_jobs=1)
@@ -84,7 +88,10 @@ async def advance(engine: Engine, steps: int) -> tuple[list[float], float, float
 def report(store: str, steps: int, costs: list[float], added: float, split_done: float) -> float:
     tenth = max(1, steps // 10)
     parts = [costs[i : i + tenth] for i in range(0, steps, tenth)]
-    b.say(f"{store}, {steps} added steps: adding them took {added:.0f} ms, the adding step's completion {split_done:.1f} ms")
+    b.say(
+        f"{store}, {steps} added steps: adding them took {added:.0f} ms,"
+        f" the adding step's completion {split_done:.1f} ms"
+    )
     b.say("  completions     median ms   p90 ms")
     for i, part in enumerate(parts):
         b.say(f"  {i * tenth + 1:>6}-{i * tenth + len(part):<6}   {b.median(part):8.3f} {b.percentile(part, 90):8.3f}")

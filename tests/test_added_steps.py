@@ -49,7 +49,8 @@ async def complete_all(http, server, expect: int, order: random.Random | None = 
         if order is not None:
             order.shuffle(leased)
         items = [
-            {"id": item["job"]["id"], "lease_token": item["lease_token"], "result": {"page": item["job"]["payload"]["page"]}}
+            {"id": item["job"]["id"], "lease_token": item["lease_token"],
+             "result": {"page": item["job"]["payload"]["page"]}}  # fmt: skip
             for item in leased
         ]
         r = await http.post("/api/v1/leases/complete", json={"items": items}, headers=server.headers("worker"))
@@ -147,7 +148,11 @@ async def test_an_add_after_the_lease_was_lost_is_409_and_adds_nothing(http, ser
 
 
 async def test_added_steps_may_depend_on_each_other_and_on_completed_steps(http, server) -> None:
-    steps = [{"name": "a", "kind": "k"}, {"name": "s", "kind": "k", "depends_on": ["a"]}, {"name": "t", "kind": "k", "depends_on": ["a"]}]
+    steps = [
+        {"name": "a", "kind": "k"},
+        {"name": "s", "kind": "k", "depends_on": ["a"]},
+        {"name": "t", "kind": "k", "depends_on": ["a"]},
+    ]
     wf = await create(http, server, steps=steps)
     assert (await report(http, server, (await lease(http, server))["a"], "complete")).status_code == 204
     leased = await lease(http, server)
@@ -169,7 +174,11 @@ async def test_added_steps_may_depend_on_each_other_and_on_completed_steps(http,
         ([{"name": "x", "kind": "k", "depends_on": ["join"]}], {}, "which has not completed"),
         ([{"name": "x", "kind": "k", "depends_on": ["nope"]}], {}, "unknown step 'nope'"),
         ([{"name": "x", "kind": "k"}, {"name": "x", "kind": "k"}], {}, "duplicate step name 'x'"),
-        ([{"name": "x", "kind": "k", "depends_on": ["y"]}, {"name": "y", "kind": "k", "depends_on": ["x"]}], {}, "cycle"),
+        (
+            [{"name": "x", "kind": "k", "depends_on": ["y"]}, {"name": "y", "kind": "k", "depends_on": ["x"]}],
+            {},
+            "cycle",
+        ),
         ([{"name": "x", "kind": "k"}], {"collect": "bad key!"}, "collect"),
         ([], {}, "steps"),
     ],
@@ -188,7 +197,8 @@ async def test_the_caps(http, server, monkeypatch) -> None:
     monkeypatch.setattr(workflows, "MAX_WORKFLOW_GROWN", 10)
     assert (await add(http, server, split, pages(10))).status_code == 201
     r = await add(http, server, split, pages(1, "more"))
-    assert r.status_code == 422 and "at most 10 steps are added to a workflow; 10 were, 1 more asked" in r.json()["error"]["message"], r.text
+    message = "at most 10 steps are added to a workflow; 10 were, 1 more asked"
+    assert r.status_code == 422 and message in r.json()["error"]["message"], r.text
 
 
 async def test_a_collect_key_belongs_to_one_step_and_jobs_outside_workflows_add_nothing(http, server) -> None:
@@ -199,7 +209,8 @@ async def test_a_collect_key_belongs_to_one_step_and_jobs_outside_workflows_add_
     r = await add(http, server, leased["b"], pages(1, "b"), collect="pages")
     assert r.status_code == 422 and "step 'a' collects under 'pages' already" in r.text
     r = await http.post("/api/v1/jobs", json={"kind": "plain"}, headers=server.headers())
-    plain = (await http.post("/api/v1/queues/default/lease", json={}, headers=server.headers("worker"))).json()["jobs"][0]
+    leased = await http.post("/api/v1/queues/default/lease", json={}, headers=server.headers("worker"))
+    plain = leased.json()["jobs"][0]
     r = await add(http, server, plain, pages(1))
     assert r.status_code == 422 and "not a workflow step" in r.text
     r = await http.post(
@@ -207,7 +218,9 @@ async def test_a_collect_key_belongs_to_one_step_and_jobs_outside_workflows_add_
         json={"lease_token": "t", "steps": pages(1)}, headers=server.headers("worker"),
     )  # fmt: skip
     assert r.status_code == 404
-    r = await http.post(f"/api/v1/jobs/{plain['job']['id']}/steps", json={"lease_token": "t", "steps": pages(1)}, headers=server.headers())
+    r = await http.post(
+        f"/api/v1/jobs/{plain['job']['id']}/steps", json={"lease_token": "t", "steps": pages(1)}, headers=server.headers()
+    )
     assert r.status_code == 403
 
 
@@ -216,7 +229,8 @@ async def test_the_python_runtime_fans_out_a_pdfs_pages_and_fans_in_their_thumbn
 
     @reg.handler("split-pdf")
     async def split_pdf(job: Job) -> dict:
-        pages = [{"name": f"page-{n}", "kind": "thumbnail", "payload": {"page": n}} for n in range(job.payload["pages"])]
+        count = job.payload["pages"]
+        pages = [{"name": f"page-{n}", "kind": "thumbnail", "payload": {"page": n}} for n in range(count)]
         await job.add_steps(pages, collect="thumbnails")
         return {"pages": len(pages)}
 
@@ -228,7 +242,10 @@ async def test_the_python_runtime_fans_out_a_pdfs_pages_and_fans_in_their_thumbn
     async def zip_(job: Job) -> dict:
         return {"zipped": [t["url"] for t in job.context["thumbnails"]]}
 
-    steps = [{"name": "split", "kind": "split-pdf", "payload": {"pages": 40}}, {"name": "zip", "kind": "zip", "depends_on": ["split"]}]
+    steps = [
+        {"name": "split", "kind": "split-pdf", "payload": {"pages": 40}},
+        {"name": "zip", "kind": "zip", "depends_on": ["split"]},
+    ]
     wf = await create(http, server, steps=steps)
     async with Client(server.url, server.worker_token) as worker_client:
         async with open_worker(HttpTransport(worker_client), "default", reg, lanes=8, lease_secs=30, wait_secs=1):

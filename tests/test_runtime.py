@@ -19,8 +19,8 @@ import qftrio
 import qftrio.worker.runtime as runtime_mod
 from qftrio import errors
 from qftrio.models import (
-    CompleteItem, EnqueueRequest, FailItem, HeartbeatItem, Job, JobConfig, Lease, SnoozeItem, Status, StepsAddRequest, Workflow,
-    WorkflowCreateRequest, WorkflowStatus,
+    CompleteItem, EnqueueRequest, FailItem, HeartbeatItem, Job, JobConfig, Lease, SnoozeItem, Status, StepsAddRequest,
+    Workflow, WorkflowCreateRequest, WorkflowStatus,
 )
 from qftrio.server.engine import Engine
 from qftrio.server.inprocess import EngineTransport
@@ -181,7 +181,9 @@ class Faults(Transport):
 
     async def steps_add(self, job_id: str, body: StepsAddRequest) -> Workflow:
         item = CompleteItem(job_id, body.lease_token)  # what the call carries, as times() and tries() read it
-        return await self._through("steps_add", [item], lambda: self._inner.steps_add(job_id, body))  # type: ignore[no-any-return]
+        return await self._through(  # type: ignore[no-any-return]
+            "steps_add", [item], lambda: self._inner.steps_add(job_id, body)
+        )
 
 
 def _names(items: Sequence[Any], job_id: str) -> bool:
@@ -1226,7 +1228,8 @@ async def test_an_add_of_steps_whose_answer_was_lost_is_sent_again_and_lands_onc
         return {"joined": len(job.context["pages"])}
 
     body = WorkflowCreateRequest(
-        name="pdf", steps=[{"name": "split", "kind": "split"}, {"name": "join", "kind": "join", "depends_on": ["split"]}]
+        name="pdf",
+        steps=[{"name": "split", "kind": "split"}, {"name": "join", "kind": "join", "depends_on": ["split"]}],
     )
     workflow = await server.engine.workflow_create(TENANT, body)
     server.lose.add("steps_add")

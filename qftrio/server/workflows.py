@@ -106,7 +106,8 @@ def new_workflow(tenant: str, body: WorkflowCreateRequest) -> NewWorkflow:
 def _steps(body: Sequence[Any]) -> tuple[NewStep, ...]:
     return tuple(
         NewStep(
-            name=s.name, kind=s.kind, payload=dict(s.payload), depends_on=tuple(s.depends_on), max_attempts=s.max_attempts
+            name=s.name, kind=s.kind, payload=dict(s.payload), depends_on=tuple(s.depends_on),
+            max_attempts=s.max_attempts,
         )
         for s in body
     )

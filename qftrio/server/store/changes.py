@@ -294,7 +294,8 @@ def steps_add(added: NewSteps, now: float) -> Plan[Workflow | None]:
     existing = {
         name: Existing(
             step=NewStep(name=name, kind=kind, payload=payload, depends_on=tuple(deps), max_attempts=max_attempts),
-            added_by=added_by, collect=collect, completed=job_status is not None and STATUS_OF[job_status] is Status.COMPLETED,
+            added_by=added_by, collect=collect,
+            completed=job_status is not None and STATUS_OF[job_status] is Status.COMPLETED,
         )  # fmt: skip
         for name, kind, payload, deps, max_attempts, added_by, collect, job_status in (
             yield _rows("steps_named", workflow_id, wanted, json=(2, 3))
