@@ -905,8 +905,8 @@ class Worker:
         if job_id != held.job.id:
             raise RuntimeError("job.add_steps() adds steps to the workflow of the job whose handler calls it")
         try:
-            body = StepsAddRequest(
-                lease_token=held.lease.lease_token, steps=[dict(step) for step in steps], collect=collect
+            body = StepsAddRequest.model_validate(
+                {"lease_token": held.lease.lease_token, "steps": [dict(step) for step in steps], "collect": collect}
             )
         except pydantic.ValidationError as exc:
             raise errors.InvalidInput(field_errors(exc, "body")) from None
