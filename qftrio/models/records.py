@@ -154,13 +154,15 @@ Epoch = Annotated[float, _Rfc3339]
 class AttemptEntry:
     """One claim in a job's attempt history: its number, who claimed it and
     when, and when and how it ended (``ended_at`` is None while it runs;
-    ``error`` is the attempt's error, if it ended with one). Its wire form
+    ``error`` is the attempt's error, if it ended with one; ``claimed_at`` is
+    None for a claim no store recorded the time of, made before the history
+    existed). Its wire form
     and ``__init__`` are generated (:class:`_WireForm`): a running entry is
     built for every claimed job."""
 
     attempt: int
     worker_id: str | None
-    claimed_at: Epoch
+    claimed_at: Epoch | None
     ended_at: Epoch | None
     outcome: AttemptOutcome
     error: str | None
@@ -168,9 +170,10 @@ class AttemptEntry:
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> AttemptEntry:
         """An entry as both stores keep it: the wire's keys, times as epoch seconds."""
-        ended = data["ended_at"]
+        ended, claimed = data["ended_at"], data["claimed_at"]
         return cls(
-            attempt=int(data["attempt"]), worker_id=data["worker_id"], claimed_at=float(data["claimed_at"]),
+            attempt=int(data["attempt"]), worker_id=data["worker_id"],
+            claimed_at=None if claimed is None else float(claimed),
             ended_at=None if ended is None else float(ended), outcome=_OUTCOME_OF[data["outcome"]],
             error=data["error"],
         )  # fmt: skip

@@ -103,11 +103,12 @@ const (
 )
 
 // AttemptEntry is one claim of a job: who claimed it and when, when and how
-// it ended (EndedAt nil while it runs).
+// it ended (EndedAt nil while it runs; ClaimedAt nil for a claim made before
+// the history existed).
 type AttemptEntry struct {
 	Attempt   int            `json:"attempt"`
 	WorkerID  *string        `json:"worker_id"`
-	ClaimedAt time.Time      `json:"claimed_at"`
+	ClaimedAt *time.Time     `json:"claimed_at"`
 	EndedAt   *time.Time     `json:"ended_at"`
 	Outcome   AttemptOutcome `json:"outcome"`
 	Error     *string        `json:"error"`

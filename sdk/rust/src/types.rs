@@ -70,7 +70,7 @@ pub enum AttemptOutcome {
 pub struct AttemptEntry {
     pub attempt: u32,
     pub worker_id: Option<String>,
-    pub claimed_at: String,
+    pub claimed_at: Option<String>,
     pub ended_at: Option<String>,
     pub outcome: AttemptOutcome,
     pub error: Option<String>,

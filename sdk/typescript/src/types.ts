@@ -37,7 +37,7 @@ export type AttemptOutcome = "running" | "completed" | "failed" | "timed_out" | 
 export interface AttemptEntry {
   attempt: number;
   worker_id: string | null;
-  claimed_at: string;
+  claimed_at: string | null;
   ended_at: string | null;
   outcome: AttemptOutcome;
   error: string | null;
