@@ -69,6 +69,7 @@ from .models import (
     Status,
     WorkerInfo,
     Workflow,
+    StepsAddRequest,
     WorkflowCreateRequest,
     WorkflowStatus,
     format_time,
@@ -851,6 +852,26 @@ class _Api(Generic[X]):
         nothing."""
         body = _build(WorkflowCreateRequest, name=name, context=dict(context or {}), steps=[dict(s) for s in steps])
         return Call("POST", "/api/v1/workflows", Workflow.from_wire, json_body=body)
+
+    @_method
+    def steps_add(
+        job_id: str,
+        lease_token: str,
+        steps: Iterable[Mapping[str, Any]],
+        *,
+        collect: str | None = None,
+    ) -> Call[Workflow]:
+        """Add steps (at most 1000 a call, shaped as :meth:`workflow_create`'s)
+        to the workflow of the running step *job_id*, whose lease
+        *lease_token* holds (worker token). They run once that step has
+        completed; the steps waiting for it wait for them too; with
+        *collect*, their results go, in this order, to a list under that
+        key of the context. The same call repeated changes nothing.
+        Raises :class:`~qftrio.errors.Conflict` when the lease is lost
+        and :class:`~qftrio.errors.InvalidInput` for steps that do not
+        fit the workflow."""
+        body = _build(StepsAddRequest, lease_token=lease_token, steps=[dict(s) for s in steps], collect=collect)
+        return Call("POST", f"/api/v1/jobs/{_segment(job_id)}/steps", Workflow.from_wire, json_body=body)
 
     @_method
     def workflow_get(workflow_id: str) -> Call[Workflow]:

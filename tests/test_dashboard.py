@@ -13,7 +13,10 @@ import httpx
 import pytest
 import trio
 
-from qftrio.models import CompleteItem, EnqueueRequest, FailItem, JobConfig, QueueStats, ScheduleRequest, SnoozeItem, Status, WorkflowCreateRequest
+from qftrio.models import (
+    CompleteItem, EnqueueRequest, FailItem, JobConfig, QueueStats, ScheduleRequest, SnoozeItem, Status, StepsAddRequest,
+    WorkflowCreateRequest,
+)
 from qftrio.server.dashboard import Throughput, csrf_token, timeline
 from qftrio.server.dashboard.figures import idle_note
 from qftrio.server.engine import Engine
@@ -480,15 +483,18 @@ async def test_the_workflow_and_workers_pages_show_steps_and_who_holds_jobs(serv
         {"name": "wf", "steps": [{"name": "a", "kind": "k"}, {"name": "b", "kind": "k", "depends_on": ["a"]}]}
     )
     workflow = await server.engine.workflow_create("acme", body)
-    await server.engine.lease("default", worker_id="worker-7")
+    (lease,) = await server.engine.lease("default", worker_id="worker-7")
+    added = StepsAddRequest.model_validate({"lease_token": lease.lease_token, "steps": [{"name": "c", "kind": "k"}]})
+    await server.engine.steps_add(lease.job.id, added)
     async with signed_in(server) as client:
         page = (await client.get(f"/dashboard/workflows/{workflow.id}")).text
         workers = (await client.get("/dashboard/workers")).text
         listing = (await client.get("/dashboard/workflows")).text
     steps = re.findall(
-        r"<tr>\s*<td>(\w+)</td>\s*<td class=.kind.>k</td>\s*<td>([^<]*)</td>\s*<td><span[^>]*>(\w+)</span>", page
+        r"<tr>\s*<td>(\w+)</td>\s*<td class=.kind.>k</td>\s*<td>([^<]*)</td>\s*<td>([^<]*)</td>\s*<td><span[^>]*>(\w+)</span>",
+        page,
     )
-    assert steps == [("a", "–", "running"), ("b", "a", "waiting")]
+    assert steps == [("a", "–", "–", "running"), ("b", "a", "–", "waiting"), ("c", "–", "a", "waiting")]
     assert "worker-7" in workers and workflow.id in listing
 
 

@@ -18,7 +18,10 @@ import trio
 import qftrio
 import qftrio.worker.runtime as runtime_mod
 from qftrio import errors
-from qftrio.models import CompleteItem, EnqueueRequest, FailItem, HeartbeatItem, Job, JobConfig, Lease, SnoozeItem, Status
+from qftrio.models import (
+    CompleteItem, EnqueueRequest, FailItem, HeartbeatItem, Job, JobConfig, Lease, SnoozeItem, Status, StepsAddRequest,
+    Workflow, WorkflowCreateRequest, WorkflowStatus,
+)
 from qftrio.server.engine import Engine
 from qftrio.server.inprocess import EngineTransport
 from qftrio.server.store.sqlite import open_sqlite_store
@@ -175,6 +178,12 @@ class Faults(Transport):
 
     async def snooze(self, items: Sequence[SnoozeItem]) -> list[ReportReply]:
         return await self._through("snooze", items, lambda: self._inner.snooze(items))  # type: ignore[no-any-return]
+
+    async def steps_add(self, job_id: str, body: StepsAddRequest) -> Workflow:
+        item = CompleteItem(job_id, body.lease_token)  # what the call carries, as times() and tries() read it
+        return await self._through(  # type: ignore[no-any-return]
+            "steps_add", [item], lambda: self._inner.steps_add(job_id, body)
+        )
 
 
 def _names(items: Sequence[Any], job_id: str) -> bool:
@@ -1196,3 +1205,65 @@ async def test_a_blocking_call_in_an_async_handler_is_named_in_a_warning(
     (warning, *_) = [w for r in caplog.records if f"job {job_id} (blocks)" in (w := r.getMessage()) and "blocked" in w]
     assert warning.startswith("the Trio loop was blocked for ")
     assert "blocking call in an async handler" in warning and "trio.to_thread.run_sync" in warning
+
+
+async def test_an_add_of_steps_whose_answer_was_lost_is_sent_again_and_lands_once(
+    server: Faults, autojump_clock: Any
+) -> None:
+    reg = Registry()
+    grown: list[Workflow] = []
+
+    @reg.handler("split")
+    async def split(job: Job) -> dict[str, Any]:
+        steps = [{"name": f"page-{i}", "kind": "page", "payload": {"page": i}} for i in range(3)]
+        grown.append(await job.add_steps(steps, collect="pages"))
+        return {}
+
+    @reg.handler("page")
+    async def page(job: Job) -> dict[str, Any]:
+        return {"page": job.payload["page"]}
+
+    @reg.handler("join")
+    async def join(job: Job) -> dict[str, Any]:
+        return {"joined": len(job.context["pages"])}
+
+    body = WorkflowCreateRequest(
+        name="pdf",
+        steps=[{"name": "split", "kind": "split"}, {"name": "join", "kind": "join", "depends_on": ["split"]}],
+    )
+    workflow = await server.engine.workflow_create(TENANT, body)
+    server.lose.add("steps_add")
+
+    async def finished() -> bool:
+        return (await server.engine.workflow_get(TENANT, workflow.id)).status is WorkflowStatus.COMPLETED
+
+    async with open_worker(server, "default", reg, lease_secs=10, wait_secs=5):
+        await server.wait_for(lambda: len(server.times("steps_add")) == 2)
+        server.lose.clear()
+        await server.wait_for(finished)
+    done = await server.engine.workflow_get(TENANT, workflow.id)
+    assert len(server.times("steps_add")) == 3 and len(grown) == 1
+    assert [s.added_by for s in done.steps] == [None, None, "split", "split", "split"]
+    # each result is merged too, as any step's (the last completed wins "page")
+    assert (done.context["pages"], done.context["joined"]) == ([{"page": 0}, {"page": 1}, {"page": 2}], 3)
+
+
+async def test_add_steps_outside_a_handler_or_with_bad_steps_fails_at_once(server: Faults, autojump_clock: Any) -> None:
+    reg = Registry()
+    raised: list[BaseException] = []
+
+    @reg.handler("split")
+    async def split(job: Job) -> dict[str, Any]:
+        with pytest.raises(errors.InvalidInput, match=r"steps\.0\.kind"):
+            await job.add_steps([{"name": "x", "kind": "bad kind!"}])
+        with pytest.raises(errors.InvalidInput, match="not a workflow step"):
+            await job.add_steps([{"name": "x", "kind": "k"}])
+        raised.append(RuntimeError())
+        return {}
+
+    job_id = await server.add("split")
+    async with open_worker(server, "q", reg, lease_secs=10, wait_secs=5):
+        await server.wait_status(Status.COMPLETED, job_id)
+    assert raised and server.times("steps_add")  # the second reached the server
+    with pytest.raises(RuntimeError, match="inside a handler"):
+        await (await server.job(job_id)).add_steps([{"name": "x", "kind": "k"}])

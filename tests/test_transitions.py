@@ -227,3 +227,27 @@ def test_a_timed_out_job_fails_as_a_fail_would() -> None:
     # a workflow step that timed out on its last attempt fails its workflow
     _, failing = transitions.reap([timed("step", 2, workflow_id="w", step="s")], retry_at=ALWAYS_RETRY, now=T0)
     assert failing == {"w": "step"}
+
+
+@pytest.mark.parametrize(
+    ("status", "current", "replay", "writes"),
+    [
+        (Status.RUNNING, True, False, True),
+        (Status.RUNNING, True, True, False),
+        (Status.COMPLETED, True, True, False),  # a retried add answered after the completion
+        (Status.COMPLETED, True, False, None),
+        (Status.CANCELLED, True, False, None),  # its workflow cancelled or failed meanwhile
+        (Status.PENDING, True, False, None),
+        (Status.RUNNING, False, False, None),
+        (Status.RUNNING, False, True, None),  # another attempt's token: stale, replay or not
+    ],
+)
+def test_steps_add_keeps_the_lease_token_rules_of_complete(
+    status: Status, current: bool, replay: bool, writes: bool | None
+) -> None:
+    if writes is None:
+        with pytest.raises(errors.Conflict) as raised:
+            transitions.steps_add(status, current, replay=replay)
+        assert raised.value.code == "lease_lost"
+    else:
+        assert transitions.steps_add(status, current, replay=replay) is writes

@@ -69,7 +69,7 @@ async def test_diamond_end_to_end(http, server) -> None:
     assert a["job"]["context"] == {"order": 7}
     assert wf["steps"][3] == {
         "name": "d", "kind": "join", "payload": {}, "depends_on": ["b", "c"], "max_attempts": 2,
-        "status": "waiting", "job_id": None,
+        "status": "waiting", "job_id": None, "added_by": None,
     }  # fmt: skip
 
     leased = await lease(http, server)

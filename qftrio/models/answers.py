@@ -201,6 +201,8 @@ class WorkflowStepAnswer(_Answer):
     max_attempts: int
     status: StepStatus
     job_id: str | None
+    #: The step that added it at run time, else ``None``.
+    added_by: str | None = None
     job: JobAnswer | None = None
 
 

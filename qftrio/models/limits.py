@@ -16,6 +16,10 @@ MAX_WAIT_SECS = 60
 #: A workflow has at most this many steps, and this many dependencies in all.
 MAX_WORKFLOW_STEPS = 1000
 MAX_WORKFLOW_DEPENDENCIES = 20_000
+#: A running step adds at most this many steps a call, and at most this many
+#: are added to one workflow in all (``POST /api/v1/jobs/{id}/steps``).
+MAX_ADDED_STEPS = 1000
+MAX_WORKFLOW_GROWN = 10_000
 #: ``GET /api/v1/workflows`` pages hold at most this many workflows.
 MAX_WORKFLOWS_PAGE = 100
 #: Field caps of request bodies (docs/protocol.md lists them). The worker

@@ -14,7 +14,7 @@ import math
 import time
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, create_model
@@ -154,13 +154,15 @@ Epoch = Annotated[float, _Rfc3339]
 class AttemptEntry:
     """One claim in a job's attempt history: its number, who claimed it and
     when, and when and how it ended (``ended_at`` is None while it runs;
-    ``error`` is the attempt's error, if it ended with one). Its wire form
+    ``error`` is the attempt's error, if it ended with one; ``claimed_at`` is
+    None for a claim no store recorded the time of, made before the history
+    existed). Its wire form
     and ``__init__`` are generated (:class:`_WireForm`): a running entry is
     built for every claimed job."""
 
     attempt: int
     worker_id: str | None
-    claimed_at: Epoch
+    claimed_at: Epoch | None
     ended_at: Epoch | None
     outcome: AttemptOutcome
     error: str | None
@@ -168,9 +170,10 @@ class AttemptEntry:
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> AttemptEntry:
         """An entry as both stores keep it: the wire's keys, times as epoch seconds."""
-        ended = data["ended_at"]
+        ended, claimed = data["ended_at"], data["claimed_at"]
         return cls(
-            attempt=int(data["attempt"]), worker_id=data["worker_id"], claimed_at=float(data["claimed_at"]),
+            attempt=int(data["attempt"]), worker_id=data["worker_id"],
+            claimed_at=None if claimed is None else float(claimed),
             ended_at=None if ended is None else float(ended), outcome=_OUTCOME_OF[data["outcome"]],
             error=data["error"],
         )  # fmt: skip
@@ -236,6 +239,30 @@ class Job:
         second); the latest one reported wins. Only a handler the worker
         runtime runs can report its job's progress."""
         _progress.report(self.id, progress)
+
+    async def add_steps(self, steps: Sequence[Mapping[str, Any]], *, collect: str | None = None) -> Workflow:
+        """Add *steps* (at most 1000 a call, shaped as a new workflow's:
+        ``{"name", "kind", "payload", "depends_on", "max_attempts"}``) to the
+        workflow of this step; returns the workflow grown. They run once this
+        step has completed (their own dependencies may name each other and
+        completed steps), and the steps waiting for this one wait for them
+        too. With *collect*, their results go, in the order added, to a list
+        under that key of the context the waiting steps see. The worker
+        retries the call on transport errors while the lease lasts; a
+        repeat of the same steps changes nothing, so a retried handler may
+        add them again. Only an async handler the worker runtime runs can
+        add steps to its job's workflow.
+
+        Raises:
+            qftrio.errors.InvalidInput: steps that do not fit the workflow
+                (names taken, unknown or unfinished dependencies, a cycle,
+                the caps); nothing is added.
+            qftrio.errors.Conflict: the lease is lost (or the job cancelled
+                with its workflow), or this step added other steps of these
+                names.
+        """
+        workflow: Workflow = await _progress.add_steps(self.id, steps, collect)
+        return workflow
 
     if typing.TYPE_CHECKING:  # generated below, by _WireForm
 
@@ -635,6 +662,8 @@ class WorkflowStep:
     status: StepStatus
     job_id: str | None = None
     job: Job | None = None
+    #: The step that added it at run time (``POST /api/v1/jobs/{id}/steps``), else ``None``.
+    added_by: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -645,6 +674,7 @@ class WorkflowStep:
             "max_attempts": self.max_attempts,
             "status": self.status.value,
             "job_id": self.job_id,
+            "added_by": self.added_by,
         }
         if self.job is not None:
             out["job"] = self.job.to_wire()
@@ -662,6 +692,7 @@ class WorkflowStep:
             status=StepStatus(data["status"]),
             job_id=data.get("job_id"),
             job=Job.from_wire(job) if job else None,
+            added_by=data.get("added_by"),
         )
 
 

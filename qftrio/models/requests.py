@@ -47,6 +47,7 @@ from .limits import (
     MAX_TOKEN,
     MAX_WAIT_SECS,
     MAX_WORKER_ID,
+    MAX_ADDED_STEPS,
     MAX_WORKFLOW_NAME,
     MAX_WORKFLOW_STEPS,
     MAX_WORKFLOWS_PAGE,
@@ -403,6 +404,17 @@ class WorkflowCreateRequest(_Body):
     name: Annotated[Text, StringConstraints(min_length=1, max_length=MAX_WORKFLOW_NAME)]
     context: JsonObject = Field(default_factory=dict)
     steps: list[WorkflowStepRequest] = Field(min_length=1, max_length=MAX_WORKFLOW_STEPS)
+
+
+class StepsAddRequest(_Body):
+    """``POST /api/v1/jobs/{id}/steps``: steps a running step adds to its
+    workflow, and the context key their results are collected under. The
+    graph (new names, dependencies on these steps or completed ones, no
+    cycle, the workflow's cap) is checked by the server beyond this schema."""
+
+    lease_token: Token
+    steps: list[WorkflowStepRequest] = Field(min_length=1, max_length=MAX_ADDED_STEPS)
+    collect: Name | None = None
 
 
 #: A cron expression's longest text.

@@ -65,6 +65,7 @@ from ..models import (
     Status,
     WorkerInfo,
     Workflow,
+    StepsAddRequest,
     WorkflowCreateRequest,
     WorkflowStatus,
 )
@@ -96,7 +97,7 @@ from .sightings import Sightings
 from .events import KEEPALIVE, EventStreams, Subscriber, chunks, sse
 from .waits import JobWaits
 from .waker import Parked, Waker, wake_after_reports
-from .workflows import new_workflow
+from .workflows import new_steps, new_workflow
 
 # Parked, Sightings, Waker, new_job and session_key are imported from here too.
 __all__ = ["Engine", "Parked", "RetryPolicy", "Sightings", "Waker", "new_job", "session_key"]
@@ -672,6 +673,17 @@ class Engine:
         self._count_enqueued((s.job.queue, s.job.kind) for s in workflow.steps if s.job is not None)
         for queue in started:
             self.waker.notify(queue)
+        return workflow
+
+    async def steps_add(self, job_id: str, body: StepsAddRequest) -> Workflow:
+        """Add steps to the workflow of the running step *job_id* (DESIGN §4,
+        "Steps added at run time"): 404 for an unknown job, 409 when the
+        lease is lost or the step added other steps of these names, 422 for
+        steps that do not fit the workflow; nothing added then. Added steps
+        get their jobs once the adding step completes, so nobody is woken."""
+        workflow = await self.store.steps_add(new_steps(job_id, body), now=self.clock())
+        if workflow is None:
+            raise errors.NotFound("job not found")
         return workflow
 
     async def workflow_get(self, tenant: str, workflow_id: str) -> Workflow:

@@ -11,7 +11,9 @@ from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from .. import errors
-from ..models import CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, Lease, ReportReply, SnoozeItem, refuse_nul
+from ..models import (
+    CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, Lease, ReportReply, SnoozeItem, StepsAddRequest, Workflow, refuse_nul,
+)
 from ..worker.transport import Transport
 from .engine import Engine
 
@@ -78,3 +80,6 @@ class EngineTransport(Transport):
     async def snooze(self, items: Sequence[SnoozeItem]) -> list[ReportReply]:
         results = await self._call("snooze", self.engine.snooze(items))
         return [ReportReply(job_id=i.job_id, outcome=r.outcome) for i, r in zip(items, results, strict=True)]
+
+    async def steps_add(self, job_id: str, body: StepsAddRequest) -> Workflow:
+        return await self._call("steps_add", self.engine.steps_add(job_id, body))  # type: ignore[no-any-return]

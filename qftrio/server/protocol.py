@@ -37,6 +37,8 @@ from ..models import (
     SnoozeItem,
     SnoozeManyRequest,
     SnoozeRequest,
+    StepsAddRequest,
+    WorkflowAnswer,
     format_time,
 )
 from .engine import Engine
@@ -139,6 +141,12 @@ async def snooze(engine: Engine, call: Call) -> Reply:
     return _report_reply(result)
 
 
+async def steps_add(engine: Engine, call: Call) -> Reply:
+    """Add steps to the workflow of a running step (fan-out), their results
+    collected under a context key if asked (fan-in)."""
+    return 201, (await engine.steps_add(call.path["job_id"], call.body)).to_wire()
+
+
 # Batch forms of the three reports: one request, one transaction, a result
 # per item with the status code the single route would give.
 
@@ -202,6 +210,7 @@ ROUTES: list[Route] = [
     _hot("/api/v1/jobs/<job_id>/complete", complete, "worker", CompleteRequest, {204: None}, (404, 409)),
     _hot("/api/v1/jobs/<job_id>/fail", fail, "worker", FailRequest, {204: None}, (404, 409)),
     _hot("/api/v1/jobs/<job_id>/snooze", snooze, "worker", SnoozeRequest, {204: None}, (404, 409)),
+    _hot("/api/v1/jobs/<job_id>/steps", steps_add, "worker", StepsAddRequest, {201: WorkflowAnswer}, (404, 409, 422)),
     _hot("/api/v1/leases/heartbeat", heartbeat_many, "worker", HeartbeatManyRequest, {200: ReportResultsAnswer}),
     _hot("/api/v1/leases/complete", complete_many, "worker", CompleteManyRequest, {200: ReportResultsAnswer}),
     _hot("/api/v1/leases/fail", fail_many, "worker", FailManyRequest, {200: ReportResultsAnswer}),

@@ -78,6 +78,7 @@ __all__ = [
     "LOST_ATTEMPT",
     "cancel",
     "workflow_cancel",
+    "steps_add",
     "Retry",
     "retry",
     "not_the_failed_step",
@@ -380,6 +381,25 @@ def workflow_cancel(workflow_id: str, status: WorkflowStatus) -> None:
     steps)."""
     if status is not WorkflowStatus.RUNNING:
         raise errors.Conflict(f"workflow {workflow_id} is {status.value}; only running workflows can be cancelled")
+
+
+def steps_add(status: Status, current: bool, *, replay: bool) -> bool:
+    """Whether a running step's add of steps (``POST /api/v1/jobs/{id}/steps``)
+    is written: the lease token rules of :func:`complete`. A *replay* (these
+    very steps added by this step already) changes nothing while the token
+    is current, whatever the job's status since; else the job must be
+    running under the token. Raises :class:`~qftrio.errors.Conflict`
+    (``lease_lost``) otherwise."""
+    if not current:
+        raise errors.Conflict("the lease token is not the job's current one", code="lease_lost")
+    if replay:
+        return False
+    if status is not Status.RUNNING:
+        raise errors.Conflict(
+            f"the job is {status.value}: only a running step adds steps (was it cancelled with its workflow?)",
+            code="lease_lost",
+        )
+    return True
 
 
 class Retry(enum.Enum):

@@ -65,9 +65,10 @@ import logging
 import math
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
+import pydantic
 import trio
 
 from .. import _progress, errors
@@ -90,6 +91,9 @@ from ..models import (
     Lease,
     Outcome,
     SnoozeItem,
+    StepsAddRequest,
+    Workflow,
+    field_errors,
     timeout_error,
     valid_name,
 )
@@ -891,6 +895,32 @@ class Worker:
         else:
             self._take_progress(held, progress)
 
+    async def _add_steps_of(
+        self, held: _Held, job_id: str, steps: Sequence[Mapping[str, Any]], collect: str | None
+    ) -> Workflow:
+        """``await job.add_steps(...)`` in *held*'s handler: checked here as
+        the server would (a bad argument fails at once), then sent, and sent
+        again after a transport error with the reports' backoff until the
+        lease is about to end (a repeat of a landed add changes nothing)."""
+        if job_id != held.job.id:
+            raise RuntimeError("job.add_steps() adds steps to the workflow of the job whose handler calls it")
+        try:
+            body = StepsAddRequest.model_validate(
+                {"lease_token": held.lease.lease_token, "steps": [dict(step) for step in steps], "collect": collect}
+            )
+        except pydantic.ValidationError as exc:
+            raise errors.InvalidInput(field_errors(exc, "body")) from None
+        failures = 0
+        while True:
+            try:
+                return await self.transport.steps_add(job_id, body)
+            except errors.TransportError:
+                failures += 1
+                retry_at = trio.current_time() + backoff(failures, **REPORT_BACKOFF)
+                if retry_at >= held.deadline:
+                    raise
+                await trio.sleep_until(retry_at)
+
     def _take_progress(self, held: _Held, progress: dict[str, Any]) -> None:
         if not held.beating:
             return  # its handler is done or the job was given up: nothing to renew
@@ -946,6 +976,7 @@ class Worker:
             handler = self.registry.get(job.kind)
             # job.progress(obj) in this task (and a thread it starts) reports here.
             _progress.sink.set(functools.partial(self._progress_of, held))
+            _progress.steps_sink.set(functools.partial(self._add_steps_of, held))
             if handler is None:
                 # The lease protocol has no kind filter: a job of a kind this
                 # worker lacks is failed, so that it does not run again and again.

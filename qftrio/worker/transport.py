@@ -25,7 +25,9 @@ from typing import TypeVar
 
 from .._json import dumps
 from ..client import Client
-from ..models import CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, Lease, Outcome, ReportReply, SnoozeItem
+from ..models import (
+    CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, Lease, Outcome, ReportReply, SnoozeItem, StepsAddRequest, Workflow,
+)
 
 __all__ = [
     "Transport",
@@ -88,6 +90,11 @@ class Transport(abc.ABC):
         """Put jobs back to pending for a while, their attempts not used up;
         one reply per item, in order."""
 
+    @abc.abstractmethod
+    async def steps_add(self, job_id: str, body: StepsAddRequest) -> Workflow:
+        """Add steps to the workflow of the running step *job_id*
+        (``POST /api/v1/jobs/{id}/steps``); the server's refusal raises."""
+
 
 class HttpTransport(Transport):
     """The protocol over HTTP, through a :class:`~qftrio.client.Client`
@@ -121,6 +128,10 @@ class HttpTransport(Transport):
 
     async def snooze(self, items: Sequence[SnoozeItem]) -> list[ReportReply]:
         return await self._split(self.client.snooze_many, items, lambda i: 0)
+
+    async def steps_add(self, job_id: str, body: StepsAddRequest) -> Workflow:
+        steps = [step.model_dump() for step in body.steps]
+        return await self.client.steps_add(job_id, body.lease_token, steps, collect=body.collect)
 
     async def _split(
         self,

@@ -540,6 +540,16 @@ func (c *Client) WorkflowCreate(ctx context.Context, name string, steps []Workfl
 	return c.workflow(ctx, "workflowCreate", nil, workflowCreateRequest{Name: name, Context: initial, Steps: steps})
 }
 
+// StepsAdd adds steps (at most 1000 a call) to the workflow of the running
+// step jobID, whose lease leaseToken holds (worker token). They run once that
+// step has completed, and the steps waiting for it wait for them too; with
+// collect (not ""), their results go, in this order, to a list under that key
+// of the context. The same call repeated changes nothing. A lost lease is an
+// *APIError 409; steps that do not fit the workflow, 422.
+func (c *Client) StepsAdd(ctx context.Context, jobID, leaseToken string, steps []WorkflowStepRequest, collect string) (*Workflow, error) {
+	return c.workflow(ctx, "stepsAdd", []string{jobID}, stepsAddRequest{LeaseToken: leaseToken, Steps: steps, Collect: collect})
+}
+
 // WorkflowGet reads a workflow and every step of it.
 func (c *Client) WorkflowGet(ctx context.Context, workflowID string) (*Workflow, error) {
 	return c.workflow(ctx, "workflowGet", []string{workflowID}, nil)

@@ -71,6 +71,7 @@ var wireTypes = map[string]any{
 	"RateLimitRequest":      rateLimitRequest{},
 	"ScheduleRequest":       ScheduleRequest{},
 	"WorkflowCreateRequest": workflowCreateRequest{},
+	"StepsAddRequest":       stepsAddRequest{},
 	"WorkflowStepRequest":   WorkflowStepRequest{},
 }
 

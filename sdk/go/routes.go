@@ -22,6 +22,7 @@ var routes = map[string]route{
 	"completeMany":  {"POST", "/api/v1/leases/complete", "CompleteManyRequest", "ReportResultsAnswer", nil},
 	"failMany":      {"POST", "/api/v1/leases/fail", "FailManyRequest", "ReportResultsAnswer", nil},
 	"snoozeMany":    {"POST", "/api/v1/leases/snooze", "SnoozeManyRequest", "ReportResultsAnswer", nil},
+	"stepsAdd":      {"POST", "/api/v1/jobs/{job_id}/steps", "StepsAddRequest", "WorkflowAnswer", nil},
 	// The application API (tenant token).
 	"enqueue":         {"POST", "/api/v1/jobs", "EnqueueRequest", "JobAnswer", nil},
 	"enqueueMany":     {"POST", "/api/v1/jobs/batch", "EnqueueBatchRequest", "JobsAnswer", nil},

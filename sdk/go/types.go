@@ -1,6 +1,7 @@
 package qftrio
 
 import (
+	"context"
 	"encoding/json"
 	"time"
 )
@@ -61,6 +62,8 @@ type Job struct {
 
 	// progress is the worker's: Job.Progress hands the value to it.
 	progress func(v any) error
+	// addSteps is the worker's: Job.AddSteps hands the steps to it.
+	addSteps func(ctx context.Context, steps []WorkflowStepRequest, collect string) (*Workflow, error)
 }
 
 // UnmarshalJSON reads a job as the wire has it, a null Result, Context or
@@ -100,11 +103,12 @@ const (
 )
 
 // AttemptEntry is one claim of a job: who claimed it and when, when and how
-// it ended (EndedAt nil while it runs).
+// it ended (EndedAt nil while it runs; ClaimedAt nil for a claim made before
+// the history existed).
 type AttemptEntry struct {
 	Attempt   int            `json:"attempt"`
 	WorkerID  *string        `json:"worker_id"`
-	ClaimedAt time.Time      `json:"claimed_at"`
+	ClaimedAt *time.Time     `json:"claimed_at"`
 	EndedAt   *time.Time     `json:"ended_at"`
 	Outcome   AttemptOutcome `json:"outcome"`
 	Error     *string        `json:"error"`
@@ -440,6 +444,12 @@ type WorkflowStepRequest struct {
 	MaxAttempts int      `json:"max_attempts,omitempty"`
 }
 
+type stepsAddRequest struct {
+	LeaseToken string                `json:"lease_token"`
+	Steps      []WorkflowStepRequest `json:"steps"`
+	Collect    string                `json:"collect,omitempty"`
+}
+
 type workflowCreateRequest struct {
 	Name    string                `json:"name"`
 	Context any                   `json:"context"`
@@ -467,7 +477,9 @@ type WorkflowStep struct {
 	MaxAttempts int             `json:"max_attempts"`
 	Status      string          `json:"status"`
 	JobID       *string         `json:"job_id"`
-	Job         *Job            `json:"job,omitempty"`
+	// AddedBy names the step that added it at run time, else nil.
+	AddedBy *string `json:"added_by"`
+	Job     *Job    `json:"job,omitempty"`
 }
 
 // WorkflowsPage is one page of workflows, newest first.

@@ -497,6 +497,9 @@ func (w *worker) start(lease *Lease, claimed time.Time) {
 		ctx, stopTimeout = context.WithDeadlineCause(ctx, claimed.Add(time.Duration(*job.TimeoutSecs)*time.Second), errTimedOut)
 	}
 	job.progress = func(v any) error { return w.setProgress(h, v) }
+	job.addSteps = func(ctx context.Context, steps []WorkflowStepRequest, collect string) (*Workflow, error) {
+		return w.addSteps(ctx, h, steps, collect)
+	}
 	w.mu.Lock()
 	sort.Ints(w.freeLanes)
 	h.lane, w.freeLanes = w.freeLanes[0], w.freeLanes[1:]
@@ -635,6 +638,47 @@ func (j *Job) Progress(v any) error {
 		return nil
 	}
 	return j.progress(v)
+}
+
+// addSteps sends Job.AddSteps, and sends it again after a transport error
+// with the reports' backoff until the lease is about to end (a repeat of a
+// landed add changes nothing).
+func (w *worker) addSteps(ctx context.Context, h *held, steps []WorkflowStepRequest, collect string) (*Workflow, error) {
+	for failures := 1; ; failures++ {
+		workflow, err := w.client.StepsAdd(ctx, h.job.ID, h.token, steps, collect)
+		var transport *TransportError
+		if err == nil || !errors.As(err, &transport) {
+			return workflow, err
+		}
+		w.mu.Lock()
+		giveUp := h.deadline.Add(-w.margin)
+		w.mu.Unlock()
+		delay := reportBackoff.delay(failures)
+		if !time.Now().Add(delay).Before(giveUp) {
+			return nil, err
+		}
+		timer := time.NewTimer(delay)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, context.Cause(ctx)
+		}
+	}
+}
+
+// AddSteps adds steps to the workflow of this step (fan-out; at most 1000 a
+// call): they run once this job has completed, the steps waiting for it wait
+// for them too, and with collect (not "") their results go, in this order, to
+// a list under that key of the context (fan-in). It answers the workflow, is
+// sent again after transport errors while the lease lasts (a repeat changes
+// nothing), and answers the server's *APIError otherwise (409: the lease is
+// lost; 422: steps that do not fit). Outside a worker's handler it is an error.
+func (j *Job) AddSteps(ctx context.Context, steps []WorkflowStepRequest, collect string) (*Workflow, error) {
+	if j.addSteps == nil {
+		return nil, errors.New("qftrio: Job.AddSteps adds steps from inside a handler that a worker runs")
+	}
+	return j.addSteps(ctx, steps, collect)
 }
 
 // --- heartbeats ---------------------------------------------------------------------

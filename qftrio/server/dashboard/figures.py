@@ -128,7 +128,8 @@ def timeline(job: Job) -> list[tuple[float, str]]:
     if not job.attempts:
         events += [(entry.at, f"attempt {entry.attempt} failed") for entry in job.errors]
     for n, entry in enumerate(job.attempts, 1):
-        events.append((entry.claimed_at, f"attempt {entry.attempt} claimed by {entry.worker_id or 'a worker'}"))
+        if entry.claimed_at is not None:  # else claimed before histories were kept
+            events.append((entry.claimed_at, f"attempt {entry.attempt} claimed by {entry.worker_id or 'a worker'}"))
         if entry.ended_at is None:
             if job.status is Status.RUNNING and job.locked_until is not None and n == len(job.attempts):
                 events.append((job.locked_until, "lease deadline"))

@@ -119,6 +119,7 @@ __all__ = [
     "DashboardSession",
     "bulk_changed",
     "NewStep",
+    "NewSteps",
     "NewWorkflow",
     "WORKFLOW_QUEUE",
     "Page",
@@ -433,6 +434,19 @@ class NewWorkflow:
     name: str
     context: dict[str, Any]
     steps: tuple[NewStep, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class NewSteps:
+    """Steps a running step (the job *job_id*, under *lease_token*) adds
+    to its workflow, their results collected under *collect* if set. The
+    store checks them against the workflow
+    (:func:`qftrio.server.workflows.check_added`)."""
+
+    job_id: str
+    lease_token: str
+    steps: tuple[NewStep, ...]
+    collect: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -932,6 +946,20 @@ class Store(abc.ABC):
         """Store *workflow* (status running, steps waiting) and enqueue, in
         the same transaction, the jobs of its steps without dependencies.
         Returns it as :meth:`workflow_get` would."""
+
+    @abc.abstractmethod
+    async def steps_add(self, added: NewSteps, *, now: float) -> Workflow | None:
+        """Add *added*'s steps to the workflow of the running step
+        *added.job_id*, in one transaction (DESIGN §4, "Steps added at run
+        time"): each waits for the adding step and its own dependencies;
+        every step that waited for the adding step waits for them too.
+        The same steps added again by the same step change nothing.
+        Returns the workflow as :meth:`workflow_get` would; None for an
+        unknown job. Raises :class:`~qftrio.errors.Conflict` when the token
+        is not current or the job no longer runs, or when the step added
+        steps of these names with other fields, and
+        :class:`~qftrio.errors.InvalidInput` for a job outside workflows or
+        steps that do not fit the workflow; nothing is added then."""
 
     @abc.abstractmethod
     async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:

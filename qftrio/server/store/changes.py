@@ -38,6 +38,7 @@ from ...models import (
     STATUS_OF, FailItem, Job, Schedule, SnoozeItem, Status, StepStatus, Workflow, WorkflowStatus, WorkflowStep,
 )
 from .. import schedules, transitions
+from ..workflows import Existing, check_added
 from .base import (
     WORKFLOW_QUEUE,
     BulkAction,
@@ -46,6 +47,8 @@ from .base import (
     JobOfSchedule,
     NewJob,
     NewSchedule,
+    NewStep,
+    NewSteps,
     NewWorkflow,
     Page,
     Reaped,
@@ -172,10 +175,18 @@ def job_retry(job_id: str, tenant: str, now: float) -> Plan[Job | None]:
 # Lock order: a workflow's row (FOR UPDATE, in id order) before any of its jobs.
 
 
+#: Steps enqueued by one statement, at most: SQLite reads the id of each
+#: step from the array of ids by its index (``json_extract``), a walk of the
+#: array, so that a chunk costs its size squared; chunks keep it linear.
+ENQUEUE_CHUNK = 500
+
+
 def _enqueue_steps(workflow_id: str, tenant: str, names: Sequence[str], context: Any, now: float) -> Plan[None]:
     """Give the waiting steps *names* their jobs, carrying *context*."""
-    if names:
-        args = (workflow_id, list(names), tenant, WORKFLOW_QUEUE, now, context, new_ids(len(names), now))
+    ids = new_ids(len(names), now)
+    for at in range(0, len(names), ENQUEUE_CHUNK):
+        chunk = slice(at, at + ENQUEUE_CHUNK)
+        args = (workflow_id, list(names[chunk]), tenant, WORKFLOW_QUEUE, now, context, ids[chunk])
         yield _run("enqueue_steps", *args)
         yield _run("steps_enqueued", *args)
 
@@ -189,6 +200,11 @@ def step_completed(workflow_id: str, step: str | None, result: Any, now: float) 
     if row is None:
         return False
     tenant, status, context, total, completed = row
+    collected = yield _row("step_collected", workflow_id, step)
+    if collected is not None and collected[1] == 0:
+        # the last of the steps collected under this key: the whole list,
+        # in the order added, goes into the context once
+        context = yield _value("collect_write", workflow_id, collected[0], now)
     unblocked = yield _rows("steps_unblock", workflow_id, step)
     advance = transitions.advance(
         WorkflowStatus(status), steps_completed=completed, steps_total=total, unblocked=unblocked
@@ -255,6 +271,65 @@ def workflow_create(workflow: NewWorkflow, now: float) -> Plan[Workflow]:
     loaded = yield from workflow_get(workflow_id)
     assert loaded is not None
     return loaded
+
+
+def steps_add(added: NewSteps, now: float) -> Plan[Workflow | None]:
+    """``Store.steps_add``: the workflow's row locked, then the adding
+    step's job; :func:`transitions.steps_add` and
+    :func:`~qftrio.server.workflows.check_added` decide; the steps written
+    waiting, each on the adding step (an edge) and on its dependencies
+    among them, and the adding step's dependents on each of them."""
+    if not issued(added.job_id):
+        return None
+    found = yield _row("step_of_job", added.job_id)
+    if found is None:
+        return None
+    workflow_id, adding = found
+    if workflow_id is None:
+        raise errors.InvalidInput(f"job {added.job_id} is not a workflow step; only a step adds steps")
+    yield _run("workflow_lock", workflow_id)
+    status, current = yield _row("step_lease", added.job_id, added.lease_token)
+    names = [s.name for s in added.steps]
+    wanted = list(dict.fromkeys(names + [dep for s in added.steps for dep in s.depends_on]))
+    existing = {
+        name: Existing(
+            step=NewStep(name=name, kind=kind, payload=payload, depends_on=tuple(deps), max_attempts=max_attempts),
+            added_by=added_by, collect=collect,
+            completed=job_status is not None and STATUS_OF[job_status] is Status.COMPLETED,
+        )  # fmt: skip
+        for name, kind, payload, deps, max_attempts, added_by, collect, job_status in (
+            yield _rows("steps_named", workflow_id, wanted, json=(2, 3))
+        )
+    }
+    steps_total, steps_added = yield _row("workflow_steps_total", workflow_id)
+    dependents = [name for (name,) in (yield _rows("step_dependents", workflow_id, adding))]
+    owner = None if added.collect is None else (yield _value("collect_owner", workflow_id, added.collect))
+    replay = check_added(
+        added, adding, existing, steps_added=steps_added, dependents=len(dependents), collect_owner=owner
+    )
+    if transitions.steps_add(STATUS_OF[status], bool(current), replay=replay):
+        inner = set(names)
+        yield Call(
+            "added_step_insert",
+            [
+                (
+                    workflow_id, s.name, steps_total + i, s.kind, s.payload, list(s.depends_on), s.max_attempts,
+                    1 + sum(dep in inner for dep in s.depends_on), adding, added.collect,
+                )  # fmt: skip
+                for i, s in enumerate(added.steps)
+            ],
+            many=True,
+        )
+        edges = [(workflow_id, adding, name) for name in names]
+        edges += [(workflow_id, dep, s.name) for s in added.steps for dep in s.depends_on if dep in inner]
+        edges += [(workflow_id, name, dependent) for name in names for dependent in dependents]
+        yield Call("workflow_edge_insert", edges, many=True)
+        if dependents:
+            yield _run("steps_wait_more", workflow_id, dependents, len(names))
+        yield _run("workflow_grow", workflow_id, len(names), now)
+        if added.collect is not None:
+            yield _run("collect_add", workflow_id, added.collect, adding, len(names))
+    return (yield from workflow_get(workflow_id, jobs=False))
 
 
 def workflow_get(workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Plan[Workflow | None]:
@@ -359,12 +434,13 @@ def build_workflows(rows: Sequence[Sequence[Any]], *, jobs: bool) -> Plan[list[W
     out = []
     for id_, tenant, name, status, context, created_at, updated_at in rows:
         built = []
-        for _, step, kind, payload, depends_on, max_attempts, state, job_id in steps[id_]:
+        for _, step, kind, payload, depends_on, max_attempts, state, job_id, added_by in steps[id_]:
             step_status = StepStatus(job_status.get(job_id, Status.PENDING.value) if job_id is not None else state)
             built.append(
                 WorkflowStep(
                     name=step, kind=kind, payload=payload, depends_on=tuple(depends_on), max_attempts=max_attempts,
                     status=step_status, job_id=job_id, job=full.get(job_id) if job_id is not None else None,
+                    added_by=added_by,
                 )  # fmt: skip
             )
         out.append(
@@ -603,6 +679,7 @@ def prune(before: float, limit: int) -> Plan[int]:
         deleted += len((yield _rows("prune_workflow_jobs", workflow_id)))
         yield _run("prune_workflow_edges", workflow_id)
         yield _run("prune_workflow_steps", workflow_id)
+        yield _run("prune_workflow_collects", workflow_id)
         yield _run("prune_workflow", workflow_id)
     return deleted
 

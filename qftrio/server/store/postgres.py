@@ -96,6 +96,7 @@ from .base import (
     JobOfSchedule,
     NewJob,
     NewSchedule,
+    NewSteps,
     NewWorkflow,
     Page,
     Reaped,
@@ -1243,6 +1244,9 @@ class PostgresStore(Store):
 
     async def workflow_create(self, workflow: NewWorkflow, *, now: float) -> Workflow:
         return await _run_plan(self._db, lambda: changes.workflow_create(workflow, now))
+
+    async def steps_add(self, added: NewSteps, *, now: float) -> Workflow | None:
+        return await _run_plan(self._db, lambda: changes.steps_add(added, now))
 
     async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:
         return await self._read(lambda: changes.workflow_get(workflow_id, tenant=tenant, jobs=jobs))

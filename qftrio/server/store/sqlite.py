@@ -75,6 +75,7 @@ from .base import (
     JobOfSchedule,
     NewJob,
     NewSchedule,
+    NewSteps,
     NewWorkflow,
     Page,
     Reaped,
@@ -1063,6 +1064,9 @@ class SqliteStore(Store):
 
     async def workflow_create(self, workflow: NewWorkflow, *, now: float) -> Workflow:
         return await self._run(lambda conn: _drive(conn, changes.workflow_create(workflow, now)))
+
+    async def steps_add(self, added: NewSteps, *, now: float) -> Workflow | None:
+        return await self._run(lambda conn: _drive(conn, changes.steps_add(added, now)))
 
     async def workflow_get(self, workflow_id: str, *, tenant: str | None = None, jobs: bool = True) -> Workflow | None:
         return await self._run(lambda conn: _drive(conn, changes.workflow_get(workflow_id, tenant=tenant, jobs=jobs)))

@@ -306,6 +306,30 @@ impl Client {
         Ok(())
     }
 
+    /// Add steps (at most 1000 a call) to the workflow of the running step
+    /// `job_id`, whose lease `lease_token` holds (worker token). They run once
+    /// that step has completed, and the steps waiting for it wait for them
+    /// too; with `collect`, their results go, in this order, to a list under
+    /// that key of the context. The same call repeated changes nothing. A lost
+    /// lease is an `Error::Api` 409; steps that do not fit the workflow, 422.
+    pub async fn steps_add(
+        &self,
+        job_id: &str,
+        lease_token: &str,
+        steps: Vec<StepSpec>,
+        collect: Option<&str>,
+    ) -> Result<Workflow> {
+        let body = json!({"lease_token": lease_token, "steps": steps, "collect": collect});
+        self.call(
+            &routes::STEPS_ADD,
+            &[job_id],
+            &[],
+            Some(body),
+            Duration::ZERO,
+        )
+        .await
+    }
+
     /// Fail a job; `retry_in` replaces its backoff's delay.
     pub async fn fail(
         &self,

@@ -32,6 +32,7 @@ pub const HEARTBEAT_MANY: Route = route("POST", "/api/v1/leases/heartbeat");
 pub const COMPLETE_MANY: Route = route("POST", "/api/v1/leases/complete");
 pub const FAIL_MANY: Route = route("POST", "/api/v1/leases/fail");
 pub const SNOOZE_MANY: Route = route("POST", "/api/v1/leases/snooze");
+pub const STEPS_ADD: Route = route("POST", "/api/v1/jobs/{job_id}/steps");
 // The application API (tenant token).
 pub const ENQUEUE: Route = route("POST", "/api/v1/jobs");
 pub const ENQUEUE_MANY: Route = route("POST", "/api/v1/jobs/batch");
@@ -92,6 +93,7 @@ pub const ALL: &[Route] = &[
     COMPLETE_MANY,
     FAIL_MANY,
     SNOOZE_MANY,
+    STEPS_ADD,
     ENQUEUE,
     ENQUEUE_MANY,
     JOB_GET,

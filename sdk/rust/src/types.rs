@@ -70,7 +70,7 @@ pub enum AttemptOutcome {
 pub struct AttemptEntry {
     pub attempt: u32,
     pub worker_id: Option<String>,
-    pub claimed_at: String,
+    pub claimed_at: Option<String>,
     pub ended_at: Option<String>,
     pub outcome: AttemptOutcome,
     pub error: Option<String>,
@@ -426,6 +426,9 @@ pub struct WorkflowStep {
     pub max_attempts: u32,
     pub status: StepStatus,
     pub job_id: Option<String>,
+    /// The step that added it at run time, else `None`.
+    #[serde(default)]
+    pub added_by: Option<String>,
     #[serde(default)]
     pub job: Option<Job>,
 }

@@ -54,7 +54,7 @@ use crate::client::Client;
 use crate::error::{BoxError, Error, Result};
 use crate::types::{
     CompleteItem, FailItem, HeartbeatItem, Job, Lease, LeaseRequest, Object, ReportResult,
-    SnoozeItem, Status,
+    SnoozeItem, Status, StepSpec, Workflow,
 };
 
 /// What a handler's future answers: a JSON object (or `null` for `{}`) completes the job.
@@ -244,6 +244,49 @@ impl JobContext {
         drop(state);
         self.shared.bump();
         Ok(())
+    }
+
+    /// Add `steps` to the workflow of this step (fan-out; at most 1000 a
+    /// call): they run once this job has completed, the steps waiting for it
+    /// wait for them too, and with `collect` their results go, in this
+    /// order, to a list under that key of the context (fan-in). Sent again
+    /// after transport errors while the lease lasts (a repeat changes
+    /// nothing); the server's refusal is an `Error::Api` (409: the lease is
+    /// lost; 422: steps that do not fit).
+    pub async fn add_steps(&self, steps: Vec<StepSpec>, collect: Option<&str>) -> Result<Workflow> {
+        let mut failures = 0;
+        loop {
+            let Some((job_id, token, deadline)) = self
+                .shared
+                .state()
+                .held
+                .get(&self.key)
+                .map(|held| (held.job_id.clone(), held.token.clone(), held.deadline))
+            else {
+                return Err(Error::Config(
+                    "add_steps: the job is no longer this worker's".into(),
+                ));
+            };
+            match self
+                .shared
+                .client
+                .steps_add(&job_id, &token, steps.clone(), collect)
+                .await
+            {
+                Err(error @ Error::Transport { .. }) => {
+                    failures += 1;
+                    let at = Instant::now() + backoff(failures, REPORT_BACKOFF);
+                    if at >= deadline - self.shared.margin {
+                        return Err(error);
+                    }
+                    tokio::select! {
+                        _ = sleep_until(at) => {}
+                        _ = self.token.cancelled() => return Err(error),
+                    }
+                }
+                answer => return answer,
+            }
+        }
     }
 }
 

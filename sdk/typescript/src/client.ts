@@ -499,6 +499,23 @@ export class Client {
 
   // -- workflows --------------------------------------------------------------
 
+  /** Add steps (at most 1000 a call) to the workflow of the running step
+   * `jobId`, whose lease `leaseToken` holds (worker token). They run once
+   * that step has completed, and the steps waiting for it wait for them too;
+   * with `collect`, their results go, in this order, to a list under that
+   * key of the context. The same call repeated changes nothing. A lost
+   * lease is an `ApiError` 409; steps that do not fit the workflow, 422. */
+  async stepsAdd(
+    jobId: string,
+    leaseToken: string,
+    steps: WorkflowStepRequest[],
+    options: { collect?: string } & CallOptions = {},
+  ): Promise<Workflow> {
+    const { collect, ...call } = options;
+    const body = { lease_token: leaseToken, steps, ...(collect === undefined ? {} : { collect }) };
+    return (await this.#call("stepsAdd", { job_id: jobId }, body, undefined, call)) as Workflow;
+  }
+
   /** Create a workflow; a bad step graph is an `ApiError` 422 and stores nothing. */
   async workflowCreate(name: string, steps: WorkflowStepRequest[], options: { context?: JsonObject } = {}): Promise<Workflow> {
     return (await this.#call("workflowCreate", {}, { name, steps, context: options.context ?? {} })) as Workflow;

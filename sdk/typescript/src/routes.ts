@@ -30,6 +30,7 @@ export const ROUTES = {
   failMany: { method: "POST", path: "/api/v1/leases/fail", request: "FailManyRequest", answer: "ReportResultsAnswer" },
   snooze: { method: "POST", path: "/api/v1/jobs/{job_id}/snooze", request: "SnoozeRequest", answer: null },
   snoozeMany: { method: "POST", path: "/api/v1/leases/snooze", request: "SnoozeManyRequest", answer: "ReportResultsAnswer" },
+  stepsAdd: { method: "POST", path: "/api/v1/jobs/{job_id}/steps", request: "StepsAddRequest", answer: "WorkflowAnswer" },
   // The application API (tenant token).
   enqueue: { method: "POST", path: "/api/v1/jobs", request: "EnqueueRequest", answer: "JobAnswer" },
   enqueueMany: { method: "POST", path: "/api/v1/jobs/batch", request: "EnqueueBatchRequest", answer: "JobsAnswer" },

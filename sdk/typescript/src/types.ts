@@ -37,7 +37,7 @@ export type AttemptOutcome = "running" | "completed" | "failed" | "timed_out" | 
 export interface AttemptEntry {
   attempt: number;
   worker_id: string | null;
-  claimed_at: string;
+  claimed_at: string | null;
   ended_at: string | null;
   outcome: AttemptOutcome;
   error: string | null;
@@ -499,6 +499,13 @@ export interface WorkflowCreateRequest {
   steps: WorkflowStepRequest[];
 }
 
+/** @wire StepsAddRequest */
+export interface StepsAddRequest {
+  lease_token: string;
+  steps: WorkflowStepRequest[];
+  collect?: string | null;
+}
+
 /** @wire WorkflowStepAnswer */
 export interface WorkflowStep {
   name: string;
@@ -508,6 +515,8 @@ export interface WorkflowStep {
   max_attempts: number;
   status: StepStatus;
   job_id: string | null;
+  /** The step that added it at run time, else `null`. */
+  added_by?: string | null;
   job?: Job | null;
 }
 

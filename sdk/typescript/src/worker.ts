@@ -32,9 +32,28 @@
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { Client, oneLine } from "./client.js";
-import { ApiError, ConfigError, PermanentError, QftrioError, RetryIn, Snooze, UnexpectedAnswer } from "./errors.js";
+import {
+  ApiError,
+  ConfigError,
+  PermanentError,
+  QftrioError,
+  RetryIn,
+  Snooze,
+  TransportError,
+  UnexpectedAnswer,
+} from "./errors.js";
 import { inHandlerSpan } from "./tracing.js";
-import type { CompleteItem, FailItem, HeartbeatItem, Job, JsonObject, Lease, SnoozeItem } from "./types.js";
+import type {
+  CompleteItem,
+  FailItem,
+  HeartbeatItem,
+  Job,
+  JsonObject,
+  Lease,
+  SnoozeItem,
+  Workflow,
+  WorkflowStepRequest,
+} from "./types.js";
 
 /** What a handler gets besides the job. */
 export interface JobContext {
@@ -46,6 +65,13 @@ export interface JobContext {
   /** Report how far the handler has got: a JSON object of at most 8 KiB,
    * sent with a heartbeat batch within a second; the latest wins. */
   progress(value: JsonObject): void;
+  /** Add steps to this step's workflow (`POST /api/v1/jobs/{id}/steps`):
+   * they run once this handler's job has completed, the steps waiting for it
+   * wait for them too, and with `collect` their results go, in this order, to
+   * a list under that key of the context. Sent again after transport errors
+   * while the lease lasts (a repeat changes nothing). Rejects with the
+   * server's `ApiError` (409: the lease is lost; 422: steps that do not fit). */
+  addSteps(steps: WorkflowStepRequest[], options?: { collect?: string }): Promise<Workflow>;
 }
 
 /** A job's handler: its answer (a JSON object, or nothing for `{}`)
@@ -511,7 +537,12 @@ class WorkerRun {
       }, Math.max(0, held.timeoutAt - performance.now()));
     });
     try {
-      const ctx = { signal, lane: held.lane, progress: (value: JsonObject) => this.takeProgress(held, value) };
+      const ctx: JobContext = {
+        signal,
+        lane: held.lane,
+        progress: (value: JsonObject) => this.takeProgress(held, value),
+        addSteps: (steps: WorkflowStepRequest[], options: { collect?: string } = {}) => this.addSteps(held, steps, options),
+      };
       result = await Promise.race([inHandlerSpan(job, () => this.handlers[job.kind]!(job, ctx)), timedOut]);
     } catch (error) {
       if (held.timedOut) return { error: timeoutError(job.timeout_secs), retryable: true };
@@ -591,6 +622,21 @@ class WorkerRun {
     }
     for (let i = 0; i < due.length; i += MAX_BATCH) void this.renew(due.slice(i, i + MAX_BATCH));
     this.scheduleBeats();
+  }
+
+  /** `ctx.addSteps(steps, {collect})`: sent, and sent again after a
+   * transport error with the reports' backoff until the lease is about to
+   * end (a repeat of a landed add changes nothing). */
+  async addSteps(held: Held, steps: WorkflowStepRequest[], options: { collect?: string }): Promise<Workflow> {
+    for (let failures = 1; ; failures++) {
+      try {
+        return await this.client.stepsAdd(held.job.id, held.token, steps, options);
+      } catch (error) {
+        const retryAt = performance.now() + backoff(failures, REPORT_BACKOFF) * 1000;
+        if (!(error instanceof TransportError) || retryAt >= held.deadline - this.abortMarginMs) throw error;
+        await sleep(retryAt - performance.now());
+      }
+    }
   }
 
   /** `ctx.progress(value)`: checked here, where the handler sees the

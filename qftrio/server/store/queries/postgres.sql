@@ -667,6 +667,9 @@ DELETE FROM qftrio_jobs WHERE workflow_id = $1 RETURNING 1;
 -- name: prune_workflow_steps
 -- They go with their workflow (ON DELETE CASCADE).
 
+-- name: prune_workflow_collects
+-- They go with their workflow (ON DELETE CASCADE).
+
 -- name: prune_workflow
 -- Its steps and edges go with it (ON DELETE CASCADE).
 DELETE FROM qftrio_workflows WHERE id = $1;
@@ -953,11 +956,13 @@ FOR UPDATE;
 
 -- name: enqueue_steps
 -- $7 holds a new job id for each name of $2. Marks the steps too.
+-- The steps are found by their key (name = ANY), whatever the generic plan
+-- guesses of the workflow's size: else it may walk all its steps for each.
 WITH ready AS (
     SELECT s.name, s.kind, s.payload, s.max_attempts, s.position, n.job_id
-    FROM unnest($2::text[], $7::uuid[]) AS n(name, job_id)
-    JOIN qftrio_workflow_steps AS s ON s.workflow_id = $1 AND s.name = n.name
-    WHERE s.state = 'waiting'
+    FROM qftrio_workflow_steps AS s
+    JOIN unnest($2::text[], $7::uuid[]) AS n(name, job_id) ON n.name = s.name
+    WHERE s.workflow_id = $1 AND s.name = ANY($2::text[]) AND s.state = 'waiting'
 ), inserted AS (
     INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
         scheduled_at, created_at, updated_at, workflow_id, step, context)
@@ -979,10 +984,30 @@ RETURNING tenant, status, context, steps_total, steps_completed;
 
 -- name: steps_unblock
 -- The steps waiting for a completed one, their count lowered.
+-- Their names are read first, as an array, so that the steps are found by
+-- their key whatever the generic plan guesses of how many there are (a
+-- guess of a few, for a step waited on by thousands, would walk every step
+-- of the workflow for each).
 UPDATE qftrio_workflow_steps SET remaining = remaining - 1
 WHERE workflow_id = $1
-  AND name IN (SELECT dependent FROM qftrio_workflow_edges WHERE workflow_id = $1 AND step = $2)
+  AND name = ANY(ARRAY(SELECT dependent FROM qftrio_workflow_edges WHERE workflow_id = $1 AND step = $2))
 RETURNING position, name, remaining, state;
+
+-- name: step_collected
+-- A completed step's collect key (migration 0020), its count lowered.
+UPDATE qftrio_workflow_collects SET remaining = remaining - 1
+WHERE workflow_id = $1 AND key = (SELECT collect FROM qftrio_workflow_steps WHERE workflow_id = $1 AND name = $2)
+RETURNING key, remaining;
+
+-- name: collect_write
+-- The results of the steps collected under $2, in the order added, as a
+-- list under that key of the context.
+UPDATE qftrio_workflows SET context = context || jsonb_build_object($2::text, (
+    SELECT coalesce(jsonb_agg(coalesce(j.result, '{}'::jsonb) ORDER BY s.position), '[]'::jsonb)
+    FROM qftrio_workflow_steps AS s JOIN qftrio_jobs AS j ON j.id = s.job_id
+    WHERE s.workflow_id = $1 AND s.collect = $2)), updated_at = $3
+WHERE id = $1
+RETURNING context;
 
 -- name: workflow_complete
 UPDATE qftrio_workflows SET status = 'completed' WHERE id = $1;
@@ -1045,7 +1070,7 @@ FROM qftrio_workflows AS w WHERE w.id = ANY($1::uuid[]);
 SELECT id, tenant, name, status, context, created_at, updated_at FROM qftrio_workflows WHERE id = ANY($1::uuid[]);
 
 -- name: steps_of_workflows
-SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
+SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id, added_by
 FROM qftrio_workflow_steps WHERE workflow_id = ANY($1::uuid[]) ORDER BY workflow_id, position;
 
 -- name: jobs_of_workflows
@@ -1066,6 +1091,48 @@ VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, $8, $9, $10);
 
 -- name: workflow_edge_insert
 INSERT INTO qftrio_workflow_edges (workflow_id, step, dependent) VALUES ($1, $2, $3);
+
+-- Steps added at run time (changes.steps_add, migration 0020).
+
+-- name: step_of_job
+SELECT workflow_id, step FROM qftrio_jobs WHERE id = $1;
+
+-- name: step_lease
+SELECT status, coalesce(lease_token::text = $2::text, false) FROM qftrio_jobs WHERE id = $1 FOR UPDATE;
+
+-- name: steps_named
+-- The steps of these names, each with its job's status.
+SELECT s.name, s.kind, s.payload, s.depends_on, s.max_attempts, s.added_by, s.collect, j.status
+FROM qftrio_workflow_steps AS s LEFT JOIN qftrio_jobs AS j ON j.id = s.job_id
+WHERE s.workflow_id = $1 AND s.name = ANY($2::text[]);
+
+-- name: workflow_steps_total
+SELECT steps_total, steps_added FROM qftrio_workflows WHERE id = $1;
+
+-- name: step_dependents
+-- The steps waiting for $2, but for those it added itself.
+SELECT e.dependent FROM qftrio_workflow_edges AS e
+JOIN qftrio_workflow_steps AS s ON s.workflow_id = e.workflow_id AND s.name = e.dependent
+WHERE e.workflow_id = $1 AND e.step = $2 AND s.added_by IS DISTINCT FROM $2 ORDER BY e.dependent;
+
+-- name: collect_owner
+SELECT added_by FROM qftrio_workflow_collects WHERE workflow_id = $1 AND key = $2;
+
+-- name: added_step_insert
+INSERT INTO qftrio_workflow_steps (workflow_id, name, position, kind, payload, depends_on, max_attempts, state,
+    remaining, job_id, added_by, collect)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, 'waiting', $8, NULL, $9, $10);
+
+-- name: steps_wait_more
+UPDATE qftrio_workflow_steps SET remaining = remaining + $3
+WHERE workflow_id = $1 AND name = ANY($2::text[]);
+
+-- name: workflow_grow
+UPDATE qftrio_workflows SET steps_total = steps_total + $2, steps_added = steps_added + $2, updated_at = $3 WHERE id = $1;
+
+-- name: collect_add
+INSERT INTO qftrio_workflow_collects AS c (workflow_id, key, added_by, remaining) VALUES ($1, $2, $3, $4)
+ON CONFLICT (workflow_id, key) DO UPDATE SET remaining = c.remaining + excluded.remaining;
 
 -- name: step_job_insert
 INSERT INTO qftrio_jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at,

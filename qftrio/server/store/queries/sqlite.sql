@@ -466,6 +466,9 @@ DELETE FROM workflow_edges WHERE workflow_id = ?;
 -- name: prune_workflow_steps
 DELETE FROM workflow_steps WHERE workflow_id = ?;
 
+-- name: prune_workflow_collects
+DELETE FROM workflow_collects WHERE workflow_id = ?;
+
 -- name: prune_workflow
 DELETE FROM workflows WHERE id = ?;
 
@@ -481,6 +484,48 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 -- name: workflow_edge_insert
 INSERT INTO workflow_edges (workflow_id, step, dependent) VALUES (?, ?, ?);
 
+-- Steps added at run time (changes.steps_add, migration 0014).
+
+-- name: step_of_job
+SELECT workflow_id, step FROM jobs WHERE id = ?1;
+
+-- name: step_lease
+SELECT status, lease_token IS ?2 FROM jobs WHERE id = ?1;
+
+-- name: steps_named
+-- The steps of these names, each with its job's status.
+SELECT s.name, s.kind, s.payload, s.depends_on, s.max_attempts, s.added_by, s.collect, j.status
+FROM workflow_steps AS s LEFT JOIN jobs AS j ON j.id = s.job_id
+WHERE s.workflow_id = ?1 AND s.name IN (SELECT value FROM json_each(?2));
+
+-- name: workflow_steps_total
+SELECT steps_total, steps_added FROM workflows WHERE id = ?1;
+
+-- name: step_dependents
+-- The steps waiting for ?2, but for those it added itself.
+SELECT e.dependent FROM workflow_edges AS e
+JOIN workflow_steps AS s ON s.workflow_id = e.workflow_id AND s.name = e.dependent
+WHERE e.workflow_id = ?1 AND e.step = ?2 AND s.added_by IS NOT ?2 ORDER BY e.dependent;
+
+-- name: collect_owner
+SELECT added_by FROM workflow_collects WHERE workflow_id = ?1 AND key = ?2;
+
+-- name: added_step_insert
+INSERT INTO workflow_steps (workflow_id, name, position, kind, payload, depends_on, max_attempts, state,
+    remaining, job_id, added_by, collect)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'waiting', ?8, NULL, ?9, ?10);
+
+-- name: steps_wait_more
+UPDATE workflow_steps SET remaining = remaining + ?3
+WHERE workflow_id = ?1 AND name IN (SELECT value FROM json_each(?2));
+
+-- name: workflow_grow
+UPDATE workflows SET steps_total = steps_total + ?2, steps_added = steps_added + ?2, updated_at = ?3 WHERE id = ?1;
+
+-- name: collect_add
+INSERT INTO workflow_collects (workflow_id, key, added_by, remaining) VALUES (?1, ?2, ?3, ?4)
+ON CONFLICT (workflow_id, key) DO UPDATE SET remaining = remaining + excluded.remaining;
+
 -- name: step_job_insert
 INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, max_attempts,
     scheduled_at, created_at, updated_at, workflow_id, step, context)
@@ -493,7 +538,9 @@ INSERT INTO jobs (id, tenant, queue, kind, payload, status, priority, attempt, m
 SELECT json_extract(?7, '$[' || n.key || ']'), ?3, ?4, s.kind, s.payload, 'pending', 0, 0, s.max_attempts, ?5, ?5, ?5,
     ?1, s.name, ?6
 FROM json_each(?2) AS n
-JOIN workflow_steps AS s ON s.workflow_id = ?1 AND s.name = n.value
+-- CROSS JOIN keeps the names outermost, each step found by its key: else
+-- SQLite walks every step of the workflow in order, a cost that grows with it
+CROSS JOIN workflow_steps AS s ON s.workflow_id = ?1 AND s.name = n.value
 WHERE s.state = 'waiting'
 ORDER BY s.position;
 
@@ -514,6 +561,22 @@ RETURNING tenant, status, context, steps_total, steps_completed;
 UPDATE workflow_steps SET remaining = remaining - 1
 WHERE workflow_id = ?1 AND name IN (SELECT dependent FROM workflow_edges WHERE workflow_id = ?1 AND step = ?2)
 RETURNING position, name, remaining, state;
+
+-- name: step_collected
+-- A completed step's collect key (migration 0014), its count lowered.
+UPDATE workflow_collects SET remaining = remaining - 1
+WHERE workflow_id = ?1 AND key = (SELECT collect FROM workflow_steps WHERE workflow_id = ?1 AND name = ?2)
+RETURNING key, remaining;
+
+-- name: collect_write
+-- The results of the steps collected under ?2, in the order added, as a
+-- list under that key of the context.
+UPDATE workflows SET context = qftrio_merge(context, json_object(?2, (
+    SELECT json_group_array(json(coalesce(r, '{}'))) FROM (
+        SELECT j.result AS r FROM workflow_steps AS s JOIN jobs AS j ON j.id = s.job_id
+        WHERE s.workflow_id = ?1 AND s.collect = ?2 ORDER BY s.position)))), updated_at = ?3
+WHERE id = ?1
+RETURNING context;
 
 -- name: workflow_complete
 UPDATE workflows SET status = 'completed' WHERE id = ?1;
@@ -578,7 +641,7 @@ SELECT id, tenant, name, status, context, created_at, updated_at FROM workflows
 WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: steps_of_workflows
-SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id
+SELECT workflow_id, name, kind, payload, depends_on, max_attempts, state, job_id, added_by
 FROM workflow_steps WHERE workflow_id IN (SELECT value FROM json_each(?1)) ORDER BY workflow_id, position;
 
 -- name: jobs_of_workflows

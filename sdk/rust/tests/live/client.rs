@@ -326,6 +326,7 @@ async fn rate_limits_workflows_and_schedules() {
             ..Default::default()
         },
     ];
+    let _default = crate::DEFAULT_QUEUE.lock().await;
     let flow = client
         .workflow_create(&format!("{q}-flow"), steps, obj(json!({"user": 7})))
         .await

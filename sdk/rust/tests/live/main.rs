@@ -97,6 +97,10 @@ pub fn client() -> Client {
     Client::new(&server().url, "dev").expect("a valid client")
 }
 
+/// Held by a test whose workflow steps run, or must stay, on the `default`
+/// queue, which every workflow's steps share (tests run in parallel).
+pub static DEFAULT_QUEUE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A queue name no other test uses.
 pub fn queue(name: &str) -> String {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

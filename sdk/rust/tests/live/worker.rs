@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use qftrio::*;
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{client, job_until, obj, queue, server, settled};
@@ -492,4 +492,95 @@ async fn progress_goes_with_the_next_heartbeat_latest_winning() {
         .await
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test]
+async fn add_steps_fans_out_and_the_waiting_step_fans_in_every_result_in_order() {
+    let _default = crate::DEFAULT_QUEUE.lock().await;
+    let client = client();
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let seen = refused.clone();
+    let worker = Worker::new(client.clone(), "default", options(4, 30))
+        .register("rust-split", move |_job, ctx| {
+            let seen = seen.clone();
+            async move {
+                let pages: Vec<StepSpec> = (0..30)
+                    .map(|n| StepSpec {
+                        name: format!("page-{n}"),
+                        kind: "rust-thumb".into(),
+                        payload: obj(json!({"page": n})),
+                        ..Default::default()
+                    })
+                    .collect();
+                let grown = ctx.add_steps(pages.clone(), Some("thumbs")).await?;
+                assert_eq!(grown.steps.len(), 32);
+                ctx.add_steps(pages, Some("thumbs")).await?; // a repeat changes nothing
+                let taken = StepSpec {
+                    name: "page-0".into(),
+                    kind: "other".into(),
+                    ..Default::default()
+                };
+                if let Err(Error::Api { status, .. }) = ctx.add_steps(vec![taken], None).await {
+                    seen.lock().unwrap().push(status);
+                }
+                Ok(json!({"pages": 30}))
+            }
+        })
+        .register("rust-thumb", |job, _ctx| async move {
+            Ok(json!({"url": format!("thumbs/{}.png", job.payload["page"])}))
+        })
+        .register("rust-zip", |job, _ctx| async move {
+            let context = job.context.unwrap_or_default();
+            let urls: Vec<Value> = context
+                .get("thumbs")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|thumb| thumb["url"].clone())
+                .collect();
+            Ok(json!({"zipped": urls}))
+        });
+    let steps = vec![
+        StepSpec {
+            name: "split".into(),
+            kind: "rust-split".into(),
+            ..Default::default()
+        },
+        StepSpec {
+            name: "zip".into(),
+            kind: "rust-zip".into(),
+            depends_on: vec!["split".into()],
+            ..Default::default()
+        },
+    ];
+    let flow = client
+        .workflow_create("rust-pdf", steps, Object::new())
+        .await
+        .unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(worker.run_until(async {
+        let _ = stopped.await;
+    }));
+    let ended = within("the workflow ending", async {
+        loop {
+            let workflow = client.workflow_get(&flow.id).await.unwrap();
+            if workflow.status != WorkflowStatus::Running {
+                return workflow;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    stop.send(()).unwrap();
+    within("the worker stopping", running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ended.status, WorkflowStatus::Completed);
+    assert_eq!(*refused.lock().unwrap(), [409]);
+    let want: Vec<Value> = (0..30).map(|n| json!(format!("thumbs/{n}.png"))).collect();
+    assert_eq!(ended.context["zipped"], Value::Array(want));
+    let added: Vec<Option<&str>> = ended.steps.iter().map(|s| s.added_by.as_deref()).collect();
+    assert_eq!(added[..2], [None, None]);
+    assert!(added[2..].iter().all(|by| *by == Some("split")));
 }
