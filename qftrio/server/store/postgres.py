@@ -124,7 +124,7 @@ CHANNEL = "qftrio_jobs"
 #: The prefix of a notification on CHANNEL that a job ended (migration 0018);
 #: a queue's name cannot hold its colon.
 ENDED = "ended:"
-#: The prefix of a job change's notification, its JSON after (migration 0020).
+#: The prefix of a job change's notification, its JSON after (migration 0021).
 EVENT = "event:"
 
 #: What :meth:`PostgresStore.run_listener` passes to ``on_notify`` when it may

@@ -1222,7 +1222,7 @@ INSERT INTO qftrio_job_waits (id, job_id, until) SELECT $1, id, $3 + $4 FROM job
 DELETE FROM qftrio_job_waits WHERE id = $1;
 
 -- name: events_begin
--- An event stream of a tenant's (migration 0020), and those whose server
+-- An event stream of a tenant's (migration 0021), and those whose server
 -- died before removing theirs, past their time, removed.
 WITH gone AS (DELETE FROM qftrio_event_streams WHERE until < $3)
 INSERT INTO qftrio_event_streams (id, tenant, until) VALUES ($1, $2, $4);

@@ -1,4 +1,4 @@
--- qftrio schema, version 0020: the live event stream (GET /api/v1/events)
+-- qftrio schema, version 0021: the live event stream (GET /api/v1/events)
 -- fed from any server.
 --
 -- A server holding a stream open adds a row here for the stream's tenant,
