@@ -384,7 +384,7 @@ def test_methods_match_the_async_client() -> None:
     names = sorted(set(dir(qftrio.Client)) - set(dir(object)) - {"aclose", "__aenter__", "__aexit__"})
     names = [n for n in names if not n.startswith("_")]
     assert names == [n for n in sorted(dir(qftrio.SyncClient)) if not n.startswith("_") and n != "close"]
-    assert len(names) == 41
+    assert len(names) == 42
     async_client = qftrio.Client("http://127.0.0.1:1")
     with qftrio.SyncClient("http://127.0.0.1:1") as sync_client:
         for name in names:
