@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .records import JOB_FORM, SCHEDULE_FORM, AttemptEntry, AttemptOutcome, ErrorEntry, HeartbeatStatus, StepStatus, Time, WorkflowStatus
+from .records import ATTEMPT_FORM, JOB_FORM, SCHEDULE_FORM, AttemptEntry, ErrorEntry, HeartbeatStatus, StepStatus, Time, WorkflowStatus
 
 
 
@@ -33,15 +33,10 @@ class ErrorEntryAnswer(_Answer):
     at: Time
 
 
-class AttemptEntryAnswer(_Answer):
-    """One claim of a job: who claimed it and when, when and how it ended."""
-
-    attempt: int
-    worker_id: str | None
-    claimed_at: Time
-    ended_at: Time | None
-    outcome: AttemptOutcome
-    error: str | None
+#: One claim of a job, as :class:`AttemptEntry` declares it.
+AttemptEntryAnswer = ATTEMPT_FORM.answer_model(
+    "AttemptEntryAnswer", "One claim of a job: who claimed it and when, when and how it ended.", _Answer, {}
+)
 
 
 #: A job, as :class:`Job` declares it.
