@@ -21,7 +21,7 @@ SELECT id, 1024 + octet_length(payload::text) + coalesce(octet_length(result::te
     + coalesce(octet_length(context::text), 0) + octet_length(errors::text)
     + 2 * coalesce(octet_length(error), 0) + coalesce(octet_length(worker_id), 0) + coalesce(octet_length(step), 0)
     + coalesce(octet_length(headers::text), 0) + coalesce(octet_length(concurrency::text), 0)
-    + coalesce(octet_length("unique"::text), 0) + coalesce(octet_length(progress::text), 0) + coalesce(octet_length(attempts::text), 0)
+    + coalesce(octet_length("unique"::text), 0) + coalesce(octet_length(progress::text), 0)
     + octet_length(attempts::text)
 FROM qftrio_jobs WHERE id = ANY($1::uuid[]);
 
