@@ -230,6 +230,12 @@ func TestEveryRouteIsTheServers(t *testing.T) {
 			if !strings.HasPrefix(code, "2") {
 				continue
 			}
+			if r.answer == streamAnswer {
+				if _, ok := response.Content["text/event-stream"]; !ok {
+					problems = append(problems, name+": the server answers "+code+" with no event stream")
+				}
+				continue
+			}
 			switch content, ok := response.Content["application/json"]; {
 			case r.answer == "" && code != "204":
 				problems = append(problems, name+": the server answers "+code+", the SDK expects 204")

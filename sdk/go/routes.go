@@ -10,6 +10,9 @@ type route struct {
 	query           []string
 }
 
+// streamAnswer is the answer of a route that answers server-sent events.
+const streamAnswer = "text/event-stream"
+
 var routes = map[string]route{
 	// The worker protocol (worker token).
 	"lease":         {"POST", "/api/v1/queues/{queue}/lease", "LeaseRequest", "LeasesAnswer", nil},
@@ -28,6 +31,7 @@ var routes = map[string]route{
 	"enqueueMany":     {"POST", "/api/v1/jobs/batch", "EnqueueBatchRequest", "JobsAnswer", nil},
 	"jobGet":          {"GET", "/api/v1/jobs/{job_id}", "", "JobAnswer", nil},
 	"jobWait":         {"GET", "/api/v1/jobs/{job_id}/wait", "", "JobAnswer", []string{"timeout_secs"}},
+	"events":          {"GET", "/api/v1/events", "", streamAnswer, []string{"queue", "kind", "job", "stats_secs"}},
 	"jobsList":        {"GET", "/api/v1/jobs", "", "JobsPageAnswer", []string{"queue", "status", "kind", "limit", "cursor"}},
 	"jobCancel":       {"POST", "/api/v1/jobs/{job_id}/cancel", "", "JobAnswer", nil},
 	"jobRetry":        {"POST", "/api/v1/jobs/{job_id}/retry", "", "JobAnswer", nil},
