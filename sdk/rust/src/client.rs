@@ -169,20 +169,7 @@ impl Client {
         body: Option<Value>,
         extra: Duration,
     ) -> Result<T> {
-        let mut parts = route.path.split('{');
-        let mut path = parts.next().unwrap_or_default().to_owned();
-        for (part, param) in parts.zip(params) {
-            // Each parameter is one path segment, whatever it holds.
-            path.extend(utf8_percent_encode(param, COMPONENT).map(str::to_owned));
-            path.push_str(part.split_once('}').map_or("", |(_, rest)| rest));
-        }
-        let mut target = path.clone();
-        for (i, (name, value)) in query.iter().enumerate() {
-            target.push(if i == 0 { '?' } else { '&' });
-            target.push_str(name);
-            target.push('=');
-            target.extend(utf8_percent_encode(value, COMPONENT).map(str::to_owned));
-        }
+        let (path, target) = target_of(route, params, query);
         let transport = |message: String| Error::Transport {
             method: route.method,
             path: path.clone(),
@@ -239,6 +226,67 @@ impl Client {
                 route.method,
                 one_line(&String::from_utf8_lossy(&body))
             ))
+        })
+    }
+
+    /// The tenant's live job changes from any server (`GET /api/v1/events`),
+    /// as an [`EventStream`]: a live feed, not a log (nothing is replayed; a
+    /// reader that falls behind gets an `overflow` event and the stream ends).
+    pub async fn events(&self, filter: &EventsFilter) -> Result<EventStream> {
+        let mut query = Vec::new();
+        for (name, value) in [
+            ("queue", &filter.queue),
+            ("kind", &filter.kind),
+            ("job", &filter.job),
+        ] {
+            if let Some(value) = value {
+                query.push((name, value.clone()));
+            }
+        }
+        if let Some(secs) = filter.stats_secs {
+            query.push(("stats_secs", secs.to_string()));
+        }
+        let route = &routes::EVENTS;
+        let (path, target) = target_of(route, &[], &query);
+        let transport = |message: String| Error::Transport {
+            method: route.method,
+            path: path.clone(),
+            message,
+        };
+        let request = Request::builder()
+            .method(Method::GET)
+            .uri(format!("{}{target}", self.base))
+            .header(AUTHORIZATION, self.authorization.clone())
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| transport(format!("cannot build the request: {e}")))?;
+        let answer = tokio::time::timeout(self.timeout, self.http.request(request))
+            .await
+            .map_err(|_| transport(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|e| transport(describe_chain(&e)))?;
+        let status = answer.status().as_u16();
+        if status >= 400 {
+            let body = Limited::new(answer.into_body(), MAX_ANSWER_BYTES)
+                .collect()
+                .await
+                .map_err(|e| transport(format!("reading the answer: {e}")))?
+                .to_bytes();
+            return Err(match serde_json::from_slice::<ErrorBody>(&body) {
+                Ok(ErrorBody { error }) => Error::Api {
+                    status,
+                    code: Some(error.code),
+                    message: error.message,
+                },
+                Err(_) => Error::Api {
+                    status,
+                    code: None,
+                    message: one_line(&String::from_utf8_lossy(&body)),
+                },
+            });
+        }
+        Ok(EventStream {
+            body: answer.into_body(),
+            buffer: Vec::new(),
+            path,
         })
     }
 
@@ -680,4 +728,100 @@ fn describe_chain(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
+}
+
+/// A route's path with its parameters, and that path with its query.
+fn target_of(route: &Route, params: &[&str], query: &[(&str, String)]) -> (String, String) {
+    let mut parts = route.path.split('{');
+    let mut path = parts.next().unwrap_or_default().to_owned();
+    for (part, param) in parts.zip(params) {
+        // Each parameter is one path segment, whatever it holds.
+        path.extend(utf8_percent_encode(param, COMPONENT).map(str::to_owned));
+        path.push_str(part.split_once('}').map_or("", |(_, rest)| rest));
+    }
+    let mut target = path.clone();
+    for (i, (name, value)) in query.iter().enumerate() {
+        target.push(if i == 0 { '?' } else { '&' });
+        target.push_str(name);
+        target.push('=');
+        target.extend(utf8_percent_encode(value, COMPONENT).map(str::to_owned));
+    }
+    (path, target)
+}
+
+/// What [`Client::events`] streams: the tenant's jobs of `queue`, `kind` or
+/// `job` (each optional), and with `stats_secs` (1 to 60) each named queue's
+/// stats that often.
+#[derive(Debug, Clone, Default)]
+pub struct EventsFilter {
+    pub queue: Option<String>,
+    pub kind: Option<String>,
+    pub job: Option<String>,
+    pub stats_secs: Option<u32>,
+}
+
+/// One server-sent event: `kind` is `job`, `stats` or `overflow`, `data` its JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamEvent {
+    pub kind: String,
+    pub data: Value,
+}
+
+/// An open event stream ([`Client::events`]); dropping it closes it.
+pub struct EventStream {
+    body: hyper::body::Incoming,
+    buffer: Vec<u8>,
+    path: String,
+}
+
+impl EventStream {
+    /// The next event, or `None` once the stream has ended.
+    pub async fn next(&mut self) -> Result<Option<StreamEvent>> {
+        loop {
+            // An event ends with a blank line.
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let block: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let text = String::from_utf8_lossy(&block);
+                let (mut kind, mut data) = (String::new(), Vec::new());
+                for line in text.lines() {
+                    if let Some(rest) = line.strip_prefix("event:") {
+                        kind = rest.trim().to_owned();
+                    } else if let Some(rest) = line.strip_prefix("data:") {
+                        data.push(rest.strip_prefix(' ').unwrap_or(rest).to_owned());
+                    }
+                }
+                if kind.is_empty() && data.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                let data = serde_json::from_str(&data.join("\n")).map_err(|e| {
+                    Error::Unexpected(format!(
+                        "GET {} sent an event that is not JSON: {e}",
+                        self.path
+                    ))
+                })?;
+                return Ok(Some(StreamEvent { kind, data }));
+            }
+            if self.buffer.len() > MAX_ANSWER_BYTES {
+                return Err(Error::Unexpected(format!(
+                    "GET {} sent an event over {MAX_ANSWER_BYTES} bytes",
+                    self.path
+                )));
+            }
+            match self.body.frame().await {
+                None => return Ok(None),
+                Some(Err(e)) => {
+                    return Err(Error::Transport {
+                        method: "GET",
+                        path: self.path.clone(),
+                        message: format!("reading the stream: {e}"),
+                    })
+                }
+                Some(Ok(frame)) => {
+                    if let Ok(chunk) = frame.into_data() {
+                        self.buffer.extend_from_slice(&chunk);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -9,7 +9,7 @@ pub mod routes;
 mod types;
 mod worker;
 
-pub use client::Client;
+pub use client::{Client, EventStream, EventsFilter, StreamEvent};
 pub use error::{BoxError, Error, Result};
 pub use types::*;
 pub use worker::{Event, EventKind, HandlerResult, JobContext, OnEvent, Worker, WorkerOptions};

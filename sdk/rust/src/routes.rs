@@ -37,6 +37,10 @@ pub const STEPS_ADD: Route = route("POST", "/api/v1/jobs/{job_id}/steps");
 pub const ENQUEUE: Route = route("POST", "/api/v1/jobs");
 pub const ENQUEUE_MANY: Route = route("POST", "/api/v1/jobs/batch");
 pub const JOB_GET: Route = route("GET", "/api/v1/jobs/{job_id}");
+pub const EVENTS: Route = Route {
+    query: &["queue", "kind", "job", "stats_secs"],
+    ..route("GET", "/api/v1/events")
+};
 pub const JOB_WAIT: Route = Route {
     query: &["timeout_secs"],
     ..route("GET", "/api/v1/jobs/{job_id}/wait")
@@ -98,6 +102,7 @@ pub const ALL: &[Route] = &[
     ENQUEUE_MANY,
     JOB_GET,
     JOB_WAIT,
+    EVENTS,
     JOBS_LIST,
     JOB_CANCEL,
     JOB_RETRY,

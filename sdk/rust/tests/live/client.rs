@@ -461,3 +461,31 @@ async fn errors_say_what_and_where() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_event_stream_shows_a_jobs_changes() {
+    let client = client();
+    let q = queue("events");
+    let filter = EventsFilter {
+        queue: Some(q.clone()),
+        ..EventsFilter::default()
+    };
+    let mut stream = client.events(&filter).await.unwrap();
+    let job = client
+        .enqueue("echo", obj(json!({})), JobConfig::queue(&q))
+        .await
+        .unwrap();
+    client.job_cancel(&job.id).await.unwrap();
+    let mut statuses = Vec::new();
+    while statuses.len() < 2 {
+        let event = tokio::time::timeout(Duration::from_secs(30), stream.next())
+            .await
+            .expect("an event within the cap")
+            .unwrap()
+            .expect("the stream goes on");
+        if event.kind == "job" && event.data["id"] == json!(job.id) {
+            statuses.push(event.data["status"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(statuses, ["pending", "cancelled"]);
+}
