@@ -902,7 +902,9 @@ func (w *worker) deliver(batch []report) {
 		end := now.Add(time.Hour)
 		for _, r := range batch {
 			w.mu.Lock()
-			deadline := r.h.deadline
+			// No try in the lease's last moments: a report sent then may
+			// reach the server after the job was leased again.
+			deadline := r.h.deadline.Add(-w.margin)
 			w.mu.Unlock()
 			if now.Before(deadline) {
 				left = append(left, r)

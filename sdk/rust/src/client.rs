@@ -207,18 +207,7 @@ impl Client {
             .await
             .map_err(|_| transport(format!("no answer within {:?}", self.timeout + extra)))??;
         if status >= 400 {
-            return Err(match serde_json::from_slice::<ErrorBody>(&body) {
-                Ok(ErrorBody { error }) => Error::Api {
-                    status,
-                    code: Some(error.code),
-                    message: error.message,
-                },
-                Err(_) => Error::Api {
-                    status,
-                    code: None,
-                    message: one_line(&String::from_utf8_lossy(&body)),
-                },
-            });
+            return Err(api_error(status, &body));
         }
         serde_json::from_slice(&body).map_err(|e| {
             Error::Unexpected(format!(
@@ -270,18 +259,7 @@ impl Client {
                 .await
                 .map_err(|e| transport(format!("reading the answer: {e}")))?
                 .to_bytes();
-            return Err(match serde_json::from_slice::<ErrorBody>(&body) {
-                Ok(ErrorBody { error }) => Error::Api {
-                    status,
-                    code: Some(error.code),
-                    message: error.message,
-                },
-                Err(_) => Error::Api {
-                    status,
-                    code: None,
-                    message: one_line(&String::from_utf8_lossy(&body)),
-                },
-            });
+            return Err(api_error(status, &body));
         }
         Ok(EventStream {
             body: answer.into_body(),
@@ -823,5 +801,21 @@ impl EventStream {
                 }
             }
         }
+    }
+}
+
+/// The error an answer of *status* (400 or more) with *body* stands for.
+fn api_error(status: u16, body: &[u8]) -> Error {
+    match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(ErrorBody { error }) => Error::Api {
+            status,
+            code: Some(error.code),
+            message: error.message,
+        },
+        Err(_) => Error::Api {
+            status,
+            code: None,
+            message: one_line(&String::from_utf8_lossy(body)),
+        },
     }
 }
