@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -14,6 +15,15 @@ import trio
 
 QFTRIO = [sys.executable, "-m", "qftrio.cli"]
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def qftrio_bin() -> str:
+    """The ``qftrio`` executable of this virtualenv (or on PATH), for other
+    languages' tests to start servers with."""
+    beside = Path(sys.executable).with_name("qftrio")
+    found = str(beside) if beside.exists() else shutil.which("qftrio")
+    assert found, "no qftrio executable beside this Python or on PATH"
+    return found
 
 
 def free_port() -> int:

@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .processes import qftrio_bin
 
 SDK = Path(__file__).resolve().parent.parent / "sdk" / "go"
 
@@ -23,15 +24,8 @@ pytestmark = [
 ]
 
 
-def _qftrio() -> str:
-    beside = Path(sys.executable).with_name("qftrio")
-    found = str(beside) if beside.exists() else shutil.which("qftrio")
-    assert found, "no qftrio executable beside this Python or on PATH"
-    return found
-
-
 def _run(*args: str, timeout: float) -> str:
-    env = {**os.environ, "QFTRIO_BIN": _qftrio()}
+    env = {**os.environ, "QFTRIO_BIN": qftrio_bin()}
     # The caps only turn a hang into a failure: each step takes seconds once built.
     done = subprocess.run(
         args, cwd=SDK, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout

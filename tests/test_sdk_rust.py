@@ -7,28 +7,22 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .processes import qftrio_bin
 
 SDK = Path(__file__).resolve().parent.parent / "sdk" / "rust"
 
 pytestmark = pytest.mark.slow
 
 
-def _qftrio() -> str:
-    beside = Path(sys.executable).with_name("qftrio")
-    found = str(beside) if beside.exists() else shutil.which("qftrio")
-    assert found, "no qftrio executable beside this Python or on PATH"
-    return found
-
-
 def _cargo(*args: str, timeout: float) -> None:
     # CI runs in a fresh clone: the build directory lives outside it, so that
     # only the first run on a machine compiles the dependencies.
     target = os.environ.get("CARGO_TARGET_DIR") or str(Path.home() / ".cache" / "qftrio" / "cargo-target")
-    env = {**os.environ, "QFTRIO_BIN": _qftrio(), "CARGO_TARGET_DIR": target}
+    env = {**os.environ, "QFTRIO_BIN": qftrio_bin(), "CARGO_TARGET_DIR": target}
     # The caps only turn a hang into a failure: a cold build takes about a minute.
     done = subprocess.run(
         ["cargo", *args], cwd=SDK, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout

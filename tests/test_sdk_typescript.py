@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .processes import qftrio_bin
 
 SDK = Path(__file__).resolve().parent.parent / "sdk" / "typescript"
 #: A copy of the lock file ``npm ci`` last installed from.
@@ -19,15 +20,8 @@ STAMP = SDK / "node_modules" / ".qftrio-installed-lock.json"
 pytestmark = pytest.mark.slow
 
 
-def _qftrio() -> str:
-    beside = Path(sys.executable).with_name("qftrio")
-    found = str(beside) if beside.exists() else shutil.which("qftrio")
-    assert found, "no qftrio executable beside this Python or on PATH"
-    return found
-
-
 def _npm(*args: str, timeout: float) -> None:
-    env = {**os.environ, "QFTRIO_BIN": _qftrio()}
+    env = {**os.environ, "QFTRIO_BIN": qftrio_bin()}
     # The caps only turn a hang into a failure: each step takes seconds.
     done = subprocess.run(
         ["npm", *args], cwd=SDK, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout

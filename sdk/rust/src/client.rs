@@ -697,7 +697,7 @@ fn page_query(query: &mut Vec<(&str, String)>, limit: Option<u32>, cursor: &Opti
 }
 
 /// An error with its causes, one line (hyper's outer errors say little alone).
-fn describe_chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn describe_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -486,17 +486,6 @@ fn truncate_error(text: String) -> String {
     text.chars().take(keep).collect::<String>() + &note
 }
 
-fn describe(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// The server will refuse the credential, or is not qftrio: stop.
 fn is_fatal(error: &Error) -> bool {
     matches!(
@@ -564,7 +553,7 @@ impl Outcome {
                     retryable: true,
                     retry_in: Some(*delay),
                 },
-                _ => Outcome::fail(describe(error.as_ref()), true),
+                _ => Outcome::fail(crate::client::describe_chain(error.as_ref()), true),
             },
             // Its sender was dropped: the handler panicked (the panic's
             // message went to standard error).
