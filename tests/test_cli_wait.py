@@ -29,8 +29,9 @@ async def test_jobs_wait_exit_status_says_how_the_job_ended(server, http, capsys
             codes.append(await run_cli("jobs", "wait", failing["id"], *opts))
 
         nursery.start_soon(waiting)
-        while not len(server.engine.waits):  # parked: the state, not a time
-            await trio.sleep(0.01)
+        with trio.fail_after(60):  # a cap only: the wait parks at once
+            while not len(server.engine.waits):  # parked: the state, not a time
+                await trio.sleep(0.01)
         await report(http, server, failing["id"], "fail", lease_token=leased["lease_token"], error="boom")
     assert codes == [1]
     capsys.readouterr()

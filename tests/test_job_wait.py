@@ -24,9 +24,11 @@ async def wait(http: httpx.AsyncClient, server: RunningServer, job_id: str, who:
 
 
 async def parked(engine: Engine, n: int = 1) -> None:
-    """Until *n* waits are parked on *engine*: a wait's state, not a time."""
-    while len(engine.waits) < n:
-        await trio.sleep(0.001)
+    """Until *n* waits are parked on *engine*: a wait's state, not a time
+    (the cap only turns a hang into a failure)."""
+    with trio.fail_after(60):
+        while len(engine.waits) < n:
+            await trio.sleep(0.001)
 
 
 async def test_a_wait_answers_the_job_once_it_completes(http, server) -> None:
@@ -120,9 +122,11 @@ async def test_a_client_that_goes_away_ends_its_wait(http, server) -> None:
         nursery.start_soon(wait, http, server, job["id"])
         await parked(server.engine)
         nursery.cancel_scope.cancel()  # the client closes its connection
-    # Bounded by the work: the server notices the closed connection.
-    while len(server.engine.waits):
-        await trio.sleep(0.01)
+    # Bounded by the work: the server notices the closed connection (the
+    # cap only turns a hang into a failure).
+    with trio.fail_after(60):
+        while len(server.engine.waits):
+            await trio.sleep(0.01)
 
 
 async def test_shutdown_ends_every_wait(storage: Store, nursery: trio.Nursery) -> None:
