@@ -291,15 +291,17 @@ def free_port() -> int:
 
 
 def print_table(rungs: list[str], sides: list[tuple[str, Path]], results: dict[tuple[str, str, str], list[float]], clients: int) -> None:
-    """The medians so far, side by side, and their ratio."""
-    header = f"{'rung':<10} {'operation':<16}" + "".join(f"{side + ' µs':>12}" for side, _ in sides)
+    """The medians so far (and their ranges), side by side, and their ratio."""
+    header = f"{'rung':<10} {'operation':<16}" + "".join(f"{side + ' µs':>22}" for side, _ in sides)
     print(header)
     for rung in rungs:
         for op in ("enqueue", "lease+complete", f"enqueue x{clients}"):
             row = [results.get((rung, op, side)) for side, _ in sides]
             if row[0] is None:
                 continue
-            cells = "".join(f"{sorted(values)[len(values) // 2]:>12.0f}" for values in row if values)
+            cells = "".join(
+                f"{sorted(v)[len(v) // 2]:>8.0f} ({min(v):.0f}-{max(v):.0f})".rjust(22) for v in row if v
+            )
             ratio = ""
             if len(row) == 2 and row[1]:
                 a, b_ = (sorted(v)[len(v) // 2] for v in row)  # type: ignore[arg-type]
