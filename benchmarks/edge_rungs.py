@@ -21,6 +21,9 @@ Two operations are measured on each rung but ``echo`` and ``constant``:
 ``enqueue`` (``POST /api/v1/jobs``, one job) and ``lease+complete`` (a
 lease of one job and its completion, two calls, per pair). ``--clients N``
 adds the enqueue with N connections at once (N threads), server CPU per job.
+``--pause SECS`` has each client wait SECS after every answer, so that the
+server goes idle between calls as it does while a store call is under way
+(what its waking up costs: compare ``engine`` with and without).
 
 ``--ab DIR`` alternates every measurement with a server whose ``qftrio``
 comes from DIR (a checkout of the code before, e.g. ``git worktree add
@@ -182,7 +185,8 @@ def dataclass_copy(value: Any) -> Any:
 class Connection:
     """One kept-alive connection, a blocking socket."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, pause: float = 0.0) -> None:
+        self.pause = pause
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buffer = b""
@@ -208,6 +212,8 @@ class Connection:
         body_out, self.buffer = rest[:length], rest[length:]
         if status != want:
             raise RuntimeError(f"{method} {path}: {status} {body_out[:300]!r}")
+        if self.pause:
+            time.sleep(self.pause)
         return body_out
 
     def _more(self) -> None:
@@ -241,6 +247,7 @@ def lease_complete_pairs(connection: Connection, pairs: int) -> None:
 class Server:
     def __init__(self, rung: str, root: Path, args: argparse.Namespace, workdir: Path) -> None:
         self.port = free_port()
+        self.pause = args.pause
         self.sqlite = workdir / f"{rung}-{self.port}.db"
         env = {**os.environ, "PYTHONPATH": str(root)}
         argv = [sys.executable, str(HERE / "edge_rungs.py"), "--serve", rung, "--port", str(self.port)]
@@ -260,7 +267,7 @@ class Server:
 
     def measure(self, work: Any, count: int, *, clients: int = 1) -> float:
         """Server CPU in µs per unit of *work* (count units per client)."""
-        connections = [Connection(self.port) for _ in range(clients)]
+        connections = [Connection(self.port, self.pause) for _ in range(clients)]
         try:
             for connection in connections:
                 work(connection, min(50, count))  # warm up
@@ -316,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rungs", default="echo,constant,envelope,engine,sqlite", help="comma-separated, of: " + ",".join(RUNGS))
     p.add_argument("--clients", type=int, default=32, help="connections at once for the concurrent enqueue (0: none)")
     p.add_argument("--ab", type=Path, help="a checkout of the code before, measured alternately")
+    p.add_argument(
+        "--pause", type=float, default=0.0, help="seconds the client waits after each answer (default 0): the server idles"
+    )
     p.add_argument("--database-url", help="PostgreSQL for the postgres rung (a database of its own: its jobs are left)")
     p.add_argument("--serve", choices=RUNGS, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
