@@ -407,6 +407,17 @@ def pg_cluster(url: str | None = None) -> Iterator[str]:
             os.unlink(directory + ".initdb.log")
 
 
+@contextlib.contextmanager
+def store_database(store: str, database_url: str | None = None) -> Iterator[str | None]:
+    """For *store* ``postgres``, a fresh database (in *database_url*'s
+    cluster, or in a throwaway one), dropped on exit; ``None`` for SQLite."""
+    if store != "postgres":
+        yield None
+        return
+    with pg_cluster(database_url) as cluster, fresh_database(cluster) as url:
+        yield url
+
+
 def pg_run(url: str, fn: Any) -> Any:
     """Run ``await fn(conn)`` on a fresh asyncpg connection (asyncio)."""
     import asyncpg

@@ -117,32 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     b.print_settings("events_drain", args)
     sides = {"no stream": False, "one stream": True}
     results: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
-    with b.workdir(args.keep) as wd, b.Procs(wd) as procs:
-        cluster = db = None
-        url = None
-        postmaster = None
-        if args.store == "postgres":
-            cluster = b.pg_cluster(args.database_url)
-            db = b.fresh_database(cluster.__enter__())
-            url = db.__enter__()
-            postmaster = b.postmaster_of(url)
-        try:
-            server = b.start_server(procs, store=args.store, database_url=url)
-            for run in range(1, args.runs + 1):
-                # ABBA: whichever side runs second finds the table bigger
-                for side in list(sides) if run % 2 else list(sides)[::-1]:
-                    r = one_run(args, procs, server, url, postmaster, sides[side])
-                    results[side].append(r)
-                    b.say(
-                        f"run {run}: {side}: {r['rate']:,.0f} jobs/s, server CPU {r['cpu']:.1f} µs/job, "
-                        f"database CPU {r['db_cpu']:.1f} µs/job, events {r['events']:,.0f}, overflows {r['overflows']:.0f}"
-                    )
-        finally:
-            procs.stop_all()
-            if db is not None:
-                db.__exit__(None, None, None)
-            if cluster is not None:
-                cluster.__exit__(None, None, None)
+    with b.store_database(args.store, args.database_url) as url, b.workdir(args.keep) as wd, b.Procs(wd) as procs:
+        postmaster = b.postmaster_of(url) if url else None
+        server = b.start_server(procs, store=args.store, database_url=url)
+        for run in range(1, args.runs + 1):
+            # ABBA: whichever side runs second finds the table bigger
+            for side in list(sides) if run % 2 else list(sides)[::-1]:
+                r = one_run(args, procs, server, url, postmaster, sides[side])
+                results[side].append(r)
+                b.say(
+                    f"run {run}: {side}: {r['rate']:,.0f} jobs/s, server CPU {r['cpu']:.1f} µs/job, "
+                    f"database CPU {r['db_cpu']:.1f} µs/job, events {r['events']:,.0f}, overflows {r['overflows']:.0f}"
+                )
     med = {side: {k: b.median([r[k] for r in rs]) for k in ("rate", "cpu", "db_cpu", "events")} for side, rs in results.items()}
     off, on = med["no stream"], med["one stream"]
     b.say(

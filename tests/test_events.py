@@ -19,6 +19,7 @@ import trio
 
 from qftrio import errors
 from qftrio.server.engine import Engine
+from qftrio.server.events import MAX_WRITE, EventStreams, Subscriber, chunks
 from qftrio.server.store.base import Store
 
 from .conftest import RunningServer, serve_store
@@ -195,6 +196,50 @@ async def test_a_consumer_that_falls_behind_gets_overflow_and_the_end(http, serv
         with pytest.raises(EOFError):
             await stream.next()
     await open_streams(server.engine, 0)
+
+
+async def test_a_commits_changes_reach_the_stream_all_and_in_order(http, server) -> None:
+    async with events(http, server, queue="q") as stream:
+        # More changes in one commit than one write of the stream carries.
+        jobs = [{"kind": "k", "payload": {"n": n}, "config": {"queue": "q"}} for n in range(MAX_WRITE * 2 + 88)]
+        r = await http.post("/api/v1/jobs/batch", json={"jobs": jobs}, headers=server.headers())
+        assert r.status_code == 201, r.text
+        ids = [job["id"] for job in r.json()["jobs"]]
+        assert [(await stream.job(status="pending"))["id"] for _ in ids] == ids
+
+
+async def test_events_ready_at_once_are_one_chunk_in_order_and_overflow_comes_after_those_held() -> None:
+    async def never() -> Any:
+        raise AssertionError("not called")
+
+    def change(n: int) -> dict[str, Any]:
+        return {"id": str(n), "tenant": "acme", "queue": "q", "kind": "k", "status": "pending", "attempt": 0, "at": 1.0}
+
+    def ids(chunk: bytes) -> list[str]:
+        return [json.loads(line[len(b"data: "):])["id"] for line in chunk.split(b"\n") if line.startswith(b"data: ")]
+
+    streams = EventStreams(per_tenant=1)
+    subscriber = streams.open("acme", queue=None, kind=None, job=None)
+    for n in range(MAX_WRITE + 10):
+        streams.changed(change(n))
+    async with aclosing(chunks(subscriber, keepalive_secs=60, keep=never, fill=never)) as stream:
+        assert ids(await anext(stream)) == [str(n) for n in range(MAX_WRITE)]
+        assert ids(await anext(stream)) == [str(n) for n in range(MAX_WRITE, MAX_WRITE + 10)]
+        streams.close_one(subscriber)
+        with pytest.raises(StopAsyncIteration):
+            await anext(stream)
+
+    # One more than it may hold: the stream writes those it held, then
+    # the overflow, and ends.
+    subscriber = Subscriber("acme", None, None, None, behind=3)
+    for n in range(5):
+        subscriber.offer(change(n))
+    assert subscriber.overflowed
+    async with aclosing(chunks(subscriber, keepalive_secs=60, keep=never, fill=never)) as stream:
+        assert ids(await anext(stream)) == ["0", "1", "2"]
+        assert await anext(stream) == b'event: overflow\ndata: {"max_behind":3}\n\n'
+        with pytest.raises(StopAsyncIteration):
+            await anext(stream)
 
 
 async def test_stats_and_comments_come_on_time(http, server, monkeypatch) -> None:

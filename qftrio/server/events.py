@@ -2,9 +2,10 @@
 this server, fed the store's word of each change of its tenant's jobs
 (:attr:`Store.on_event`), with a cap per tenant.
 
-Each stream holds at most ``MAX_BEHIND`` events its client has not taken;
-one more and it ends with ``event: overflow``, so that a consumer that
-reads slowly, or not at all, holds bounded memory. Nothing is replayed: a
+Each stream holds at most ``MAX_BEHIND`` events its client has not taken
+(and those of the one write under way, at most ``MAX_WRITE``); one more and
+it ends with ``event: overflow``, so that a consumer that reads slowly, or
+not at all, holds bounded memory. Nothing is replayed: a
 stream sees the changes committed while it is open.
 """
 
@@ -30,6 +31,13 @@ def sse(event: str, data: Any) -> bytes:
 
 #: The comment a stream sends when it has been quiet this long, for proxies.
 KEEPALIVE = b": keep-alive\n\n"
+
+#: The fields of an ``event: job``.
+JOB_FIELDS = ("id", "queue", "kind", "status", "attempt", "progress", "at")
+
+#: Events written at most in one write: those ready are taken together, so
+#: that a stream holds at most this many beyond its untaken ones.
+MAX_WRITE = 256
 
 
 class Subscriber:
@@ -154,7 +162,8 @@ async def chunks(
     fill: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
 ) -> AsyncGenerator[bytes, None]:
     """*subscriber*'s stream, chunk by chunk, until its channel ends:
-    ``event: job`` for each event, ``event: stats`` (*stats*' events) every
+    ``event: job`` for each event (those ready at once in one chunk, at
+    most ``MAX_WRITE``, in the order they came), ``event: stats`` (*stats*' events) every
     *stats_secs*, a comment and a call of *keep* (the stream's registration
     renewed) every *keepalive_secs*, and ``event: overflow`` last if the
     stream fell behind. *fill* gives an event whose progress was too large
@@ -176,9 +185,21 @@ async def chunks(
             return
         now = trio.current_time()
         if event is not None:
-            if event.get("progress_omitted"):
-                event = await fill(event)
-            yield sse("job", {key: event.get(key) for key in ("id", "queue", "kind", "status", "attempt", "progress", "at")})
+            # The events ready now go out in one write: a commit's changes
+            # come at once, and a write (and a trip through the scheduler)
+            # per event cost the server more than the events themselves.
+            ready = [event]
+            while len(ready) < MAX_WRITE:
+                try:
+                    ready.append(subscriber.receive.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            written = []
+            for event in ready:
+                if event.get("progress_omitted"):
+                    event = await fill(event)
+                written.append(sse("job", {key: event.get(key) for key in JOB_FIELDS}))
+            yield b"".join(written)
         if now >= next_stats and stats is not None and stats_secs is not None:
             for chunk in await stats():
                 yield chunk
