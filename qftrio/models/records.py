@@ -353,7 +353,7 @@ class _WireForm:
             kind, inner, optional = self.kinds[name]
             got = self._read(field, self.wire[name], env)
             if kind == "time":
-                got = _time_source("_parse_time_string", got, optional)
+                got = _time_source("_parse_time_string({})", got, optional)
             elif kind == "enum":
                 env[f"_lookup_{name}"] = {member.value: member for member in inner}
                 env[f"_enum_{name}"] = inner
@@ -394,7 +394,8 @@ class _WireForm:
             kind, _, optional = self.kinds[field.name]
             got = value(field.name)
             if kind == "time":
-                got = _time_source("_format_epoch" if epoch else "_format_datetime", got, optional)
+                convert = "_format_datetime(_datetime_of_epoch({}))" if epoch else "_format_datetime({})"
+                got = _time_source(convert, got, optional)
             elif kind == "enum":
                 got = f"None if {got} is None else {got}.value" if optional else f"{got}.value"
             elif kind == "records":
@@ -415,7 +416,7 @@ class _WireForm:
             kind, _, optional = self.kinds[field.name]
             got = value(field.name)
             if kind == "time":
-                got = _time_source("_datetime_of_epoch", got, optional)
+                got = _time_source("_datetime_of_epoch({})", got, optional)
             args.append(f"{field.name}={got}")
         return _compiled(name, params, f"_record({', '.join(args)})", env)
 
@@ -484,26 +485,22 @@ class _WireForm:
         return create_model(name, __base__=base, __doc__=doc, **fields)  # type: ignore[call-overload, no-any-return]
 
 
-def _format_epoch(ts: float) -> str:
-    return _format_datetime(_datetime_of_epoch(ts))
-
-
 #: What the generated forms convert times with (:func:`_time_source`).
 _TIME_FUNCTIONS: dict[str, Any] = {
     "_parse_time_string": _parse_time_string,
     "_format_datetime": _format_datetime,
     "_datetime_of_epoch": _datetime_of_epoch,
-    "_format_epoch": _format_epoch,
 }
 
 
 def _time_source(convert: str, got: str, optional: bool) -> str:
-    """The source of *got* (a time's source) converted by *convert*, one of
-    :data:`_TIME_FUNCTIONS`, called directly (each is a C-level cache), and
-    *got* evaluated once: None stays None for an *optional* field."""
+    """The source of *got* (a time's source) converted by *convert* (source
+    with ``{}`` where the time goes, calling :data:`_TIME_FUNCTIONS`
+    directly: each is a cache in C, no Python frame), *got* evaluated once:
+    None stays None for an *optional* field."""
     if not optional:
-        return f"{convert}({got})"
-    return f"(None if (_t := {got}) is None else {convert}(_t))"
+        return convert.format(got)
+    return f"(None if (_t := {got}) is None else {convert.format('_t')})"
 
 
 def _compiled(name: str, params: str, expression: str, env: dict[str, Any]) -> Callable[..., Any]:
