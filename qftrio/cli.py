@@ -543,6 +543,8 @@ def _queues_table(stats: Sequence[Any], *, now: float, rates: dict[str, float | 
     """Every queue's backlog as a table: counts, how long the oldest ready job
     has waited, when more work comes due, paused, and with *rates* the
     completions per second."""
+    from .models import elapsed
+
     header = ["QUEUE", *(name.upper() for name in _STATUS_COLUMNS), "OLDEST READY", "NEXT AVAILABLE"]
     if rates is not None:
         header.append("DONE/S")
@@ -550,11 +552,12 @@ def _queues_table(stats: Sequence[Any], *, now: float, rates: dict[str, float | 
     rows = []
     for s in stats:
         row = [s.queue, *(str(s.counts.get(name, 0)) for name in _STATUS_COLUMNS)]
-        row.append("-" if s.oldest_ready_at is None else _duration(now - s.oldest_ready_at))
+        row.append("-" if s.oldest_ready_at is None else _duration(elapsed(s.oldest_ready_at, now)))
         if s.next_available_at is None:
             row.append("-")
         else:
-            row.append("now" if s.next_available_at <= now else f"in {_duration(s.next_available_at - now)}")
+            due = -elapsed(s.next_available_at, now)
+            row.append("now" if due <= 0 else f"in {_duration(due)}")
         if rates is not None:
             rate = rates.get(s.queue)
             row.append("-" if rate is None else f"{rate:.1f}")
@@ -564,8 +567,10 @@ def _queues_table(stats: Sequence[Any], *, now: float, rates: dict[str, float | 
 
 
 def _workers_table(workers: Sequence[Any], *, now: float) -> str:
+    from .models import elapsed
+
     rows = [
-        [w.worker_id, str(w.jobs) if w.jobs else "idle", ",".join(w.queues), f"{_duration(now - w.last_seen_at)} ago"]
+        [w.worker_id, str(w.jobs) if w.jobs else "idle", ",".join(w.queues), f"{_duration(elapsed(w.last_seen_at, now))} ago"]
         for w in workers
     ]
     return _table(["WORKER", "JOBS", "QUEUES", "LAST SEEN"], rows, left=(0, 2)) if rows else "no workers seen lately"

@@ -73,7 +73,7 @@ from .models import (
     WorkflowCreateRequest,
     WorkflowStatus,
     format_time,
-    parse_time,
+    to_datetime,
 )
 
 if TYPE_CHECKING:
@@ -214,8 +214,8 @@ def _leases(data: Any) -> list[Lease]:
     return [Lease.from_wire(item) for item in data["jobs"]]
 
 
-def _heartbeat(data: Any) -> tuple[str, float | None]:
-    return data["status"], parse_time(data.get("locked_until"))
+def _heartbeat(data: Any) -> tuple[str, _dt.datetime | None]:
+    return data["status"], to_datetime(data.get("locked_until"))
 
 
 # The batch routes answer each item with the status the single route would
@@ -235,7 +235,7 @@ def _heartbeat_replies(data: Any) -> list[HeartbeatReply]:
             job_id=r["id"],
             outcome=Outcome.of_code(r["code"]),
             status=r.get("status"),
-            locked_until=parse_time(r.get("locked_until")),
+            locked_until=to_datetime(r.get("locked_until")),
         )
         for r in data["results"]
     ]
@@ -545,7 +545,7 @@ class _Api(Generic[X]):
         )
 
     @_method
-    def heartbeat(job_id: str, lease_token: str, extend_secs: int) -> Call[tuple[str, float | None]]:
+    def heartbeat(job_id: str, lease_token: str, extend_secs: int) -> Call[tuple[str, _dt.datetime | None]]:
         """Extend a lease. Returns the job's status and, when it is still
         ``running``, the new deadline. Raises :class:`~qftrio.errors.Conflict`
         when the token is stale."""
@@ -642,7 +642,7 @@ class _Api(Generic[X]):
         priority: int | None = None,
         max_attempts: int | None = None,
         delay_secs: float | None = None,
-        scheduled_at: float | _dt.datetime | None = None,
+        scheduled_at: float | str | _dt.datetime | None = None,
         idempotency_key: str | None = None,
         timeout_secs: int | None = None,
         backoff: Mapping[str, float] | None = None,
@@ -651,8 +651,8 @@ class _Api(Generic[X]):
         rate_limit: str | None = None,
         unique: Mapping[str, Any] | None = None,
     ) -> Call[Job]:
-        """Enqueue one job. *scheduled_at* is epoch seconds or an aware
-        datetime. A repeated *idempotency_key* returns the first job.
+        """Enqueue one job. *scheduled_at* is a datetime (naive: UTC), epoch
+        seconds or an RFC 3339 string. A repeated *idempotency_key* returns the first job.
         *timeout_secs* ends each attempt that long after its claim; *backoff*
         (``{initial_secs, factor, max_secs, jitter}``) replaces the
         server's retry backoff for this job. *headers* go to the worker
@@ -771,15 +771,15 @@ class _Api(Generic[X]):
         queue: str | None = None,
         status: Status | str | None = None,
         kind: str | None = None,
-        created_after: float | _dt.datetime | None = None,
-        created_before: float | _dt.datetime | None = None,
+        created_after: float | str | _dt.datetime | None = None,
+        created_before: float | str | _dt.datetime | None = None,
         limit: int | None = None,
         all: bool = False,
     ) -> Call[int]:
         """``retry``, ``cancel`` or ``delete`` every job matching the filters
         (at most *limit*, default 10,000), each as the single-job call would;
-        returns how many changed. Times are epoch seconds or aware datetimes
-        (``created_after <= created_at < created_before``). With no filter,
+        returns how many changed. Times are datetimes (naive: UTC), epoch
+        seconds or RFC 3339 strings (``created_after <= created_at < created_before``). With no filter,
         pass ``all=True`` to act on every job of the tenant the action
         applies to.
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import functools
 import tempfile
 import time
@@ -36,7 +37,7 @@ from typing import Any
 import trio
 
 from .client import Client
-from .models import TERMINAL, Job, Status
+from .models import TERMINAL, UTC, Job, Status
 from .worker.registry import Registry
 from .worker.runtime import Worker, WorkerEvent, open_worker, unwrap_single
 from .worker.transport import HttpTransport
@@ -47,7 +48,7 @@ __all__ = ["TestServer", "open_test_server", "make_job", "call_handler", "wait_f
 def make_job(kind: str, payload: Mapping[str, Any] | None = None, **fields: Any) -> Job:
     """A :class:`~qftrio.models.Job` as a handler would receive it (running,
     attempt 1); any field can be overridden."""
-    now = time.time()
+    now = datetime.datetime.now(UTC)
     values: dict[str, Any] = dict(
         id=str(uuid.uuid4()),
         tenant="test",
@@ -61,7 +62,7 @@ def make_job(kind: str, payload: Mapping[str, Any] | None = None, **fields: Any)
         scheduled_at=now,
         created_at=now,
         updated_at=now,
-        locked_until=now + 60,
+        locked_until=now + datetime.timedelta(seconds=60),
         worker_id="test-worker",
     )
     values.update(fields)

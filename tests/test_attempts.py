@@ -13,7 +13,7 @@ import httpx
 import pytest
 import trio
 
-from qftrio.models import MAX_ATTEMPTS_KEPT, CompleteItem, parse_time
+from qftrio.models import MAX_ATTEMPTS_KEPT, CompleteItem, parse_time, to_datetime
 from qftrio.server.store import sql
 from qftrio.server.store.base import Store
 from qftrio.server.store.sqlite import open_sqlite_store
@@ -210,11 +210,11 @@ async def test_jobs_kept_before_histories_start_empty_and_a_running_one_shows_it
         running = await store.job_get("01a00000-0000-7000-8000-000000000002")
         assert pending is not None and pending.attempts == ()
         assert running is not None and [(e.attempt, e.worker_id, e.claimed_at, e.outcome.value) for e in running.attempts] == [
-            (1, "old-worker", 2.0, "running")
+            (1, "old-worker", to_datetime(2.0), "running")
         ]
         (done,) = await store.jobs_complete([CompleteItem(running.id, "tok", {})], now=3.0)
         assert done.applied
         ended = await store.job_get(running.id)
         assert ended is not None and [(e.attempt, e.worker_id, e.ended_at, e.outcome.value) for e in ended.attempts] == [
-            (1, "old-worker", 3.0, "completed")
+            (1, "old-worker", to_datetime(3.0), "completed")
         ]

@@ -65,7 +65,7 @@ async def test_a_page_of_jobs_stops_before_the_byte_budget_and_loads_only_what_f
     ids = await insert(storage, 10, payload_bytes=10_000)
     page = await storage.jobs_page(tenant="acme", limit=10, max_bytes=35_000)
     assert [j.id for j in page.items] == ids[::-1][:3]  # about 11 kB each
-    assert page.next == (page.items[-1].created_at, page.items[-1].id)
+    assert page.next == (page.items[-1].created_at.timestamp(), page.items[-1].id)
     seen = [j.id for j in page.items]
     while page.next is not None:
         page = await storage.jobs_page(tenant="acme", limit=10, before=page.next, max_bytes=35_000)
@@ -75,7 +75,7 @@ async def test_a_page_of_jobs_stops_before_the_byte_budget_and_loads_only_what_f
     # without a budget, or with room to spare, the count alone decides
     assert len((await storage.jobs_page(tenant="acme", limit=10)).items) == 10
     whole = await storage.jobs_page(tenant="acme", limit=4, max_bytes=10_000_000)
-    assert len(whole.items) == 4 and whole.next == (whole.items[-1].created_at, whole.items[-1].id)
+    assert len(whole.items) == 4 and whole.next == (whole.items[-1].created_at.timestamp(), whole.items[-1].id)
     last = await storage.jobs_page(tenant="acme", limit=10, max_bytes=10_000_000)
     assert len(last.items) == 10 and last.next is None
 

@@ -472,9 +472,11 @@ async def test_the_timeline_says_failed_permanently_when_attempts_were_left(serv
     await server.engine.fail([FailItem(job_id, lease.lease_token, "bad input", False)])
     job = await server.engine.job_get("acme", job_id)
     (attempt,) = job.attempts
+    assert attempt.claimed_at is not None and attempt.ended_at is not None
+    assert (attempt.ended_at - attempt.claimed_at).total_seconds() == pytest.approx(2, abs=1e-6)
     assert timeline(job)[1:] == [
         (attempt.claimed_at, "attempt 1 claimed by w1"),
-        (attempt.claimed_at + 2, "attempt 1 failed: bad input; failed permanently"),
+        (attempt.ended_at, "attempt 1 failed: bad input; failed permanently"),
     ]
 
 

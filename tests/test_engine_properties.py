@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from qftrio import errors
 from qftrio.models import CompleteItem, EnqueueRequest, FailItem, HeartbeatItem, Job, JobConfig, Lease, Status
+from qftrio.models import to_datetime as when
 from qftrio.server.engine import Engine, RetryPolicy
 from qftrio.server.store.base import Outcome, Store
 from qftrio.server.store.sqlite import open_sqlite_store
@@ -181,7 +182,7 @@ class Run:
             self.tokens.append((model.id, lease_.lease_token))
             assert lease_.job.status is Status.RUNNING
             assert lease_.job.attempt == model.attempt
-            assert lease_.job.locked_until == model.locked_until
+            assert lease_.job.locked_until == when(model.locked_until)
         return leases
 
     async def do_heartbeat(self, index: int, extend_secs: int) -> None:
@@ -239,8 +240,8 @@ class Run:
             job = await self.engine.job_get(TENANT, model.id)
             low = now + POLICY.delay(model.attempt, rand=lambda: 1.0)
             high = now + POLICY.delay(model.attempt, rand=lambda: 0.0)
-            assert low <= job.scheduled_at <= high, "the retry is not scheduled by the backoff"
-            model.scheduled_at = job.scheduled_at
+            assert when(low) <= job.scheduled_at <= when(high), "the retry is not scheduled by the backoff"
+            model.scheduled_at = job.scheduled_at.timestamp()
         else:
             model.status = Status.FAILED
         assert result.status is model.status
@@ -297,9 +298,9 @@ class Run:
             assert (job.status, job.attempt, job.max_attempts) == expected, (job, model)
             check_consistent(job)
             if job.status is Status.RUNNING:
-                assert job.locked_until == model.locked_until
+                assert job.locked_until == when(model.locked_until)
             if job.status is Status.PENDING:
-                assert job.scheduled_at == model.scheduled_at
+                assert job.scheduled_at == when(model.scheduled_at)
             if job.status is Status.COMPLETED:
                 # the result of the lease that completed it, whatever came later
                 assert job.result == {"by": model.token}, job

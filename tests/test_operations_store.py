@@ -19,6 +19,7 @@ import trio
 
 from qftrio import errors
 from qftrio.models import EnqueueRequest, JobConfig, Status
+from qftrio.models import to_datetime as when
 from qftrio.server.engine import Engine, RetryPolicy
 from qftrio.server.store.base import (
     ClaimRequest,
@@ -88,7 +89,7 @@ async def all_pages(storage: Store, tenant: str, limit: int, **filters: Any) -> 
         ids += [job.id for job in page]
         if len(page) < limit:
             return ids
-        before = (page[-1].created_at, page[-1].id)
+        before = (page[-1].created_at.timestamp(), page[-1].id)
 
 
 async def test_counts_and_pages_stay_exact_through_random_work(storage: Store) -> None:
@@ -202,12 +203,12 @@ async def test_stats_times_and_paused(storage: Store) -> None:
         [new(at=T0 - 30), new(at=T0 - 10), new(at=T0 + 50), new(tenant="t2", at=T0 - 100)], now=T0 - 40
     )
     (stats,) = await storage.queues_stats(tenant="t1", now=T0)
-    assert (stats.oldest_ready_at, stats.next_available_at, stats.paused) == (T0 - 30, T0 + 50, False)
+    assert (stats.oldest_ready_at, stats.next_available_at, stats.paused) == (when(T0 - 30), when(T0 + 50), False)
     assert stats.counts["pending"] == 3
     await storage.jobs_claim("q", limit=1, lease_secs=20, worker_id="w", now=T0)  # t2's job goes first
     await storage.jobs_claim("q", limit=1, lease_secs=20, worker_id="w", now=T0)
     (stats,) = await storage.queues_stats(tenant="t1", now=T0)
-    assert (stats.oldest_ready_at, stats.next_available_at) == (T0 - 10, T0 + 20)
+    assert (stats.oldest_ready_at, stats.next_available_at) == (when(T0 - 10), when(T0 + 20))
     await storage.queue_set_paused(tenant="t1", queue="idle", paused=True, now=T0)
     await storage.queue_set_paused(tenant="t1", queue="idle", paused=True, now=T0)  # idempotent
     listed = await storage.queues_stats(tenant="t1", now=T0)
@@ -282,7 +283,7 @@ async def test_bulk_actions_touch_exactly_the_matching_jobs_of_the_tenant(storag
     assert [j.id for j in cancelled] == newest
     # a time range: created_after <= created_at < created_before
     b_x = await storage.jobs_list(tenant="t1", queue="b", kind="x")
-    assert await engine.jobs_bulk("t1", "cancel", created_after=b_x[0].created_at, created_before=b_x[0].created_at + 1) == 1
+    assert await engine.jobs_bulk("t1", "cancel", created_after=b_x[0].created_at.timestamp(), created_before=b_x[0].created_at.timestamp() + 1) == 1
     # delete: finished jobs of t1 only; t2's are untouched
     assert await engine.jobs_bulk("t1", "delete") == 3 + 6
     after = await full_counts(storage)
@@ -327,7 +328,7 @@ async def test_workers_are_the_holders_of_running_jobs(storage: Store) -> None:
     tenants = {lease.job.tenant for lease in first}
     assert tenants == {"t1"} or tenants == {"t1", "t2"}
     by_id = {w.worker_id: w for w in await storage.workers(tenant="t1", seen_since=T0)}
-    assert by_id["w1"].queues == ("a", "b") and by_id["w1"].last_seen_at == T0 + 9
+    assert by_id["w1"].queues == ("a", "b") and by_id["w1"].last_seen_at == when(T0 + 9)
     assert sum(w.jobs for w in by_id.values()) == 4 and len(found) == 2
     await storage.jobs_complete(
         [CompleteItem(job_id=lease.job.id, lease_token=lease.lease_token, result={}) for lease in first], now=T0 + 10

@@ -721,7 +721,7 @@ async def test_migration_0005_keeps_every_listing_and_count() -> None:
                                 listed += [j.id for j in page]
                                 if len(page) < 7:
                                     break
-                                before = (page[-1].created_at, page[-1].id)
+                                before = (page[-1].created_at.timestamp(), page[-1].id)
                             assert listed == expected, (queue, status, kind)
                 for stats in await store.queues_stats(tenant="t", now=T0):
                     counted = collections.Counter(r["status"] for r in rows if r["queue"] == stats.queue)

@@ -27,6 +27,7 @@ from qftrio.models import (
     Outcome,
     ReportReply,
     Status,
+    to_datetime as when,
 )
 from qftrio.server.inprocess import EngineTransport
 from qftrio.worker.transport import HttpTransport, Transport
@@ -131,9 +132,10 @@ async def test_both_transports_refuse_the_nul_character_in_a_report(
 def test_a_job_s_wire_form_and_schema_follow_its_fields() -> None:
     job = Job(
         id="01a22c53-8200-7e63-a775-0bf6e4422d36", tenant="t", queue="q", kind="k", payload={"p": [1]},
-        status=Status.FAILED, priority=-3, attempt=2, max_attempts=2, scheduled_at=1.5e9, created_at=1.5e9 - 1,
-        updated_at=1.5e9 + 0.25, locked_until=1.5e9 + 60, worker_id="w", result={"r": 1}, error="boom",
-        errors=(ErrorEntry(attempt=1, error="first", at=1.5e9 + 0.5),), workflow_id="wf", step="s", context={"c": 2},
+        status=Status.FAILED, priority=-3, attempt=2, max_attempts=2, scheduled_at=when(1.5e9),
+        created_at=when(1.5e9 - 1), updated_at=when(1.5e9 + 0.25), locked_until=when(1.5e9 + 60), worker_id="w",
+        result={"r": 1}, error="boom", errors=(ErrorEntry(attempt=1, error="first", at=when(1.5e9 + 0.5)),),
+        workflow_id="wf", step="s", context={"c": 2},
     )  # fmt: skip
     wire = job.to_wire()
     # each field under its own name, but last_progress: the wire's progress

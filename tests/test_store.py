@@ -12,6 +12,7 @@ import trio
 
 from qftrio import errors
 from qftrio.models import Status
+from qftrio.models import to_datetime as when
 from qftrio.server.engine import RetryPolicy
 from qftrio.server.store.base import (
     LEASE_EXPIRED,
@@ -51,7 +52,7 @@ async def test_insert_and_get(storage: Store) -> None:
     assert job.status is Status.PENDING
     assert (job.priority, job.attempt, job.max_attempts) == (3, 0, 7)
     assert job.payload == {"n": 1}
-    assert job.created_at == job.updated_at == T0
+    assert job.created_at == job.updated_at == when(T0)
     assert job.locked_until is None and job.worker_id is None and job.result is None
     assert job.errors == ()
     uuid.UUID(job.id)
@@ -143,9 +144,9 @@ async def test_claim_sets_the_lease(storage: Store) -> None:
     job = lease.job
     assert job.status is Status.RUNNING
     assert job.attempt == 1
-    assert job.locked_until == T0 + 31
+    assert job.locked_until == when(T0 + 31)
     assert job.worker_id == "w1"
-    assert job.updated_at == T0 + 1
+    assert job.updated_at == when(T0 + 1)
     uuid.UUID(lease.lease_token)
     assert await storage.jobs_claim("q", limit=1, lease_secs=30, worker_id="w2", now=T0 + 2) == []
 
@@ -170,7 +171,7 @@ async def test_insert_claiming_hands_new_jobs_to_claims_in_one_call(storage: Sto
     for lease in claimed[0] + claimed[1]:
         assert lease.job.status is Status.RUNNING and lease.job.attempt == 1
     assert {lease.job.worker_id for lease in claimed[0]} == {"w1"}
-    assert {lease.job.locked_until for lease in claimed[1]} == {T0 + 300}
+    assert {lease.job.locked_until for lease in claimed[1]} == {when(T0 + 300)}
     assert (await storage.job_get(later)).status is Status.PENDING
     assert (await storage.job_get(other)).status is Status.PENDING
     # The leases are real: their tokens complete the jobs.
@@ -202,7 +203,7 @@ async def test_insert_claiming_for_one_poll(storage: Store) -> None:
         assert i.to_wire()["status"] == "pending"
     for lease in leases:
         assert lease.job.status is Status.RUNNING and lease.job.attempt == 1 and lease.job.worker_id == "w1"
-        assert lease.job.locked_until == T0 + 30
+        assert lease.job.locked_until == when(T0 + 30)
         uuid.UUID(lease.lease_token)
     assert (await storage.job_get(low.id)).status is Status.PENDING
     assert (await storage.job_get(later.id)).status is Status.PENDING
@@ -216,7 +217,7 @@ async def test_insert_claiming_for_one_poll(storage: Store) -> None:
     _, (leases,) = await storage.jobs_insert_claiming(
         [new("newest", at=T0 + 3), new("newest")], now=T0 + 3, claims=[poll]
     )
-    assert [lease.job.scheduled_at for lease in leases] == [T0, T0 + 3]
+    assert [lease.job.scheduled_at for lease in leases] == [when(T0), when(T0 + 3)]
     await storage.jobs_complete([CompleteItem(x.job.id, x.lease_token, {}) for x in leases], now=T0 + 3)
     # An expired lease counts as claimable too.
     (expired,) = await storage.jobs_claim("q", limit=1, lease_secs=1, worker_id="w2", now=T0 + 60)
@@ -288,7 +289,7 @@ async def test_expired_token_is_stale_once_reaped(storage: Store) -> None:
     (failed,) = await storage.jobs_fail([FailItem(job_id, lease.lease_token, "x")], now=T0 + 13, retry_at=ALWAYS_RETRY)
     assert [r.outcome for r in (hb, done, failed)] == [Outcome.CONFLICT] * 3
     job = await storage.job_get(job_id)
-    assert (job.status, job.locked_until, job.updated_at) == (Status.PENDING, None, T0 + 12)
+    assert (job.status, job.locked_until, job.updated_at) == (Status.PENDING, None, when(T0 + 12))
 
 
 async def test_worker_id_is_kept_after_the_job_ends(storage: Store) -> None:
@@ -319,7 +320,7 @@ async def test_heartbeat(storage: Store) -> None:
     (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 60)], now=T0 + 5)
     assert (hb.outcome, hb.status, hb.locked_until) == (Outcome.OK, Status.RUNNING, T0 + 65)
     job = await storage.job_get(job_id)
-    assert (job.locked_until, job.updated_at) == (T0 + 65, T0 + 5)
+    assert (job.locked_until, job.updated_at) == (when(T0 + 65), when(T0 + 5))
     (wrong,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, str(uuid.uuid4()), 60)], now=T0 + 5)
     assert wrong.outcome is Outcome.CONFLICT
     (unknown,) = await storage.jobs_heartbeat([HeartbeatItem(str(uuid.uuid4()), lease.lease_token, 60)], now=T0)
@@ -328,7 +329,7 @@ async def test_heartbeat(storage: Store) -> None:
     (after,) = await storage.jobs_heartbeat([HeartbeatItem(job_id, lease.lease_token, 60)], now=T0 + 7)
     assert (after.outcome, after.status, after.locked_until) == (Outcome.OK, Status.CANCELLED, None)
     job = await storage.job_get(job_id)
-    assert (job.locked_until, job.updated_at) == (None, T0 + 6)
+    assert (job.locked_until, job.updated_at) == (None, when(T0 + 6))
 
 
 async def test_batch_heartbeat_mixes_every_outcome(storage: Store) -> None:
@@ -361,7 +362,7 @@ async def test_batch_heartbeat_mixes_every_outcome(storage: Store) -> None:
     # extension, and both are answered with it
     assert [r.locked_until for r in results[:4]] == [T0 + 43, None, T0 + 43, None]
     job = await storage.job_get(live)
-    assert (job.locked_until, job.updated_at) == (T0 + 43, T0 + 3)
+    assert (job.locked_until, job.updated_at) == (when(T0 + 43), when(T0 + 3))
     # jobs no longer running are left as they were
     for job_id, status, locked_until in ((done, Status.COMPLETED, None), (cancelled, Status.CANCELLED, None)):
         job = await storage.job_get(job_id)
@@ -390,8 +391,8 @@ async def test_fail_schedules_a_retry_then_dead_letters(storage: Store) -> None:
     (res,) = await storage.jobs_fail([FailItem(job_id, lease.lease_token, "boom")], now=T0 + 2, retry_at=ALWAYS_RETRY)
     assert (res.outcome, res.status, res.applied) == (Outcome.OK, Status.PENDING, True)
     job = await storage.job_get(job_id)
-    assert job.status is Status.PENDING and job.attempt == 1 and job.scheduled_at == T0 + 12
-    assert job.error == "boom" and [(e.attempt, e.error, e.at) for e in job.errors] == [(1, "boom", T0 + 2)]
+    assert job.status is Status.PENDING and job.attempt == 1 and job.scheduled_at == when(T0 + 12)
+    assert job.error == "boom" and [(e.attempt, e.error, e.at) for e in job.errors] == [(1, "boom", when(T0 + 2))]
     assert job.locked_until is None
     (replay,) = await storage.jobs_fail([FailItem(job_id, lease.lease_token, "boom")], now=T0 + 3, retry_at=ALWAYS_RETRY)
     assert replay.outcome is Outcome.OK and not replay.applied
@@ -469,7 +470,7 @@ async def test_batch_complete_mixes_every_outcome(storage: Store) -> None:
 async def test_cancel(storage: Store) -> None:
     pending, running, done = await insert(storage, new(queue="a"), new(queue="b"), new(queue="c"))
     job = await storage.job_cancel(pending, tenant="t1", now=T0 + 1)
-    assert job.status is Status.CANCELLED and job.updated_at == T0 + 1
+    assert job.status is Status.CANCELLED and job.updated_at == when(T0 + 1)
     assert await storage.jobs_claim("a", limit=1, lease_secs=30, worker_id="w", now=T0 + 2) == []
     lease = await claim_one(storage, queue="b")
     await storage.job_cancel(running, tenant="t1", now=T0 + 2)
@@ -495,7 +496,7 @@ async def test_retry_gives_a_fresh_budget(storage: Store) -> None:
     with pytest.raises(errors.Conflict):
         await _retry_pending(storage)
     job = await storage.job_retry(job_id, tenant="t1", now=T0 + 3)
-    assert job.status is Status.PENDING and job.attempt == 0 and job.scheduled_at == T0 + 3
+    assert job.status is Status.PENDING and job.attempt == 0 and job.scheduled_at == when(T0 + 3)
     assert job.errors[0].error == "x"
     # where it last ran stays visible until a new lease replaces it
     assert (job.worker_id, job.locked_until) == ("w1", None)
@@ -519,7 +520,7 @@ async def test_list_is_keyset_paginated_newest_first(storage: Store) -> None:
     page1 = await storage.jobs_list(tenant="t1", limit=3)
     assert [j.id for j in page1] == ids[::-1][:3]
     last = page1[-1]
-    page2 = await storage.jobs_list(tenant="t1", limit=3, before=(last.created_at, last.id))
+    page2 = await storage.jobs_list(tenant="t1", limit=3, before=(last.created_at.timestamp(), last.id))
     assert [j.id for j in page2] == ids[::-1][3:6]
     evens = await storage.jobs_list(tenant="t1", kind="even")
     assert [j.id for j in evens] == ids[::-2]
@@ -536,7 +537,7 @@ async def test_list_pages_through_equal_timestamps(storage: Store) -> None:
         if not page:
             break
         seen += [j.id for j in page]
-        before = (page[-1].created_at, page[-1].id)
+        before = (page[-1].created_at.timestamp(), page[-1].id)
     assert len(seen) == 5 and set(seen) == ids
 
 
@@ -546,11 +547,11 @@ async def test_queue_stats(storage: Store) -> None:
     (stats,) = await storage.queues_stats(tenant="t1", now=T0, queue="q")
     assert stats.queue == "q"
     assert stats.counts == {"pending": 2, "running": 1, "completed": 0, "failed": 0, "cancelled": 0}
-    assert stats.oldest_ready_at == T0 - 20
-    assert stats.next_available_at == T0 + 30  # the lease runs out before the scheduled job
+    assert stats.oldest_ready_at == when(T0 - 20)
+    assert stats.next_available_at == when(T0 + 30)  # the lease runs out before the scheduled job
     await storage.jobs_complete([CompleteItem(lease.job.id, lease.lease_token, {})], now=T0 + 1)
     (stats,) = await storage.queues_stats(tenant="t1", now=T0 + 1, queue="q")
-    assert stats.counts["completed"] == 1 and stats.next_available_at == T0 + 40
+    assert stats.counts["completed"] == 1 and stats.next_available_at == when(T0 + 40)
     every = await storage.queues_stats(tenant="t1", now=T0)
     assert [s.queue for s in every] == ["q", "z"]
     (empty,) = await storage.queues_stats(tenant="t1", now=T0, queue="nothing")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from qftrio.models import Status
+from qftrio.models import to_datetime as when
 from qftrio.server.store import changes, postgres, sqlite
 from qftrio.server.store.base import NewJob, Store
 
@@ -38,7 +39,7 @@ async def test_a_change_that_fails_after_a_write_leaves_nothing(storage: Store) 
     with pytest.raises(RuntimeError, match="a later step"):
         await run_plan(storage, cancel_then_fail)
     job = await storage.job_get(job_id)
-    assert job is not None and (job.status, job.updated_at) == (Status.PENDING, T0)
+    assert job is not None and (job.status, job.updated_at) == (Status.PENDING, when(T0))
 
 
 async def test_answers_are_mapped_to_shared_records(storage: Store) -> None:

@@ -15,6 +15,7 @@ import trio
 
 from qftrio import errors
 from qftrio.models import Status, StepStatus, Workflow, WorkflowStatus
+from qftrio.models import to_datetime as when
 from qftrio.server.engine import RetryPolicy
 from qftrio.server.store.base import (
     LEASE_EXPIRED,
@@ -64,7 +65,7 @@ async def test_create_enqueues_the_steps_without_dependencies(storage: Store) ->
     wf = await storage.workflow_create(diamond(region="eu"), now=T0)
     uuid.UUID(wf.id)
     assert (wf.tenant, wf.name, wf.status, wf.context) == ("t1", "diamond", WorkflowStatus.RUNNING, {"region": "eu"})
-    assert wf.created_at == wf.updated_at == T0
+    assert wf.created_at == wf.updated_at == when(T0)
     assert [s.name for s in wf.steps] == ["a", "b", "c", "d"]
     assert statuses(wf) == {"a": "pending", "b": "waiting", "c": "waiting", "d": "waiting"}
     a = wf.step("a")
@@ -101,7 +102,7 @@ async def test_diamond_advances_and_merges_the_context(storage: Store) -> None:
     assert d.job.context == {"seed": 3, "keep": "me", "from_a": "A", "from_b": "B"}
     await complete(storage, d, {"done": True}, now=T0 + 7)
     wf = await storage.workflow_get(wf.id)
-    assert wf.status is WorkflowStatus.COMPLETED and wf.updated_at == T0 + 7
+    assert wf.status is WorkflowStatus.COMPLETED and wf.updated_at == when(T0 + 7)
     assert set(statuses(wf).values()) == {"completed"}
     assert wf.context == {"seed": 3, "keep": "me", "from_a": "A", "from_b": "B", "done": True}
 
@@ -169,7 +170,7 @@ async def test_dead_lettered_step_fails_the_workflow_and_cancels_the_rest(storag
     )
     assert res.status is Status.FAILED
     wf = await storage.workflow_get(wf.id)
-    assert wf.status is WorkflowStatus.FAILED and wf.updated_at == T0 + 21
+    assert wf.status is WorkflowStatus.FAILED and wf.updated_at == when(T0 + 21)
     assert statuses(wf) == {"a": "failed", "b": "cancelled", "c": "completed", "after_a": "cancelled", "after_b": "cancelled"}
     assert wf.step("after_a").job_id is None
     # the running step's worker learns it on its next heartbeat, and cannot report
@@ -221,7 +222,7 @@ async def test_steps_expiring_in_one_round_fail_the_one_that_ran_out_first(stora
         # the worker kept, and an error entry that names the failed step
         assert job.locked_until is None and job.worker_id == sibling.job.worker_id
         assert job.error == f"{LEASE_EXPIRED}; cancelled with its workflow, which failed at step 'b'"
-        assert [(e.attempt, e.error, e.at) for e in job.errors] == [(1, job.error, T0 + 20)]
+        assert [(e.attempt, e.error, e.at) for e in job.errors] == [(1, job.error, when(T0 + 20))]
         (hb,) = await storage.jobs_heartbeat([HeartbeatItem(job.id, sibling.lease_token, 30)], now=T0 + 21)
         assert hb.outcome is Outcome.CONFLICT
     # the failed step is the one to retry
@@ -290,7 +291,7 @@ async def test_cancel_workflow(storage: Store) -> None:
     )
     a = (await claim_all(storage, now=T0 + 1))["a"]
     got = await storage.workflow_cancel(wf.id, tenant="t1", now=T0 + 2)
-    assert got.status is WorkflowStatus.CANCELLED and got.updated_at == T0 + 2
+    assert got.status is WorkflowStatus.CANCELLED and got.updated_at == when(T0 + 2)
     assert statuses(got) == {"a": "cancelled", "b": "cancelled", "c": "cancelled"}
     assert got == await storage.workflow_get(wf.id)
     (hb,) = await storage.jobs_heartbeat([HeartbeatItem(a.job.id, a.lease_token, 30)], now=T0 + 3)
@@ -339,7 +340,7 @@ async def test_list_is_keyset_paginated_newest_first(storage: Store) -> None:
     assert all(s.job is None for w in page1 for s in w.steps)
     assert statuses(page1[0]) == {"a": "pending", "b": "waiting", "c": "waiting", "d": "waiting"}
     last = page1[-1]
-    page2 = await storage.workflows_list(tenant="t1", limit=3, before=(last.created_at, last.id))
+    page2 = await storage.workflows_list(tenant="t1", limit=3, before=(last.created_at.timestamp(), last.id))
     assert [w.id for w in page2] == ids[::-1][3:]
     cancelled = await storage.workflows_list(tenant="t1", status=WorkflowStatus.CANCELLED)
     assert [w.id for w in cancelled] == [ids[1]]

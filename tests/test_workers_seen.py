@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from qftrio.models import EnqueueRequest, JobConfig
+from qftrio.models import to_datetime as when
 from qftrio.server.engine import Engine, Sightings
 from qftrio.server.store.base import NewJob, Store
 from qftrio.server.store.sqlite import open_sqlite_store
@@ -45,7 +46,7 @@ async def test_a_sighting_shows_to_the_tenants_whose_jobs_its_queue_holds(storag
     await storage.workers_seen(sightings, now=T0 + 10)
     t1 = await storage.workers(tenant="t1", seen_since=T0)
     assert sorted(w.worker_id for w in t1) == ["w-mine", "w-paused", "w-shared"]
-    assert all(w.jobs == 0 and w.job_ids == () and w.last_seen_at == T0 + 10 for w in t1)
+    assert all(w.jobs == 0 and w.job_ids == () and w.last_seen_at == when(T0 + 10) for w in t1)
     assert sorted(w.worker_id for w in await storage.workers(tenant="t2", seen_since=T0)) == ["w-shared", "w-theirs"]
     # only sightings at or after seen_since
     assert await storage.workers(tenant="t1", seen_since=T0 + 11) == []
@@ -59,7 +60,7 @@ async def test_a_worker_holding_jobs_shows_their_ids_and_its_latest_sighting(sto
     (w1,) = await storage.workers(tenant="t1", seen_since=T0)
     mine = sorted(lease.job.id for lease in leases if lease.job.tenant == "t1")
     # its queue b holds none of t1's jobs: not shown; t2's job id: never shown
-    assert (w1.jobs, w1.job_ids, w1.queues, w1.last_seen_at) == (2, tuple(mine), ("a",), T0 + 5)
+    assert (w1.jobs, w1.job_ids, w1.queues, w1.last_seen_at) == (2, tuple(mine), ("a",), when(T0 + 5))
     (other,) = await storage.workers(tenant="t2", seen_since=T0)
     assert other.job_ids == tuple(lease.job.id for lease in leases if lease.job.tenant == "t2")
 
@@ -86,7 +87,7 @@ async def test_an_idle_worker_is_listed_for_five_minutes_after_its_last_lease(
     assert await engine.lease("q", worker_id="idle-1") == []
     ((worker_id, jobs, queues, last),) = [(w.worker_id, w.jobs, w.queues, w.last_seen_at) for w in await engine.workers("t1")]
     assert (worker_id, jobs, queues) == ("idle-1", 0, ("q",))
-    assert last == pytest.approx(EPOCH + trio.current_time())
+    assert last.timestamp() == pytest.approx(EPOCH + trio.current_time())
     assert await engine.workers("t2") == []
     await trio.sleep(engine.WORKERS_SEEN_SECS - 1)
     assert [w.worker_id for w in await engine.workers("t1")] == ["idle-1"]
@@ -101,11 +102,11 @@ async def test_lease_calls_are_written_at_most_every_few_seconds(engine: Engine,
     await trio.sleep(engine.SIGHTING_EVERY_SECS - 1)
     await engine.lease("q", worker_id="w")  # not due: the store keeps the first time
     (w,) = await engine.workers("t1")
-    assert w.last_seen_at == pytest.approx(first)
+    assert w.last_seen_at.timestamp() == pytest.approx(first)
     await trio.sleep(1)
     await engine.lease("q", worker_id="w")
     (w,) = await engine.workers("t1")
-    assert w.last_seen_at == pytest.approx(first + engine.SIGHTING_EVERY_SECS)
+    assert w.last_seen_at.timestamp() == pytest.approx(first + engine.SIGHTING_EVERY_SECS)
 
 
 async def test_endless_worker_ids_grow_neither_memory_nor_the_table(engine: Engine, autojump_clock: trio.abc.Clock) -> None:

@@ -11,9 +11,10 @@ Job``):
   both sides agree on every field.
 * :mod:`.answers`: the answers' schemas in /openapi.json.
 
-and :mod:`.limits`, the caps and name rules all three share. Times are
-carried as float seconds since the Unix epoch inside qftrio and as RFC 3339
-UTC strings (``2026-01-02T03:04:05.123456Z``) on the wire.
+and :mod:`.limits`, the caps and name rules all three share. A record's
+times are aware datetimes in UTC (:func:`to_datetime`); the server computes
+with float seconds since the Unix epoch, which the stores keep; the wire
+carries RFC 3339 UTC strings (``2026-01-02T03:04:05.123456Z``).
 """
 
 from .limits import (
@@ -54,6 +55,7 @@ from .records import (
     AttemptOutcome,
     attempt_history,
     CompleteItem,
+    elapsed,
     Epoch,
     ErrorEntry,
     FailItem,
@@ -79,6 +81,8 @@ from .records import (
     StepStatus,
     TERMINAL,
     Time,
+    to_datetime,
+    UTC,
     WorkerInfo,
     Workflow,
     WorkflowStatus,
@@ -207,6 +211,7 @@ __all__ = [
     "AttemptOutcome",
     "attempt_history",
     "CompleteItem",
+    "elapsed",
     "Epoch",
     "ErrorEntry",
     "FailItem",
@@ -232,6 +237,8 @@ __all__ = [
     "StepStatus",
     "TERMINAL",
     "Time",
+    "to_datetime",
+    "UTC",
     "WorkerInfo",
     "Workflow",
     "WorkflowStatus",

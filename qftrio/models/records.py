@@ -1,8 +1,9 @@
 """Records: what qftrio keeps and answers (:class:`Job`, :class:`Lease`,
 :class:`QueueStats`, workflows, schedules), frozen keyword-only dataclasses
 with ``to_wire``/``from_wire`` for their JSON form; the report items and
-their outcomes; times, as epoch seconds inside qftrio and RFC 3339 strings
-on the wire."""
+their outcomes; times: aware datetimes in UTC on the records, epoch seconds
+where the server computes with them and in the stores, RFC 3339 strings on
+the wire."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import dataclasses
 import datetime as _dt
 import enum
 import functools
-import math
-import time
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -42,51 +41,91 @@ TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
 STATUS_OF: dict[str, Status] = {status.value: status for status in Status}
 
 
-def format_time(ts: float | None) -> str | None:
-    """Epoch seconds to an RFC 3339 UTC string (microsecond precision)."""
-    if ts is None:
-        return None
-    return _format_time(ts)
+#: The one time zone of every time a record carries.
+UTC = _dt.timezone.utc
 
 
-# Every timestamp of every job in every answer comes through here, and the
-# jobs of one lease share most of theirs (claimed at the same instant,
-# enqueued in the same batch): a small cache answers those at once. The
-# formatting itself is hand-rolled, a third faster than datetime.strftime.
+# Every time of every record is an aware datetime in UTC, read from what the
+# stores keep (epoch seconds) or from the wire (RFC 3339 strings), and every
+# time of every job of every answer is written back through here. The jobs of
+# one lease or one answer share most of their times (claimed at the same
+# instant, enqueued in the same batch), so small caches answer those at once,
+# and the generated forms (_WireForm) call them directly: a claimed job costs
+# the server no more than when records carried floats.
 @functools.lru_cache(maxsize=4096)
-def _format_time(ts: float) -> str:
-    secs = math.floor(ts)
-    micros = round((ts - secs) * 1_000_000)
-    if micros == 1_000_000:
-        secs, micros = secs + 1, 0
-    t = time.gmtime(secs)
-    return "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (t.tm_year, t.tm_mon, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec, micros)
+def _datetime_of_epoch(ts: float) -> _dt.datetime:
+    return _dt.datetime.fromtimestamp(ts, UTC)
+
+
+# Hand-rolled, a third faster than datetime.strftime.
+@functools.lru_cache(maxsize=4096)
+def _format_datetime(value: _dt.datetime) -> str:
+    if value.utcoffset():
+        value = value.astimezone(UTC)
+    return "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (
+        value.year, value.month, value.day, value.hour, value.minute, value.second, value.microsecond,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_time_string(value: str) -> _dt.datetime:
+    parsed = _dt.datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    return parsed if parsed.tzinfo is UTC else parsed.astimezone(UTC)
+
+
+@typing.overload
+def to_datetime(value: str | float | _dt.datetime) -> _dt.datetime: ...
+@typing.overload
+def to_datetime(value: None) -> None: ...
+@typing.overload
+def to_datetime(value: str | float | _dt.datetime | None) -> _dt.datetime | None: ...
+def to_datetime(value: str | float | _dt.datetime | None) -> _dt.datetime | None:
+    """A time as the records carry it, an aware datetime in UTC, from an
+    RFC 3339 string, epoch seconds or a datetime (naive taken as UTC)."""
+    if type(value) is str:  # first: what the wire carries
+        return _parse_time_string(value)
+    if value is None:
+        return None
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value if value.tzinfo is UTC else value.astimezone(UTC)
+    if isinstance(value, (int, float)):
+        return _datetime_of_epoch(float(value))
+    if isinstance(value, str):
+        return _parse_time_string(value)
+    raise TypeError(f"not a time: {value!r}")
+
+
+def format_time(value: _dt.datetime | float | None) -> str | None:
+    """A time (a datetime, naive taken as UTC, or epoch seconds) as the wire
+    writes it: RFC 3339 UTC, microseconds (``2026-01-02T03:04:05.123456Z``)."""
+    if value is None:
+        return None
+    if type(value) is float:
+        return _format_datetime(_datetime_of_epoch(value))
+    return _format_datetime(to_datetime(value))
+
+
+def elapsed(since: _dt.datetime, now: float) -> float:
+    """Seconds from *since* to *now* (epoch seconds, as the server's and the
+    command line's clocks give it), both at the records' precision, a
+    microsecond, so that a time read back at the instant it was written is
+    0 seconds old (negative: *since* is to come)."""
+    return (_datetime_of_epoch(now) - since).total_seconds()
 
 
 def parse_time(value: str | float | _dt.datetime | None) -> float | None:
-    """An RFC 3339 string (or datetime, or epoch seconds) to epoch seconds."""
-    if type(value) is str:  # first: a worker parses four per leased job
-        return _parse_time_string(value)
+    """A time (an RFC 3339 string, a datetime, naive taken as UTC, or epoch
+    seconds) as epoch seconds: what the server computes with and the stores
+    keep."""
     if value is None:
         return None
     if isinstance(value, (int, float)):
         return float(value)
-    if isinstance(value, str):
-        return _parse_time_string(value)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=_dt.timezone.utc)
-    return value.timestamp()
-
-
-# The other way round, for workers reading leases: the jobs of one answer
-# share most of their timestamps too (a few distinct ones per answer, so a
-# small cache does).
-@functools.lru_cache(maxsize=1024)
-def _parse_time_string(value: str) -> float:
-    parsed = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=_dt.timezone.utc)
-    return parsed.timestamp()
+    return to_datetime(value).timestamp()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,14 +134,19 @@ class ErrorEntry:
 
     attempt: int
     error: str
-    at: float
+    at: _dt.datetime
 
     def to_wire(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "error": self.error, "at": format_time(self.at)}
+        return {"attempt": self.attempt, "error": self.error, "at": _format_datetime(self.at)}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> ErrorEntry:
-        return cls(attempt=data["attempt"], error=data["error"], at=parse_time(data["at"]) or 0.0)
+        return cls(attempt=data["attempt"], error=data["error"], at=_parse_time_string(data["at"]))
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> ErrorEntry:
+        """An entry as both stores keep it: the wire's keys, its time as epoch seconds."""
+        return cls(attempt=int(data["attempt"]), error=str(data["error"]), at=_datetime_of_epoch(float(data["at"])))
 
 
 class AttemptOutcome(str, enum.Enum):
@@ -135,7 +179,7 @@ def attempt_history(
     out = tuple(map(AttemptEntry.from_stored, ended)) if ended else ()
     if status == "running" and claimed_at is not None:
         running = AttemptEntry(
-            attempt=attempt, worker_id=worker_id, claimed_at=claimed_at, ended_at=None,
+            attempt=attempt, worker_id=worker_id, claimed_at=_datetime_of_epoch(claimed_at), ended_at=None,
             outcome=AttemptOutcome.RUNNING, error=None,
         )  # fmt: skip
         out = (*out[1 - MAX_ATTEMPTS_KEPT :], running) if len(out) >= MAX_ATTEMPTS_KEPT else (*out, running)
@@ -143,11 +187,13 @@ def attempt_history(
 
 
 class _Rfc3339:
-    """Marks a field held as epoch seconds and carried as an RFC 3339 string."""
+    """Marks a time field: an aware datetime in UTC on the record, epoch
+    seconds in the stores, an RFC 3339 string on the wire."""
 
 
-#: A time: epoch seconds inside qftrio, an RFC 3339 UTC string on the wire.
-Epoch = Annotated[float, _Rfc3339]
+#: A time: an aware datetime in UTC on a record, epoch seconds as the stores
+#: keep it, an RFC 3339 UTC string on the wire.
+Epoch = Annotated[_dt.datetime, _Rfc3339]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -173,8 +219,8 @@ class AttemptEntry:
         ended, claimed = data["ended_at"], data["claimed_at"]
         return cls(
             attempt=int(data["attempt"]), worker_id=data["worker_id"],
-            claimed_at=None if claimed is None else float(claimed),
-            ended_at=None if ended is None else float(ended), outcome=_OUTCOME_OF[data["outcome"]],
+            claimed_at=None if claimed is None else _datetime_of_epoch(float(claimed)),
+            ended_at=None if ended is None else _datetime_of_epoch(float(ended)), outcome=_OUTCOME_OF[data["outcome"]],
             error=data["error"],
         )  # fmt: skip
 
@@ -300,14 +346,14 @@ class _WireForm:
         #: unless its ``metadata`` names another (``Job.last_progress`` is
         #: ``progress``, as ``Job.progress`` is the method that reports it).
         self.wire = {field.name: str(field.metadata.get("wire", field.name)) for field in self.fields}
-        env: dict[str, Any] = {"__name__": cls.__module__, "format_time": format_time, "parse_time": parse_time}
+        env: dict[str, Any] = {"__name__": cls.__module__, **_TIME_FUNCTIONS}
         read = []
         for field in self.fields:
             name = field.name
             kind, inner, optional = self.kinds[name]
             got = self._read(field, self.wire[name], env)
             if kind == "time":
-                got = f"parse_time({got})"
+                got = _time_source("_parse_time_string({})", got, optional)
             elif kind == "enum":
                 env[f"_lookup_{name}"] = {member.value: member for member in inner}
                 env[f"_enum_{name}"] = inner
@@ -330,19 +376,26 @@ class _WireForm:
         type.__setattr__(cls, "from_wire", classmethod(self.from_wire))
 
     def writer(
-        self, name: str, params: str, value: Callable[[str], str], env: dict[str, Any] | None = None
+        self,
+        name: str,
+        params: str,
+        value: Callable[[str], str],
+        env: dict[str, Any] | None = None,
+        *,
+        epoch: bool = False,
     ) -> Callable[..., dict[str, Any]]:
         """``name(params)``: the wire form of the record whose field *f* has
         the value whose source is ``value(f)`` (``self.f`` for ``to_wire``;
         another record's attribute or a constant of *env* for a record not
-        built yet, as a store's new job)."""
-        env = {"__name__": self.cls.__module__, "format_time": format_time, **(env or {})}
+        built yet, as a store's new job, whose times are epoch seconds: *epoch*)."""
+        env = {"__name__": self.cls.__module__, **_TIME_FUNCTIONS, **(env or {})}
         out = []
         for field in self.fields:
             kind, _, optional = self.kinds[field.name]
             got = value(field.name)
             if kind == "time":
-                got = f"format_time({got})"
+                convert = "_format_datetime(_datetime_of_epoch({}))" if epoch else "_format_datetime({})"
+                got = _time_source(convert, got, optional)
             elif kind == "enum":
                 got = f"None if {got} is None else {got}.value" if optional else f"{got}.value"
             elif kind == "records":
@@ -355,10 +408,17 @@ class _WireForm:
     ) -> Callable[..., Any]:
         """``name(params)``: the record whose field *f* is the value whose
         source is ``value(f)``, every field named (a store's reader of a row:
-        a field added to the record is read, or fails at import)."""
-        env = {"__name__": self.cls.__module__, "_record": self.cls, **(env or {})}
-        args = ", ".join(f"{field.name}={value(field.name)}" for field in self.fields)
-        return _compiled(name, params, f"_record({args})", env)
+        a field added to the record is read, or fails at import); a time's
+        source gives epoch seconds, as the stores keep it."""
+        env = {"__name__": self.cls.__module__, "_record": self.cls, **_TIME_FUNCTIONS, **(env or {})}
+        args = []
+        for field in self.fields:
+            kind, _, optional = self.kinds[field.name]
+            got = value(field.name)
+            if kind == "time":
+                got = _time_source("_datetime_of_epoch({})", got, optional)
+            args.append(f"{field.name}={got}")
+        return _compiled(name, params, f"_record({', '.join(args)})", env)
 
     def defaults(self, names: typing.Iterable[str], env: dict[str, Any]) -> dict[str, str]:
         """The source of each field of *names* as its default, put in *env*
@@ -423,6 +483,24 @@ class _WireForm:
             wire: Any = {"time": Time, "records": list[answers.get(inner, inner)]}.get(kind, inner)
             fields[self.wire[field.name]] = (wire | None if optional else wire, ...)
         return create_model(name, __base__=base, __doc__=doc, **fields)  # type: ignore[call-overload, no-any-return]
+
+
+#: What the generated forms convert times with (:func:`_time_source`).
+_TIME_FUNCTIONS: dict[str, Any] = {
+    "_parse_time_string": _parse_time_string,
+    "_format_datetime": _format_datetime,
+    "_datetime_of_epoch": _datetime_of_epoch,
+}
+
+
+def _time_source(convert: str, got: str, optional: bool) -> str:
+    """The source of *got* (a time's source) converted by *convert* (source
+    with ``{}`` where the time goes, calling :data:`_TIME_FUNCTIONS`
+    directly: each is a cache in C, no Python frame), *got* evaluated once:
+    None stays None for an *optional* field."""
+    if not optional:
+        return convert.format(got)
+    return f"(None if (_t := {got}) is None else {convert.format('_t')})"
 
 
 def _compiled(name: str, params: str, expression: str, env: dict[str, Any]) -> Callable[..., Any]:
@@ -515,8 +593,8 @@ class QueueStats:
 
     queue: str
     counts: dict[str, int]
-    oldest_ready_at: float | None
-    next_available_at: float | None
+    oldest_ready_at: _dt.datetime | None
+    next_available_at: _dt.datetime | None
     #: Paused for this tenant: leases hand out none of its jobs of the queue.
     paused: bool = False
     #: Of the pending jobs, those whose time has not come (a delay, a retry's
@@ -550,8 +628,8 @@ class QueueStats:
         return cls(
             queue=data["queue"],
             counts=dict(data["counts"]),
-            oldest_ready_at=parse_time(data.get("oldest_ready_at")),
-            next_available_at=parse_time(data.get("next_available_at")),
+            oldest_ready_at=to_datetime(data.get("oldest_ready_at")),
+            next_available_at=to_datetime(data.get("next_available_at")),
             paused=bool(data.get("paused", False)),
             scheduled=int(data["counts"].get("scheduled", 0)),
             held_back=HeldBack.from_wire(data.get("held_back") or {}),
@@ -567,7 +645,7 @@ class RateLimit:
     name: str
     limit: int
     per_secs: float
-    next_available_at: float | None = None
+    next_available_at: _dt.datetime | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -583,7 +661,7 @@ class RateLimit:
             name=data["name"],
             limit=int(data["limit"]),
             per_secs=float(data["per_secs"]),
-            next_available_at=parse_time(data.get("next_available_at")),
+            next_available_at=to_datetime(data.get("next_available_at")),
         )
 
 
@@ -598,7 +676,7 @@ class WorkerInfo:
     worker_id: str
     jobs: int
     queues: tuple[str, ...]
-    last_seen_at: float
+    last_seen_at: _dt.datetime
     job_ids: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
@@ -617,7 +695,7 @@ class WorkerInfo:
             jobs=int(data["jobs"]),
             job_ids=tuple(data.get("job_ids", ())),
             queues=tuple(data["queues"]),
-            last_seen_at=float(parse_time(data["last_seen_at"]) or 0.0),
+            last_seen_at=_parse_time_string(data["last_seen_at"]),
         )
 
 
@@ -706,8 +784,8 @@ class Workflow:
     status: WorkflowStatus
     context: dict[str, Any]
     steps: tuple[WorkflowStep, ...]
-    created_at: float
-    updated_at: float
+    created_at: _dt.datetime
+    updated_at: _dt.datetime
 
     def step(self, name: str) -> WorkflowStep:
         """The step called *name* (:class:`KeyError` if there is none)."""
@@ -724,8 +802,8 @@ class Workflow:
             "status": self.status.value,
             "context": self.context,
             "steps": [s.to_wire() for s in self.steps],
-            "created_at": format_time(self.created_at),
-            "updated_at": format_time(self.updated_at),
+            "created_at": _format_datetime(self.created_at),
+            "updated_at": _format_datetime(self.updated_at),
         }
 
     @classmethod
@@ -737,8 +815,8 @@ class Workflow:
             status=WorkflowStatus(data["status"]),
             context=data.get("context") or {},
             steps=tuple(WorkflowStep.from_wire(s) for s in data.get("steps") or ()),
-            created_at=parse_time(data["created_at"]) or 0.0,
-            updated_at=parse_time(data["updated_at"]) or 0.0,
+            created_at=_parse_time_string(data["created_at"]),
+            updated_at=_parse_time_string(data["updated_at"]),
         )
 
 
@@ -830,7 +908,7 @@ class HeartbeatReply:
     job_id: str
     outcome: Outcome
     status: str | None = None
-    locked_until: float | None = None
+    locked_until: _dt.datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -50,6 +50,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from .. import errors
 from .._batching import Batcher
 from ..models import (
+    to_datetime,
     TERMINAL,
     MAX_ANSWER_BYTES,
     MAX_BATCH,
@@ -269,7 +270,7 @@ class Engine:
             observe = m.of(m.lease_wait, queue, kind).observe
             for job in jobs:
                 # claimed at updated_at; ready since it was due (or its retry was)
-                observe(max(0.0, job.updated_at - max(job.scheduled_at, job.created_at)))
+                observe(max(0.0, (job.updated_at - max(job.scheduled_at, job.created_at)).total_seconds()))
 
     def _count_enqueued(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Count enqueued jobs by their ``(queue, kind)``."""
@@ -621,7 +622,8 @@ class Engine:
         page = await self.store.jobs_page(
             tenant=tenant, status=Status.FAILED, limit=limit, max_bytes=self.max_answer_bytes
         )
-        failed = sum(1 for job in page.items if job.updated_at >= since)
+        at = to_datetime(since)
+        failed = sum(1 for job in page.items if job.updated_at >= at)
         return failed, failed == len(page.items) and (failed >= limit or page.next is not None)
 
     async def jobs_scheduled(self, tenant: str, *, queue: str | None = None, limit: int = 100) -> list[Job]:

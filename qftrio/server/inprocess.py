@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import errors
 from ..models import (
+    to_datetime,
     CompleteItem, FailItem, HeartbeatItem, HeartbeatReply, Lease, ReportReply, SnoozeItem, StepsAddRequest, Workflow, refuse_nul,
 )
 from ..worker.transport import Transport
@@ -57,7 +58,7 @@ class EngineTransport(Transport):
                 job_id=item.job_id,
                 outcome=r.outcome,
                 status=r.status.value if r.status is not None else None,
-                locked_until=r.locked_until,
+                locked_until=to_datetime(r.locked_until),
             )
             for item, r in zip(items, results, strict=True)
         ]

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..models import QueueStats, Status
+from ..models import QueueStats, Status, elapsed
 
 __all__ = ["Metrics", "QueueGauges", "OTHER"]
 
@@ -80,7 +80,7 @@ class QueueGauges(Collector):
             for status in counts:
                 counts[status] += stats.counts.get(status, 0)
             if stats.oldest_ready_at is not None:
-                age = max(age, now - stats.oldest_ready_at)
+                age = max(age, elapsed(stats.oldest_ready_at, now))
             held["concurrency"] += stats.held_concurrency
             held["rate_limit"] += stats.held_rate_limit
             rows[key] = (counts, age, paused + (1 if stats.paused else 0), held)

@@ -374,7 +374,7 @@ async def test_snooze_puts_the_job_back_without_using_its_attempt(server, api, a
         await adapter.wait("returned", job=job.id)
         snoozed = await wait_job(api, job.id, lambda j: j.status is Status.PENDING, what="the job snoozed")
     assert snoozed.attempt == 1 and snoozed.max_attempts == 3 and snoozed.errors == ()
-    assert 50 <= snoozed.scheduled_at - time.time() <= 61
+    assert 50 <= snoozed.scheduled_at.timestamp() - time.time() <= 61
     await api.job_cancel(job.id)
 
 
@@ -385,7 +385,7 @@ async def test_retry_in_fails_the_attempt_with_its_delay(server, api, adapters) 
         await adapter.wait("returned", job=job.id)
         failed = await wait_job(api, job.id, lambda j: j.status is Status.PENDING and j.attempt == 1, what="the retry")
     assert failed.max_attempts == 3 and "upstream busy" in (failed.errors[0].error or "")
-    assert 50 <= failed.scheduled_at - time.time() <= 61  # its delay, not the backoff's
+    assert 50 <= failed.scheduled_at.timestamp() - time.time() <= 61  # its delay, not the backoff's
     await api.job_cancel(job.id)
 
 

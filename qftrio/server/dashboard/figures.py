@@ -5,12 +5,13 @@ samples behind the rates and the chart."""
 from __future__ import annotations
 
 import collections
+import datetime
 import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...models import AttemptOutcome, Job, QueueStats, Status, format_time
+from ...models import AttemptOutcome, Job, QueueStats, Status, elapsed, format_time
 
 __all__ = ["Throughput", "age", "clip", "idle_note", "show_rate", "show_time", "shown", "timeline"]
 
@@ -78,11 +79,11 @@ def idle_note(series: Sequence[Sequence[float]], span_secs: float) -> str | None
     return f"Nothing completed in the last {covered}."
 
 
-def age(ts: float | None, now: float) -> str:
+def age(ts: datetime.datetime | None, now: float) -> str:
     """A short relative time: ``12s``, ``3m 04s``, ``2h 05m``, ``4d 03h``."""
     if ts is None:
         return "–"
-    secs = now - ts
+    secs = elapsed(ts, now)
     future = secs < 0
     secs = abs(secs)
     if secs < 60:
@@ -96,7 +97,7 @@ def age(ts: float | None, now: float) -> str:
     return f"in {text}" if future else f"{text} ago"
 
 
-def show_time(ts: float | None) -> str:
+def show_time(ts: datetime.datetime | None) -> str:
     text = format_time(ts)
     return "–" if text is None else text.replace("T", " ")[:19] + " UTC"
 
@@ -116,7 +117,7 @@ _ENDED = {
 }
 
 
-def timeline(job: Job) -> list[tuple[float, str]]:
+def timeline(job: Job) -> list[tuple[datetime.datetime, str]]:
     """A job's life as its attempt history records it, oldest first:
     enqueued, each claim (when, by whom) and how it ended, when it is next
     available, and the lease deadline of a running attempt. A job whose
@@ -124,7 +125,7 @@ def timeline(job: Job) -> list[tuple[float, str]]:
     had attempts left (its handler said not to retry), else "no attempt
     left" (dead letter). A job claimed before histories were kept shows its
     error history instead."""
-    events: list[tuple[float, str]] = [(job.created_at, "enqueued")]
+    events: list[tuple[datetime.datetime, str]] = [(job.created_at, "enqueued")]
     if not job.attempts:
         events += [(entry.at, f"attempt {entry.attempt} failed") for entry in job.errors]
     for n, entry in enumerate(job.attempts, 1):

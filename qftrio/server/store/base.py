@@ -74,6 +74,7 @@ import trio
 from ..._backoff import backoff as _backoff
 from ...models import (
     JOB_FORM,
+    to_datetime,
     CompleteItem,
     FailItem,
     HeartbeatItem,
@@ -310,7 +311,7 @@ def _inserted_forms() -> None:
         return source.get(name) or f"self.new.{name}"
 
     build = JOB_FORM.builder("job", "self", value, env)
-    wire = JOB_FORM.writer("to_wire", "self", value, env)
+    wire = JOB_FORM.writer("to_wire", "self", value, env, epoch=True)
 
     def job(self: Inserted) -> Job:
         return self.existing if self.existing is not None else build(self)  # type: ignore[no-any-return]
@@ -544,17 +545,18 @@ def workers_of(rows: Iterable[Sequence[Any]]) -> list[WorkerInfo]:
             jobs.append(str(job_id))
         queues.add(queue)
         held[worker_id] = (jobs, queues, max(last, seen))
-    infos = [
+    # most jobs first, then the latest seen, then by id
+    ordered = sorted(held.items(), key=lambda item: (-len(item[1][0]), -item[1][2], item[0]))
+    return [
         WorkerInfo(
             worker_id=worker_id,
             jobs=len(jobs),
             job_ids=tuple(sorted(jobs)),
             queues=tuple(sorted(queues)),
-            last_seen_at=last,
+            last_seen_at=to_datetime(last),
         )
-        for worker_id, (jobs, queues, last) in held.items()
+        for worker_id, (jobs, queues, last) in ordered
     ]
-    return sorted(infos, key=lambda w: (-w.jobs, -w.last_seen_at, w.worker_id))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

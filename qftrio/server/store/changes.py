@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 from ... import errors
 from ...models import (
-    STATUS_OF, FailItem, Job, Schedule, SnoozeItem, Status, StepStatus, Workflow, WorkflowStatus, WorkflowStep,
+    SCHEDULE_FORM, STATUS_OF, FailItem, Job, Schedule, SnoozeItem, Status, StepStatus, Workflow, WorkflowStatus,
+    WorkflowStep, to_datetime,
 )
 from .. import schedules, transitions
 from ..workflows import Existing, check_added
@@ -446,7 +447,7 @@ def build_workflows(rows: Sequence[Sequence[Any]], *, jobs: bool) -> Plan[list[W
         out.append(
             Workflow(
                 id=id_, tenant=tenant, name=name, status=WorkflowStatus(status), context=context, steps=tuple(built),
-                created_at=created_at, updated_at=updated_at,
+                created_at=to_datetime(created_at), updated_at=to_datetime(updated_at),
             )  # fmt: skip
         )
     return out
@@ -692,13 +693,15 @@ def prune(before: float, limit: int) -> Plan[int]:
 # tick stays due; a tick's row lets one transaction win it.
 
 
-def _schedule(row: Sequence[Any]) -> Schedule:
-    name, tenant, cron, timezone, job, paused, catch_up, next_run_at, last_run_at, last_job_id, created, updated = row
-    return Schedule(
-        name=name, tenant=tenant, cron=cron, timezone=timezone, job=job, paused=bool(paused), catch_up=catch_up,
-        next_run_at=next_run_at, last_run_at=last_run_at, last_job_id=last_job_id, created_at=created,
-        updated_at=updated,
-    )  # fmt: skip
+def _schedule_value(name: str) -> str:
+    # Each of Schedule's fields by its place in a row of the schedule
+    # statements (the fields' order).
+    value = f"row[{list(SCHEDULE_FORM.wire).index(name)}]"
+    return f"bool({value})" if name == "paused" else value
+
+
+#: A schedule of a row of the schedule statements.
+_schedule: Callable[[Sequence[Any]], Schedule] = SCHEDULE_FORM.builder("_schedule", "row", _schedule_value)
 
 
 def _insert(jobs: Sequence[NewJob], now: float) -> Plan[list[Inserted]]:
@@ -752,13 +755,15 @@ def schedule_set_paused(tenant: str, name: str, paused: bool, now: float) -> Pla
 
 def schedule_trigger(tenant: str, name: str, now: float, job_of: JobOfSchedule) -> Plan[tuple[Schedule, Inserted] | None]:
     """``Store.schedule_trigger``."""
-    if (yield _row("schedule_lock", tenant, name)) is None:
+    locked = yield _row("schedule_lock", tenant, name)
+    if locked is None:
         return None
     schedule = yield from schedule_get(tenant, name)
     assert schedule is not None
     (inserted,) = yield from _insert([job_of(tenant, name, schedule.job, now)], now)
-    yield _run("schedule_advance", [tenant], [name], [schedule.next_run_at], [now], [inserted.id], now)
-    return dataclasses.replace(schedule, last_run_at=now, last_job_id=inserted.id, updated_at=now), inserted
+    yield _run("schedule_advance", [tenant], [name], [locked[3]], [now], [inserted.id], now)  # its next run, as kept
+    at = to_datetime(now)
+    return dataclasses.replace(schedule, last_run_at=at, last_job_id=inserted.id, updated_at=at), inserted
 
 
 def schedules_fire(now: float, limit: int, job_of: JobOfSchedule) -> Plan[tuple[int, list[Inserted]]]:

@@ -74,6 +74,7 @@ from ...models import (
     Schedule,
     Status,
     WorkerInfo,
+    to_datetime,
     Workflow,
     WorkflowStatus,
 )
@@ -163,7 +164,7 @@ def _errors(history: list[dict[str, Any]]) -> tuple[ErrorEntry, ...]:
     # no generator for an empty history: one per claimed job
     if not history:
         return ()
-    return tuple(ErrorEntry(attempt=int(e["attempt"]), error=str(e["error"]), at=float(e["at"])) for e in history)
+    return tuple(map(ErrorEntry.from_stored, history))
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -489,9 +490,8 @@ async def pending_migrations(url: str, *, timeout: float | None = 10.0) -> list[
 
 def _leases(rows: Sequence[pgtrio.Record]) -> list[Lease]:
     """Claimed rows as leases, in lease order."""
-    leases = [Lease(job=_job(row), lease_token=str(row["lease_token"])) for row in rows]
-    leases.sort(key=lambda lease: transitions.lease_order(lease.job.priority, lease.job.scheduled_at, lease.job.created_at))
-    return leases
+    ordered = sorted(rows, key=lambda row: transitions.lease_order(row["priority"], row["scheduled_at"], row["created_at"]))
+    return [Lease(job=_job(row), lease_token=str(row["lease_token"])) for row in ordered]
 
 
 def _claimed(rows: Sequence[pgtrio.Record]) -> list[Lease]:
@@ -576,8 +576,8 @@ def _stats_row(row: pgtrio.Record) -> QueueStats:
     return QueueStats(
         queue=row["queue"],
         counts={s.value: int(counts.get(s.value, 0)) for s in Status},
-        oldest_ready_at=row["oldest_ready_at"],
-        next_available_at=row["next_available_at"],
+        oldest_ready_at=to_datetime(row["oldest_ready_at"]),
+        next_available_at=to_datetime(row["next_available_at"]),
         scheduled=row["scheduled"],
         held_back=HeldBack(concurrency=row["held_concurrency"], rate_limit=row["held_rate_limit"]),
         paused=row["paused"],
@@ -1006,7 +1006,7 @@ class PostgresStore(Store):
         return [
             RateLimit(
                 name=row["name"], limit=row["limit"], per_secs=row["per_secs"],
-                next_available_at=transitions.rate_window(row["stamps"], row["limit"], row["per_secs"], now)[2],
+                next_available_at=to_datetime(transitions.rate_window(row["stamps"], row["limit"], row["per_secs"], now)[2]),
             )  # fmt: skip
             for row in rows
         ]

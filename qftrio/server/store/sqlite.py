@@ -53,6 +53,7 @@ from ...models import (
     Schedule,
     Status,
     WorkerInfo,
+    to_datetime,
     Workflow,
     WorkflowStatus,
 )
@@ -116,7 +117,7 @@ def _dumps(value: Any) -> str | None:
 def _errors(text: str) -> tuple[ErrorEntry, ...]:
     if text == "[]":  # no decoding for an empty history: one per claimed job
         return ()
-    return tuple(ErrorEntry(attempt=e["attempt"], error=e["error"], at=e["at"]) for e in _json.loads(text))
+    return tuple(map(ErrorEntry.from_stored, _json.loads(text)))
 
 
 def _job_values() -> dict[str, str]:
@@ -510,8 +511,8 @@ def _stats(
                 QueueStats(
                     queue=q,
                     counts={status.value: found.get(status.value, 0) for status in Status},
-                    oldest_ready_at=oldest[0] if oldest else None,
-                    next_available_at=min(nexts) if nexts else None,
+                    oldest_ready_at=to_datetime(oldest[0]) if oldest else None,
+                    next_available_at=to_datetime(min(nexts)) if nexts else None,
                     paused=(t, q) in paused,
                     scheduled=waiting,
                     held_back=HeldBack(
@@ -933,7 +934,7 @@ class SqliteStore(Store):
         return [
             RateLimit(
                 name=name, limit=most, per_secs=per_secs,
-                next_available_at=transitions.rate_window(_json.loads(stamps), most, per_secs, now)[2],
+                next_available_at=to_datetime(transitions.rate_window(_json.loads(stamps), most, per_secs, now)[2]),
             )  # fmt: skip
             for name, most, per_secs, stamps in rows
         ]
