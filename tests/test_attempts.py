@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,9 +17,11 @@ import trio
 from qftrio.models import MAX_ATTEMPTS_KEPT, CompleteItem, parse_time, to_datetime
 from qftrio.server.store import sql
 from qftrio.server.store.base import Store
+from qftrio.server.store.postgres import PostgresStore
 from qftrio.server.store.sqlite import open_sqlite_store
 
 from .conftest import RunningServer, serve_store
+from .pg import connection, pg_url
 
 
 @pytest.fixture
@@ -168,8 +171,11 @@ async def test_a_retried_job_keeps_its_history(http: httpx.AsyncClient, server: 
     await report(http, server, job_id, "fail", lease_token=token, error="boom")
     r = await http.post(f"/api/v1/jobs/{job_id}/retry", headers=server.headers())
     assert r.status_code == 200 and ended(r.json()["attempts"]) == [(1, "w1", "failed", "boom")]
-    job, _ = await lease(http, server, "w2")
+    job, token = await lease(http, server, "w2")
     assert ended(job["attempts"]) == [(1, "w1", "failed", "boom"), (1, "w2", "running", None)]
+    # the second claim's number is the first's again, and its completion its own entry
+    await report(http, server, job_id, "complete", lease_token=token)
+    assert ended(await attempts(http, server, job_id)) == [(1, "w1", "failed", "boom"), (1, "w2", "completed", None)]
 
 
 async def test_only_the_newest_attempts_are_kept(http: httpx.AsyncClient, server: RunningServer) -> None:
@@ -181,10 +187,60 @@ async def test_only_the_newest_attempts_are_kept(http: httpx.AsyncClient, server
     kept = await attempts(http, server, job_id)
     assert [e["attempt"] for e in kept] == list(range(claims - MAX_ATTEMPTS_KEPT + 1, claims + 1))
     assert {e["outcome"] for e in kept} == {"snoozed"}
-    # the cap holds for the running attempt a claim appends too
-    job, _ = await lease(http, server, "w1")
+    # the cap holds for the running attempt a claim appends too, and for its completion
+    job, token = await lease(http, server, "w1")
     assert len(job["attempts"]) == MAX_ATTEMPTS_KEPT and job["attempts"][-1]["outcome"] == "running"
     assert job["attempts"][0]["attempt"] == claims - MAX_ATTEMPTS_KEPT + 2
+    await report(http, server, job_id, "complete", lease_token=token)
+    kept = await attempts(http, server, job_id)
+    assert len(kept) == MAX_ATTEMPTS_KEPT and kept[-1]["outcome"] == "completed"
+    assert [e["attempt"] for e in kept] == list(range(claims - MAX_ATTEMPTS_KEPT + 2, claims + 2))
+
+
+async def _write_completed_entry(storage: Store, tmp_path: Path, job_id: str) -> None:
+    # Into the stored history, as the versions that wrote a completed
+    # attempt there wrote it.
+    if isinstance(storage, PostgresStore):
+        async with connection(str(pg_url())) as conn:
+            await conn.execute(
+                "UPDATE qftrio_jobs SET attempts = qftrio_attempt_end(attempts, attempt, worker_id, claimed_at,"
+                " 'completed', NULL, updated_at) WHERE id = $1",
+                job_id,
+            )
+        return
+    with contextlib.closing(sqlite3.connect(tmp_path / "qftrio.db")) as conn:
+        conn.execute(
+            "UPDATE jobs SET attempts = json_insert(attempts, '$[#]', json_object('attempt', attempt, 'worker_id',"
+            " worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)), 'ended_at', json(printf('%!.17g', updated_at)),"
+            " 'outcome', 'completed', 'error', NULL)) WHERE id = ?",
+            (job_id,),
+        )
+        conn.commit()
+
+
+async def _sql_wire_attempts(storage: Store, job_id: str) -> list[dict[str, Any]] | None:
+    # The job's attempts as PostgreSQL's own wire form writes them (an
+    # application's enqueue of a unique job answers it), or None on SQLite.
+    if not isinstance(storage, PostgresStore):
+        return None
+    async with connection(str(pg_url())) as conn:
+        wire = await conn.fetchval("SELECT qftrio_job_wire(j) FROM qftrio_jobs AS j WHERE j.id = $1", job_id)
+    return list(wire["attempts"])
+
+
+async def test_a_completed_attempt_is_one_entry_whichever_version_completed_it(
+    http: httpx.AsyncClient, server: RunningServer, storage: Store, tmp_path: Path
+) -> None:
+    job_id = await enqueue(http, server)
+    _, token = await lease(http, server, "w1")
+    server.clock.advance(2)
+    await report(http, server, job_id, "complete", lease_token=token)
+    (done,) = await attempts(http, server, job_id)
+    assert ended([done]) == [(1, "w1", "completed", None)]
+    assert await _sql_wire_attempts(storage, job_id) in (None, [done])
+    await _write_completed_entry(storage, tmp_path, job_id)
+    assert await attempts(http, server, job_id) == [done]
+    assert await _sql_wire_attempts(storage, job_id) in (None, [done])
 
 
 async def test_jobs_kept_before_histories_start_empty_and_a_running_one_shows_its_claim(tmp_path) -> None:

@@ -169,21 +169,38 @@ _OUTCOME_OF = {outcome.value: outcome for outcome in AttemptOutcome}
 
 
 def attempt_history(
-    ended: list[dict[str, Any]] | None, status: str, attempt: int, worker_id: str | None, claimed_at: float | None
+    ended: list[dict[str, Any]] | None,
+    status: str,
+    attempt: int,
+    worker_id: str | None,
+    claimed_at: float | None,
+    updated_at: float,
 ) -> tuple[AttemptEntry, ...]:
     """A job's ``attempts`` from what both stores keep: the entries of its
-    ended attempts, and, while it runs, its running attempt from the row
-    itself (its ``attempt``, ``worker_id`` and ``claimed_at``, which the claim
-    set), so that a claim writes no history; the newest
-    :data:`MAX_ATTEMPTS_KEPT` of them."""
+    ended attempts, and its last attempt from the row itself while it runs or
+    once it completed (its ``attempt``, ``worker_id`` and ``claimed_at``,
+    which the claim set, and a completed job's ``updated_at``, which nothing
+    moves after its completion), so that neither a claim nor a completion
+    writes history; the newest :data:`MAX_ATTEMPTS_KEPT` of them. A job
+    completed by a version that wrote its completed attempt into the history
+    has that entry last (a completed job is never claimed again), and it is
+    not added twice."""
     out = tuple(map(AttemptEntry.from_stored, ended)) if ended else ()
-    if status == "running" and claimed_at is not None:
-        running = AttemptEntry(
+    if claimed_at is None:
+        return out
+    if status == "running":
+        last = AttemptEntry(
             attempt=attempt, worker_id=worker_id, claimed_at=_datetime_of_epoch(claimed_at), ended_at=None,
             outcome=AttemptOutcome.RUNNING, error=None,
         )  # fmt: skip
-        out = (*out[1 - MAX_ATTEMPTS_KEPT :], running) if len(out) >= MAX_ATTEMPTS_KEPT else (*out, running)
-    return out
+    elif status == "completed" and not (ended and ended[-1]["outcome"] == "completed"):
+        last = AttemptEntry(
+            attempt=attempt, worker_id=worker_id, claimed_at=_datetime_of_epoch(claimed_at),
+            ended_at=_datetime_of_epoch(updated_at), outcome=AttemptOutcome.COMPLETED, error=None,
+        )  # fmt: skip
+    else:
+        return out
+    return (*out[1 - MAX_ATTEMPTS_KEPT :], last) if len(out) >= MAX_ATTEMPTS_KEPT else (*out, last)
 
 
 class _Rfc3339:

@@ -178,7 +178,10 @@ def _job_value(name: str) -> str:
         "id": 'str(row["id"])',
         "status": 'STATUS_OF[row["status"]]',
         "errors": '_errors(row["errors"])',
-        "attempts": 'attempt_history(row["attempts"], row["status"], row["attempt"], row["worker_id"], row["claimed_at"])',
+        "attempts": (
+            'attempt_history(row["attempts"], row["status"], row["attempt"], row["worker_id"], row["claimed_at"], '
+            'row["updated_at"])'
+        ),
         "workflow_id": '_str_or_none(row["workflow_id"])',
     }
     return special.get(name) or f"row[{JOB_FORM.wire[name]!r}]"

@@ -110,7 +110,7 @@ def job_wire(row: str = "j") -> _Raw:
         column = f'{row}."{name}"' if name == "unique" else f"{row}.{name}"
         if kind == "time":
             column = f"qftrio_wire_time({column})"
-        elif name == "attempts":  # with the running attempt, from the row
+        elif name == "attempts":  # with the running or completed attempt, from the row
             column = f"qftrio_wire_job_attempts({row})"
         elif kind == "records":  # the error history: [] as it is
             column = f"CASE WHEN {column} = '[]' THEN {column} ELSE qftrio_wire_errors({column}) END"

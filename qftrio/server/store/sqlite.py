@@ -131,11 +131,11 @@ def _job_values() -> dict[str, str]:
             value = f"STATUS_OF[{value}]"
         elif name == "errors":
             value = f"_errors({value})"
-        elif name == "attempts":  # with the row's status, attempt, worker_id and claimed_at (after Job's fields)
+        elif name == "attempts":  # with the row's status, attempt, worker_id, claimed_at (after Job's fields) and updated_at
             at = list(JOB_FORM.kinds).index
             value = (
                 f"attempt_history(None if {value} == '[]' else _json.loads({value}), row[{at('status')}], "
-                f"row[{at('attempt')}], row[{at('worker_id')}], row[{len(JOB_FORM.kinds)}])"
+                f"row[{at('attempt')}], row[{at('worker_id')}], row[{len(JOB_FORM.kinds)}], row[{at('updated_at')}])"
             )
         elif typing.get_origin(inner) is dict:
             value = f"_loads({value})" if optional else f"_json.loads({value})"

@@ -7,15 +7,15 @@
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, lease_token, result, error, errors, idempotency_key, workflow_id, step,
     context, timeout_secs, backoff, headers, schedule, concurrency, rate_limit, "unique", progress, progress_at, attempts,
-    -- beyond Job's fields: the running attempt's claim (models.attempt_history)
+    -- beyond Job's fields: the last attempt's claim (models.attempt_history)
     claimed_at
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
 -- length of its JSON columns as text (which has a space more than the
 -- answer after each ':' and ','), twice that of its error (which the answer
--- escapes), and 1 KiB for its names and fixed fields. Counted on the
--- server, without sending the job; a column added to job_columns that can be
+-- escapes), 1 KiB for its names and fixed fields, and the attempt read
+-- from the row of a running or completed job. Counted on the server, without sending the job; a column added to job_columns that can be
 -- long belongs here too.
 SELECT id, 1024 + octet_length(payload::text) + coalesce(octet_length(result::text), 0)
     + coalesce(octet_length(context::text), 0) + octet_length(errors::text)
@@ -23,6 +23,7 @@ SELECT id, 1024 + octet_length(payload::text) + coalesce(octet_length(result::te
     + coalesce(octet_length(headers::text), 0) + coalesce(octet_length(concurrency::text), 0)
     + coalesce(octet_length("unique"::text), 0) + coalesce(octet_length(progress::text), 0)
     + octet_length(attempts::text)
+    + CASE WHEN status IN ('running', 'completed') THEN 192 + coalesce(octet_length(worker_id), 0) ELSE 0 END
 FROM qftrio_jobs WHERE id = ANY($1::uuid[]);
 
 -- name: jobs_by_ids
@@ -503,8 +504,7 @@ WITH items AS (
     -- index instead. A row changed since is left alone, and undecided: the
     -- probe read it running under the token, so the store decides it under
     -- its lock (complete_lock).
-    UPDATE qftrio_jobs AS j SET status = 'completed', result = c.result, locked_until = NULL, updated_at = $4,
-        attempts = qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'completed', NULL, $4)
+    UPDATE qftrio_jobs AS j SET status = 'completed', result = c.result, locked_until = NULL, updated_at = $4
     FROM items AS c
     WHERE j.ctid = ANY(ARRAY(SELECT row FROM items WHERE current))
       AND NOT (SELECT bool_or(workflow_id IS NOT NULL) FROM items)
@@ -547,8 +547,7 @@ ORDER BY i.ord;
 -- ($3: each one's place in the batch). The rows are locked since their
 -- decision: no guard but their ids (a filter on the status would let the
 -- planner read the running jobs' index instead of probing each).
-UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4,
-    attempts = qftrio_attempt_end(j.attempts, j.attempt, j.worker_id, j.claimed_at, 'completed', NULL, $4)
+UPDATE qftrio_jobs AS j SET status = 'completed', result = i.result, locked_until = NULL, updated_at = $4
 FROM unnest($1::uuid[], $2::jsonb[], $3::int[]) AS i(id, result, ord)
 WHERE j.id = ANY($1::uuid[]) AND j.id = i.id
 RETURNING i.ord, j.workflow_id, j.step, j.result, j.kind, j.claimed_at, j.concurrency_key IS NOT NULL AS keyed;

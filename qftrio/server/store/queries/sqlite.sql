@@ -10,21 +10,22 @@
 id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, scheduled_at, created_at,
     updated_at, locked_until, worker_id, result, error, errors, workflow_id, step, context, timeout_secs, backoff, headers,
     schedule, concurrency, rate_limit, "unique", progress, progress_at, attempts,
-    -- beyond Job's fields: the running attempt's claim (models.attempt_history)
+    -- beyond Job's fields: the last attempt's claim (models.attempt_history)
     claimed_at
 
 -- name: job_bytes
 -- What each job of a page takes on the wire, about (changes.fitting): the
 -- stored length of its variable columns, in bytes (JSON is kept as the text
 -- the answer writes), twice that of its error (which the answer escapes),
--- and 1 KiB for its names and fixed fields. Counted without loading the
--- job; a column added to job_columns that can be long belongs here too.
+-- 1 KiB for its names and fixed fields, and the attempt read from the row
+-- of a running or completed job. Counted without loading the job; a column added to job_columns that can be long belongs here too.
 SELECT id, 1024 + length(CAST(payload AS BLOB)) + coalesce(length(CAST(result AS BLOB)), 0)
     + coalesce(length(CAST(context AS BLOB)), 0) + length(CAST(errors AS BLOB))
     + 2 * coalesce(length(CAST(error AS BLOB)), 0) + coalesce(length(CAST(worker_id AS BLOB)), 0)
     + coalesce(length(CAST(step AS BLOB)), 0) + coalesce(length(CAST(headers AS BLOB)), 0)
     + coalesce(length(CAST(concurrency AS BLOB)), 0) + coalesce(length(CAST("unique" AS BLOB)), 0)
     + coalesce(length(CAST(progress AS BLOB)), 0) + length(CAST(attempts AS BLOB))
+    + CASE WHEN status IN ('running', 'completed') THEN 192 + coalesce(length(CAST(worker_id AS BLOB)), 0) ELSE 0 END
 FROM jobs WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: job_get
@@ -117,8 +118,9 @@ DELETE FROM rate_limits WHERE tenant = ?1 AND name = ?2 RETURNING 1;
 -- job. SET expressions see the row as it was, so status = 'running' marks
 -- the expired leases, whose lost attempt goes into the error history. A job
 -- with timeout_secs gets its deadline, which its lease never runs past.
--- The attempt history keeps ended attempts (the running one is the row's own
--- attempt, worker_id and claimed_at): the lost attempt goes into it, the
+-- The attempt history keeps ended attempts but a completed one (the running
+-- and the completed one are the row's own attempt, worker_id and claimed_at,
+-- models.attempt_history): the lost attempt goes into it, the
 -- oldest entry dropped past MAX_ATTEMPTS_KEPT (20), as every end of an
 -- attempt below writes it. Its times are written with every digit of the
 -- double ("%!.17g": JSON's own form of a real keeps 15, tens of microseconds
@@ -160,11 +162,9 @@ UPDATE jobs SET progress = ?1, progress_at = ?2, updated_at = ?2
 WHERE id = ?3 AND status = 'running' AND lease_token = ?4;
 
 -- name: complete
--- The running attempt goes into the history, completed.
-UPDATE jobs SET status = 'completed', result = ?1, locked_until = NULL, updated_at = ?2,
-    attempts = json_insert(CASE WHEN json_array_length(attempts) >= 20 THEN json_remove(attempts, '$[0]') ELSE attempts END, '$[#]',
-        json_object('attempt', attempt, 'worker_id', worker_id, 'claimed_at', json(printf('%!.17g', claimed_at)),
-                    'ended_at', json(printf('%!.17g', ?2)), 'outcome', 'completed', 'error', NULL))
+-- The completed attempt is read from the row (models.attempt_history): no
+-- history is written.
+UPDATE jobs SET status = 'completed', result = ?1, locked_until = NULL, updated_at = ?2
 WHERE id = ?3 AND status = 'running' AND lease_token = ?4;
 
 -- name: fail_lock

@@ -508,9 +508,10 @@ $$;
 
 -- A job's attempt history with its running attempt ended (when, how, with
 -- what error), from the row's own attempt, worker_id and claimed_at, which
--- the claim set: the history keeps ended attempts only, so that a claim
--- writes none of it. The oldest entry goes past MAX_ATTEMPTS_KEPT. Every
--- caller ends running jobs only.
+-- the claim set. The history keeps the ended attempts but a completed one,
+-- which is read from the row as the running one is (qftrio_wire_job_attempts),
+-- so that neither a claim nor a completion writes it. The oldest entry goes
+-- past MAX_ATTEMPTS_KEPT. Every caller ends running jobs only.
 --
 -- These functions are no more than STABLE, as what they call
 -- (jsonb_build_object), and their arguments are columns or values: so
@@ -525,12 +526,19 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- A job's attempts on the wire (qftrio.models.attempt_history): its ended
--- attempts, and its running one from the row.
+-- attempts, and its running or completed one from the row (a completed job's
+-- updated_at is when it completed), unless an older version wrote the
+-- completed one into the history (then last: a completed job is never
+-- claimed again).
 CREATE OR REPLACE FUNCTION qftrio_wire_job_attempts(j qftrio_jobs) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT qftrio_wire_attempts(jsonb_path_query_array(
-        j.attempts || CASE WHEN j.status = 'running' AND j.claimed_at IS NOT NULL
+        j.attempts || CASE
+            WHEN j.claimed_at IS NULL THEN '[]'
+            WHEN j.status = 'running'
             THEN jsonb_build_array(qftrio_attempt(j.attempt, j.worker_id, j.claimed_at, NULL, 'running', NULL))
+            WHEN j.status = 'completed' AND j.attempts->-1->>'outcome' IS DISTINCT FROM 'completed'
+            THEN jsonb_build_array(qftrio_attempt(j.attempt, j.worker_id, j.claimed_at, j.updated_at, 'completed', NULL))
             ELSE '[]' END,
         '$[last - ({{MAX_ATTEMPTS_KEPT}} - 1) to last]'))
 $$;
