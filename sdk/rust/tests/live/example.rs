@@ -9,7 +9,7 @@ use qftrio::*;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::{client, obj, queue, server, settled};
+use crate::{client, manifest_dir, obj, queue, server, settled};
 
 const CAP: Duration = Duration::from_secs(120);
 
@@ -156,7 +156,7 @@ async fn a_second_signal_quits_at_once() {
 
 #[test]
 fn the_docs_show_the_example_as_it_is() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest_dir();
     let docs = std::fs::read_to_string(root.join("../../docs/sdk-rust.md")).unwrap();
     let example = std::fs::read_to_string(root.join("examples/worker.rs")).unwrap();
     assert!(

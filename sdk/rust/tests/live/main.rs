@@ -27,12 +27,19 @@ pub fn server() -> &'static Server {
     SERVER.get_or_init(start)
 }
 
+/// The SDK's directory, as `cargo test` tells the test binary when it runs
+/// it: a build directory shared by several checkouts may hold a binary built
+/// in another, which the compile-time value would name.
+pub fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 fn start() -> Server {
     let bin = std::env::var_os("QFTRIO_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/qftrio")
-        });
+        .unwrap_or_else(|| manifest_dir().join("../../.venv/bin/qftrio"));
     assert!(
         bin.exists(),
         "no qftrio executable at {} (set QFTRIO_BIN)",
