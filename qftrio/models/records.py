@@ -189,17 +189,15 @@ def attempt_history(
     if claimed_at is None:
         return out
     if status == "running":
-        last = AttemptEntry(
-            attempt=attempt, worker_id=worker_id, claimed_at=_datetime_of_epoch(claimed_at), ended_at=None,
-            outcome=AttemptOutcome.RUNNING, error=None,
-        )  # fmt: skip
+        ended_at, outcome = None, AttemptOutcome.RUNNING
     elif status == "completed" and not (ended and ended[-1]["outcome"] == "completed"):
-        last = AttemptEntry(
-            attempt=attempt, worker_id=worker_id, claimed_at=_datetime_of_epoch(claimed_at),
-            ended_at=_datetime_of_epoch(updated_at), outcome=AttemptOutcome.COMPLETED, error=None,
-        )  # fmt: skip
+        ended_at, outcome = _datetime_of_epoch(updated_at), AttemptOutcome.COMPLETED
     else:
         return out
+    last = AttemptEntry(
+        attempt=attempt, worker_id=worker_id, claimed_at=_datetime_of_epoch(claimed_at), ended_at=ended_at,
+        outcome=outcome, error=None,
+    )  # fmt: skip
     return (*out[1 - MAX_ATTEMPTS_KEPT :], last) if len(out) >= MAX_ATTEMPTS_KEPT else (*out, last)
 
 

@@ -15,8 +15,9 @@ id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, sched
 -- length of its JSON columns as text (which has a space more than the
 -- answer after each ':' and ','), twice that of its error (which the answer
 -- escapes), 1 KiB for its names and fixed fields, and the attempt read
--- from the row of a running or completed job. Counted on the server, without sending the job; a column added to job_columns that can be
--- long belongs here too.
+-- from the row of a running or completed job. Counted on the server,
+-- without sending the job; a column added to job_columns that can be long
+-- belongs here too.
 SELECT id, 1024 + octet_length(payload::text) + coalesce(octet_length(result::text), 0)
     + coalesce(octet_length(context::text), 0) + octet_length(errors::text)
     + 2 * coalesce(octet_length(error), 0) + coalesce(octet_length(worker_id), 0) + coalesce(octet_length(step), 0)

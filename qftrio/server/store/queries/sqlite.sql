@@ -18,7 +18,8 @@ id, tenant, queue, kind, payload, status, priority, attempt, max_attempts, sched
 -- stored length of its variable columns, in bytes (JSON is kept as the text
 -- the answer writes), twice that of its error (which the answer escapes),
 -- 1 KiB for its names and fixed fields, and the attempt read from the row
--- of a running or completed job. Counted without loading the job; a column added to job_columns that can be long belongs here too.
+-- of a running or completed job. Counted without loading the job; a
+-- column added to job_columns that can be long belongs here too.
 SELECT id, 1024 + length(CAST(payload AS BLOB)) + coalesce(length(CAST(result AS BLOB)), 0)
     + coalesce(length(CAST(context AS BLOB)), 0) + length(CAST(errors AS BLOB))
     + 2 * coalesce(length(CAST(error AS BLOB)), 0) + coalesce(length(CAST(worker_id AS BLOB)), 0)
